@@ -1,0 +1,89 @@
+"""Frozen configuration objects. Bad values raise ValueError with a message a user can act on."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one request is sampled and when it stops.
+
+    temperature 0 means greedy. top_k 0 (or -1) and top_p 1.0 and min_p 0.0 disable those
+    filters. A request with a seed samples the same tokens whatever its batch mates are.
+    """
+
+    max_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    ignore_eos: bool = False
+    stop_token_ids: tuple[int, ...] = ()
+    stop: tuple[str, ...] = ()
+    logprobs: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < -1:
+            raise ValueError(f"top_k must be -1, 0 (off) or a positive count, got {self.top_k}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if self.seed is not None and not 0 <= self.seed < 2**63:
+            raise ValueError(f"seed must be in [0, 2**63), got {self.seed}")
+        if self.logprobs is not None and self.logprobs < 0:
+            raise ValueError(f"logprobs must be >= 0, got {self.logprobs}")
+        # Lists are accepted for convenience and stored as tuples so params stay hashable.
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        object.__setattr__(self, "stop", stop)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Sizes and switches of the engine. num_blocks None sizes the KV cache from free memory."""
+
+    model: str
+    dtype: str = "auto"
+    device: str = "auto"
+    load_format: str = "auto"  # auto | safetensors | dummy
+    block_size: int = 16
+    num_blocks: int | None = None
+    kv_memory: float = 0.9  # fraction of free device memory for the KV cache
+    max_batch_tokens: int = 2048
+    max_num_seqs: int = 256
+    max_model_len: int | None = None
+    attention: str = "auto"  # auto | torch | triton
+    async_loop: bool = True
+    cuda_graphs: bool = True
+    prefix_cache: bool = True
+    seed: int = 0
+    extra: dict = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a power of two, got {self.block_size}")
+        if self.num_blocks is not None and self.num_blocks < 1:
+            raise ValueError(f"num_blocks must be >= 1 or None, got {self.num_blocks}")
+        if not 0.0 < self.kv_memory <= 1.0:
+            raise ValueError(f"kv_memory must be a fraction in (0, 1], got {self.kv_memory}")
+        if self.max_batch_tokens < 1:
+            raise ValueError(f"max_batch_tokens must be >= 1, got {self.max_batch_tokens}")
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.attention not in ("auto", "torch", "triton"):
+            raise ValueError(f"attention must be auto, torch or triton, got {self.attention!r}")
+        if self.load_format not in ("auto", "safetensors", "dummy"):
+            raise ValueError(
+                f"load_format must be auto, safetensors or dummy, got {self.load_format!r}"
+            )
