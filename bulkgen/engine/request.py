@@ -1,0 +1,80 @@
+"""Request: all the state of one generation request, and the record it leaves when it ends."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from bulkgen.config import SamplingParams
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class RequestOutput:
+    """What the engine hands back for a finished request (token ids only; text comes later)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    finish_reason: str  # "stop" | "length" | "error"
+    error: str | None = None
+    num_cached_tokens: int = 0
+    # With SamplingParams.logprobs: per generated position, the sampled token's logprob and the
+    # top alternatives as (token_id, logprob) pairs.
+    logprobs: list[float] | None = None
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+    text: str | None = None
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    seed: int  # params.seed, or one drawn by the engine when the request was added
+    arrival: int  # admission order; preemption evicts the latest arrival first
+    output_ids: list[int] = field(default_factory=list)
+    status: Status = Status.WAITING
+    block_ids: list[int] = field(default_factory=list)
+    # Tokens whose KV is computed (or being computed by a launched step). Advanced at plan time.
+    num_computed: int = 0
+    # Tokens sampled by launched steps whose ids have not reached the host yet (0 or 1 with the
+    # one-step lag). A request with a pending token cannot be preempted back to a prefill plan,
+    # because the plan would need that token on the host.
+    num_pending: int = 0
+    num_cached_tokens: int = 0
+    finish_reason: str | None = None
+    error: str | None = None
+    aborted: bool = False
+    logprobs: list[float] | None = None
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens known on the host plus those in flight."""
+        return len(self.prompt_ids) + len(self.output_ids) + self.num_pending
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is Status.FINISHED
+
+    def to_output(self) -> RequestOutput:
+        return RequestOutput(
+            request_id=self.request_id,
+            prompt_token_ids=self.prompt_ids,
+            token_ids=self.output_ids,
+            finish_reason=self.finish_reason or "error",
+            error=self.error,
+            num_cached_tokens=self.num_cached_tokens,
+            logprobs=self.logprobs,
+            top_logprobs=self.top_logprobs,
+        )

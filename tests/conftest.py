@@ -1,0 +1,123 @@
+"""Shared fixtures: tiny random-weight models and a tokenizer trained here, nothing from the Hub."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Continuous batching keeps the GPU busy while requests come and go.",
+    "A paged KV cache stores keys and values in fixed-size blocks.",
+    "Write a haiku about the sea. Explain photosynthesis to a child.",
+    "What is the capital of France? Paris is the capital of France.",
+    "def add(a, b):\n    return a + b\n",
+    "Numbers: 0 1 2 3 4 5 6 7 8 9 10 100 1000, dates 2024-01-01.",
+    "Summarise the following text in one sentence, then list three keywords.",
+    "Bonjour, comment allez-vous? Très bien, merci. ¿Qué tal? Gut, danke.",
+]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}</s>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+VOCAB_SIZE = 384
+
+
+def build_tokenizer(out_dir: Path):
+    """A byte-level BPE trained on CORPUS, saved in Hugging Face format."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<unk>", "<s>", "</s>", "<|user|>", "<|assistant|>", "<|system|>"]
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(CORPUS * 4, trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(out_dir)
+    return fast
+
+
+def _config(arch: str, vocab_size: int, eos_id: int):
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        initializer_range=0.2,
+        bos_token_id=1,
+        eos_token_id=eos_id,
+        pad_token_id=0,
+    )
+    if arch == "llama":
+        rope = dict(
+            rope_type="llama3",
+            rope_theta=500000.0,
+            factor=8.0,
+            low_freq_factor=1.0,
+            high_freq_factor=4.0,
+            original_max_position_embeddings=64,
+        )
+        return LlamaConfig(**common, rope_scaling=rope, rope_theta=500000.0)
+    if arch == "mistral":
+        return MistralConfig(**common, sliding_window=None)
+    if arch == "qwen2":
+        return Qwen2Config(**common, tie_word_embeddings=False)
+    if arch == "qwen3":
+        return Qwen3Config(**common, head_dim=32, tie_word_embeddings=True)
+    raise ValueError(arch)
+
+
+ARCHS = ("llama", "mistral", "qwen2", "qwen3")
+
+
+def build_model(arch: str, out_dir: Path) -> Path:
+    """Random-weight tiny model of one architecture plus the shared tokenizer, in out_dir."""
+    from transformers import AutoModelForCausalLM
+
+    tokenizer = build_tokenizer(out_dir)
+    config = _config(arch, VOCAB_SIZE, tokenizer.eos_token_id)
+    torch.manual_seed(1234 + ARCHS.index(arch))
+    model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = 0
+    model.save_pretrained(out_dir, safe_serialization=True)
+    return out_dir
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("models")
+    return {arch: build_model(arch, root / arch) for arch in ARCHS}
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tiny_models) -> Path:
+    return tiny_models["llama"]
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
