@@ -1,0 +1,165 @@
+"""Engine: the step loop over scheduler and runner. Token ids in, RequestOutputs out.
+
+Asynchronous by default: step N+1 is planned and launched while step N runs on the device, and
+only then does the host wait for N's sampled ids (the one wait per step) and apply them.
+With async_loop=False the same code waits right after each launch (the `--sync` baseline).
+Only the thread that created the engine may call it: it owns the device.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from pathlib import Path
+
+import torch
+
+from bulkgen.config import EngineConfig, SamplingParams
+from bulkgen.engine.blocks import BlockManager
+from bulkgen.engine.request import Request, RequestOutput
+from bulkgen.engine.runner import ModelRunner, Step, kv_bytes_per_block
+from bulkgen.engine.scheduler import Scheduler
+from bulkgen.model.attention import get_backend
+from bulkgen.model.config import ModelConfig
+from bulkgen.model.loader import load_model, resolve_dtype
+
+log = logging.getLogger(__name__)
+
+CPU_KV_BUDGET = 2 << 30  # bytes of KV cache on the CPU when num_blocks is not given
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} asked for, but no CUDA device is available")
+    return device
+
+
+def _model_dir(name: str) -> Path:
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return path
+    from bulkgen.model.hub import resolve_model  # the Hub and aliases only when needed
+
+    return resolve_model(name)
+
+
+def read_eos_ids(model_dir: Path | None, mcfg_dict: dict) -> list[int]:
+    """End-of-sequence ids: generation_config.json first (it may list several), then config."""
+    candidates = []
+    if model_dir is not None and (model_dir / "generation_config.json").is_file():
+        candidates.append(json.loads((model_dir / "generation_config.json").read_text()))
+    candidates.append(mcfg_dict)
+    for source in candidates:
+        eos = source.get("eos_token_id")
+        if eos is not None:
+            return [eos] if isinstance(eos, int) else list(eos)
+    return []
+
+
+class Engine:
+    def __init__(self, cfg: EngineConfig, model_config: dict | None = None) -> None:
+        """model_config: a config.json dict, for dummy weights with no model folder."""
+        t0 = time.perf_counter()
+        self.cfg = cfg
+        self.device = resolve_device(cfg.device)
+        if model_config is None:
+            self.model_dir = _model_dir(cfg.model)
+            model_config = json.loads((self.model_dir / "config.json").read_text())
+        else:
+            self.model_dir = None
+        mcfg = ModelConfig.from_dict(model_config)
+        self.model_config = mcfg
+        self.dtype = resolve_dtype(cfg.dtype, self.device, mcfg)
+        self.eos_token_ids = read_eos_ids(self.model_dir, model_config)
+        limit = mcfg.max_position_embeddings
+        self.max_model_len = min(cfg.max_model_len or limit, limit)
+        backend = get_backend(cfg.attention, self.device)
+        load_format = cfg.load_format if self.model_dir is not None else "dummy"
+        model = load_model(self.model_dir, mcfg, backend, self.dtype, self.device, load_format)
+        num_blocks = cfg.num_blocks or self._auto_num_blocks(mcfg)
+        self.runner = ModelRunner(model, mcfg, cfg, self.device, num_blocks, self.max_model_len)
+        blocks = BlockManager(num_blocks, cfg.block_size)
+        self.scheduler = Scheduler(cfg, blocks, self.max_model_len, self.eos_token_ids)
+        self._requests: dict[str, Request] = {}  # unfinished requests by id, for abort()
+        self._rng = random.Random(cfg.seed)
+        self._arrivals = 0
+        self._prev: Step | None = None
+        self.num_steps = 0
+        self.startup_s = time.perf_counter() - t0
+
+    def _auto_num_blocks(self, mcfg: ModelConfig) -> int:
+        per_block = kv_bytes_per_block(mcfg, self.cfg.block_size, self.dtype)
+        if self.device.type != "cuda":
+            want = self.cfg.max_num_seqs * self.max_model_len
+            return max(1, min(CPU_KV_BUDGET // per_block, -(-want // self.cfg.block_size)))
+        torch.cuda.empty_cache()
+        free, _ = torch.cuda.mem_get_info(self.device)
+        # Leave room for activations of the largest step and the sampler's [seqs, vocab] temps.
+        act = self.cfg.max_batch_tokens * (mcfg.hidden_size * 6 + mcfg.intermediate_size * 4)
+        act += self.cfg.max_num_seqs * mcfg.vocab_size * 4 * 8
+        act = act * self.dtype.itemsize + (1 << 30)
+        budget = int((free - act) * self.cfg.kv_memory)
+        if budget < per_block:
+            raise ValueError("no device memory left for the KV cache: lower --max-batch-tokens")
+        return budget // per_block
+
+    # ---- the interface the pipeline drives ------------------------------------------------
+
+    def add(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
+        seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
+        req = Request(str(request_id), list(prompt_ids), params, seed, self._arrivals)
+        self._arrivals += 1
+        self._requests[req.request_id] = req
+        self.scheduler.add(req)
+
+    def abort(self, request_id: str) -> None:
+        req = self._requests.get(request_id)
+        if req is not None:
+            self.scheduler.abort(req)
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self._requests)
+
+    def has_unfinished(self) -> bool:
+        return bool(self._requests)
+
+    def step(self) -> list[RequestOutput]:
+        """One step of the loop; returns the requests that finished during it."""
+        plan = self.scheduler.schedule()
+        launched = self.runner.launch(plan) if plan else None
+        if launched is not None:
+            self.num_steps += 1
+        if not self.cfg.async_loop:
+            self._prev, launched = launched, None
+        if self._prev is not None:
+            # The only host wait of the step: the previous step's copy-out event.
+            self.scheduler.update(self._prev.plan, self._prev.wait())
+        self._prev = launched
+        done = self.scheduler.take_finished()
+        for out in done:
+            self._requests.pop(out.request_id, None)
+        return done
+
+    @property
+    def stats(self) -> dict:
+        return {
+            "engine_steps": self.num_steps,
+            "preemptions": self.scheduler.num_preemptions,
+            "kv_blocks": self.scheduler.blocks.num_blocks,
+            "block_size": self.cfg.block_size,
+            "startup_s": round(self.startup_s, 3),
+            "device": str(self.device),
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "async_loop": self.cfg.async_loop,
+        }
+
+    def close(self) -> None:
+        if self._prev is not None:
+            self._prev.wait()
+            self._prev = None

@@ -1,0 +1,89 @@
+"""Token sampling on the device: greedy, temperature, top-k, top-p, min-p, seeded per row.
+
+Randomness comes from a counter-based hash of (seed, position, token id), not from a generator
+shared by the batch, so a seeded row samples the same token whatever its batch mates are and
+however often it is recomputed after preemption. Sampling uses the exponential race
+argmax(p_i / E_i) with E_i = -log(u_i), which draws i with probability p_i.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+_MASK32 = 0xFFFFFFFF
+
+
+@dataclass
+class SamplingTensors:
+    """Per-row sampling parameters of one step, on the device."""
+
+    temperature: torch.Tensor  # [B] float32; 0 = greedy
+    top_k: torch.Tensor  # [B] int64; 0 = off
+    top_p: torch.Tensor  # [B] float32; 1 = off
+    min_p: torch.Tensor  # [B] float32; 0 = off
+    seed: torch.Tensor  # [B] int64
+    position: torch.Tensor  # [B] int64: index of the token being sampled in its sequence
+    all_greedy: bool  # host flags from the plan: skip work nobody asked for
+    any_filter: bool
+
+
+def _fmix(h: torch.Tensor) -> torch.Tensor:
+    """murmur3's 32-bit finaliser on int64 values kept in [0, 2**32)."""
+    h = h ^ (h >> 16)
+    h = (h * 0x85EBCA6B) & _MASK32
+    h = h ^ (h >> 13)
+    h = (h * 0xC2B2AE35) & _MASK32
+    return h ^ (h >> 16)
+
+
+def uniform_noise(seed: torch.Tensor, position: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """u in (0, 1) for every (row, token id), a pure function of (seed, position, token id)."""
+    lo, hi = seed & _MASK32, (seed >> 32) & _MASK32
+    row = _fmix(_fmix(lo ^ _fmix(hi + 0x9E3779B9)) ^ (position & _MASK32))  # [B]
+    token = torch.arange(vocab_size, device=seed.device, dtype=torch.int64)
+    h = _fmix(row[:, None] ^ ((token[None, :] * 0x27D4EB2F) & _MASK32))
+    h = _fmix(h + 0x165667B1)
+    return ((h >> 8).float() + 0.5) * (1.0 / (1 << 24))
+
+
+def apply_filters(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
+    """Mask (to -inf) tokens outside top-k, top-p and min-p, in that order."""
+    vocab = logits.shape[-1]
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    k = torch.where(st.top_k > 0, st.top_k.clamp(max=vocab), vocab)
+    ranks = torch.arange(vocab, device=logits.device)
+    keep_sorted = ranks[None, :] < k[:, None]
+    sorted_logits = sorted_logits.masked_fill(~keep_sorted, float("-inf"))
+    probs = sorted_logits.softmax(dim=-1)
+    # Keep a token if the mass strictly before it is below top_p (the first always stays).
+    before = probs.cumsum(dim=-1) - probs
+    keep_sorted &= before < st.top_p[:, None]
+    keep_sorted &= probs >= st.min_p[:, None] * probs[:, :1]
+    keep = torch.zeros_like(keep_sorted).scatter_(1, order, keep_sorted)
+    return logits.masked_fill(~keep, float("-inf"))
+
+
+def sample(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
+    """Token ids [B] int64 for float32 logits [B, V]."""
+    greedy_ids = logits.argmax(dim=-1)
+    if st.all_greedy:
+        return greedy_ids
+    temperature = torch.where(st.temperature > 0, st.temperature, 1.0)
+    scaled = logits / temperature[:, None]
+    if st.any_filter:
+        scaled = apply_filters(scaled, st)
+    probs = scaled.softmax(dim=-1)
+    race = probs / -torch.log(uniform_noise(st.seed, st.position, logits.shape[-1]))
+    return torch.where(st.temperature > 0, race.argmax(dim=-1), greedy_ids)
+
+
+def top_logprobs(
+    logits: torch.Tensor, ids: torch.Tensor, k: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Log-probabilities of the model's distribution: of the sampled ids [B], and the top k."""
+    logp = logits.log_softmax(dim=-1)
+    chosen = logp.gather(1, ids[:, None]).squeeze(1)
+    top_vals, top_ids = logp.topk(k, dim=-1) if k > 0 else (logp[:, :0], ids[:, None][:, :0])
+    return chosen, top_ids, top_vals

@@ -1,0 +1,239 @@
+"""Scheduler: which tokens of which requests the next step computes, and what their results mean.
+
+schedule() -> Plan runs while the previous step is still on the device (the one-step lag of the
+async loop), so a decoding request's newest token may not be on the host yet: it is "pending",
+and the runner gathers it on the device from the previous step's output. update(plan, ids) then
+applies a step's sampled ids. A request that finished at step N is computed once more at N+1;
+its token is discarded in update.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from bulkgen.config import EngineConfig
+from bulkgen.engine.blocks import BlockManager
+from bulkgen.engine.request import Request, RequestOutput, Status
+
+if TYPE_CHECKING:
+    from bulkgen.engine.runner import StepResult
+
+
+@dataclass
+class ScheduledSeq:
+    request: Request
+    start: int  # position of the first query token (tokens before it are in the cache)
+    num_tokens: int  # query tokens this step
+    sample: bool  # the chunk reaches the last known token: sample the next one
+    from_prev: bool  # the input token is the previous step's pending sample (on the device)
+
+    @property
+    def end(self) -> int:
+        return self.start + self.num_tokens
+
+
+@dataclass
+class Plan:
+    seqs: list[ScheduledSeq] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.seqs)
+
+    @property
+    def decode_only(self) -> bool:
+        return all(s.num_tokens == 1 for s in self.seqs)
+
+    @property
+    def sampled(self) -> list[ScheduledSeq]:
+        return [s for s in self.seqs if s.sample]
+
+    def __bool__(self) -> bool:
+        return bool(self.seqs)
+
+
+class Scheduler:
+    def __init__(
+        self, cfg: EngineConfig, blocks: BlockManager, max_model_len: int, eos_ids: list[int]
+    ) -> None:
+        self.cfg = cfg
+        self.blocks = blocks
+        self.max_model_len = max_model_len
+        self.eos_ids = frozenset(eos_ids)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []  # in admission order: the last is preempted first
+        self.finished: list[RequestOutput] = []
+        self.num_preemptions = 0
+
+    # ---- adding and ending requests -------------------------------------------------------
+
+    def add(self, req: Request) -> None:
+        problem = self._admission_problem(req)
+        if problem:
+            req.error = problem
+            self._finish(req, "error")
+            return
+        self.waiting.append(req)
+
+    def _admission_problem(self, req: Request) -> str | None:
+        n = len(req.prompt_ids)
+        if n == 0:
+            return "empty prompt: it has no tokens"
+        if n >= self.max_model_len:
+            return (
+                f"prompt is {n} tokens; the model's context is {self.max_model_len} tokens "
+                "(prompt plus at least one generated token must fit): shorten the prompt"
+            )
+        if self.blocks.blocks_for(n + 1) > self.blocks.num_blocks:
+            capacity = self.blocks.num_blocks * self.blocks.block_size
+            return (
+                f"prompt is {n} tokens; the KV cache holds only {capacity} tokens: "
+                "give the cache more memory or shorten the prompt"
+            )
+        return None
+
+    def abort(self, req: Request) -> None:
+        """End a request now with what it has (a stop string was found off the engine thread)."""
+        if not req.is_finished:
+            req.aborted = True
+            self._finish(req, "stop")
+
+    def _finish(self, req: Request, reason: str) -> None:
+        req.finish_reason = reason
+        req.status = Status.FINISHED
+        if req in self.running:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        self._release(req)
+        self.finished.append(req.to_output())
+
+    def _release(self, req: Request) -> None:
+        self.blocks.free(req.block_ids)
+        req.block_ids = []
+
+    def take_finished(self) -> list[RequestOutput]:
+        done, self.finished = self.finished, []
+        return done
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    # ---- planning --------------------------------------------------------------------------
+
+    def _generation_done(self, req: Request) -> bool:
+        """Known at plan time: the tokens in hand and in flight already reach a length limit."""
+        generated = len(req.output_ids) + req.num_pending
+        return generated >= req.params.max_tokens or req.num_tokens >= self.max_model_len
+
+    def _reserve(self, req: Request, end: int) -> bool:
+        need = self.blocks.blocks_for(end) - len(req.block_ids)
+        if need <= 0:
+            return True
+        if need > self.blocks.num_free:
+            return False
+        req.block_ids += self.blocks.allocate(need)
+        return True
+
+    def _preempt(self, req: Request) -> None:
+        """Drop a request's cache and send it back to the front of the queue to recompute."""
+        self.running.remove(req)
+        self._release(req)
+        req.num_computed = 0
+        req.status = Status.WAITING
+        self.waiting.appendleft(req)
+        self.num_preemptions += 1
+
+    def schedule(self) -> Plan:
+        plan = Plan()
+        budget = self.cfg.max_batch_tokens
+        # Running requests first, oldest first: a decode step (or the rest of a chunked prefill).
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            if self._generation_done(req):
+                i += 1
+                continue
+            n = min(req.num_tokens - req.num_computed, budget)
+            while not self._reserve(req, req.num_computed + n):
+                victim = self.running[-1]
+                self._preempt(victim)
+                if victim is req:
+                    break
+            if req.status is not Status.RUNNING:
+                break  # req preempted itself: nothing newer is left to run
+            plan.seqs.append(self._scheduled(req, n))
+            budget -= n
+            i += 1
+        # Then admit waiting requests while seats, budget and blocks allow.
+        while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
+            req = self.waiting[0]
+            if req.num_pending:
+                break  # its last token is still in flight; it can be admitted after update()
+            n = min(req.num_tokens, budget)
+            if not self._reserve(req, n):
+                break
+            self.waiting.popleft()
+            req.status = Status.RUNNING
+            self.running.append(req)
+            plan.seqs.append(self._scheduled(req, n))
+            budget -= n
+        if not plan.seqs and not self.running and self.waiting and not self.waiting[0].num_pending:
+            self._finish_too_long(self.waiting[0])
+        return plan
+
+    def _scheduled(self, req: Request, n: int) -> ScheduledSeq:
+        start = req.num_computed
+        sample = start + n == req.num_tokens
+        from_prev = req.num_pending > 0 and sample
+        assert not (req.num_pending and n > 1), "a pending token is only ever decoded alone"
+        req.num_computed += n
+        if sample:
+            req.num_pending += 1
+        return ScheduledSeq(req, start, n, sample, from_prev)
+
+    def _finish_too_long(self, req: Request) -> None:
+        """Nothing runs, so every block is free, and still req does not fit: it never will.
+
+        It ends at the length it reached (its prompt alone was checked to fit at admission).
+        """
+        self._finish(req, "length")
+
+    # ---- applying a step's results ---------------------------------------------------------
+
+    def update(self, plan: Plan, result: StepResult) -> None:
+        for row, (seq, token) in enumerate(zip(plan.sampled, result.ids, strict=True)):
+            req = seq.request
+            req.num_pending -= 1
+            if req.is_finished:
+                continue  # finished at the previous step: this extra token is discarded
+            req.output_ids.append(token)
+            if req.params.logprobs is not None:
+                self._record_logprobs(req, result, row)
+            reason = self._stop_reason(req, token)
+            if reason:
+                self._finish(req, reason)
+
+    @staticmethod
+    def _record_logprobs(req: Request, result: StepResult, row: int) -> None:
+        if req.logprobs is None:
+            req.logprobs, req.top_logprobs = [], []
+        k = req.params.logprobs
+        req.logprobs.append(result.logprobs[row])
+        pairs = zip(result.top_ids[row][:k], result.top_logprobs[row][:k], strict=True)
+        req.top_logprobs.append(list(pairs))
+
+    def _stop_reason(self, req: Request, token: int) -> str | None:
+        params = req.params
+        if not params.ignore_eos and token in self.eos_ids:
+            return "stop"
+        if token in params.stop_token_ids:
+            return "stop"
+        if len(req.output_ids) >= params.max_tokens:
+            return "length"
+        if len(req.prompt_ids) + len(req.output_ids) >= self.max_model_len:
+            return "length"
+        return None

@@ -1,0 +1,121 @@
+"""Build a model on the device and fill it: safetensors straight to the device, or dummy weights."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+from bulkgen.model.config import ModelConfig
+from bulkgen.model.llama import LlamaForCausalLM
+
+# Hugging Face projections that we store fused: HF name part -> (our name part, shard index).
+_FUSED = {
+    "q_proj": ("qkv_proj", 0),
+    "k_proj": ("qkv_proj", 1),
+    "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_dtype(dtype: str, device: torch.device, cfg: ModelConfig) -> torch.dtype:
+    if dtype == "auto":
+        if device.type == "cpu":
+            return torch.float32
+        return torch.float16 if cfg.torch_dtype == "float16" else torch.bfloat16
+    aliases = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
+    name = aliases.get(dtype, dtype)
+    if name not in DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not one of auto, float32, bfloat16, float16")
+    return DTYPES[name]
+
+
+def load_model(
+    model_dir: str | Path | None,
+    cfg: ModelConfig,
+    backend: ModuleType,
+    dtype: torch.dtype,
+    device: torch.device,
+    load_format: str = "auto",
+) -> LlamaForCausalLM:
+    with torch.device("meta"):
+        model = LlamaForCausalLM(cfg, backend)
+    model = model.to(dtype).to_empty(device=device).eval().requires_grad_(False)
+    model.rotary.build(device)
+    with torch.no_grad():
+        if load_format == "dummy":
+            _fill_dummy(model)
+        else:
+            _load_safetensors(model, Path(model_dir), cfg, device)
+    return model
+
+
+def _fill_dummy(model: LlamaForCausalLM) -> None:
+    """Random weights of a realistic scale: for benchmarks, where only shapes matter."""
+    gen = torch.Generator(device=next(model.parameters()).device).manual_seed(0)
+    for name, param in model.named_parameters():
+        if name.endswith("norm.weight"):
+            param.fill_(1.0)
+        else:
+            param.normal_(0.0, 0.02, generator=gen)
+
+
+def _checkpoint_files(model_dir: Path) -> list[Path]:
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [model_dir / n for n in names]
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{model_dir}: no *.safetensors weights found")
+    return files
+
+
+def _iter_tensors(files: list[Path], device: torch.device) -> Iterator[tuple[str, torch.Tensor]]:
+    from safetensors import safe_open
+
+    target = str(device) if device.type != "cuda" or device.index is not None else "cuda:0"
+    for path in files:
+        with safe_open(str(path), framework="pt", device=target) as f:
+            for name in f.keys():
+                yield name, f.get_tensor(name)
+
+
+def _load_safetensors(
+    model: LlamaForCausalLM, model_dir: Path, cfg: ModelConfig, device: torch.device
+) -> None:
+    params = dict(model.named_parameters())
+    shards = {"qkv_proj": 3, "gate_up_proj": 2}
+    # Every parameter, and every shard of a fused one, must be written exactly once.
+    missing = set()
+    for pname in params:
+        fused = next((f for f in shards if f in pname), None)
+        missing |= {f"{pname}#{i}" for i in range(shards[fused])} if fused else {f"{pname}#0"}
+    shard_sizes = {"qkv_proj": [cfg.q_size, cfg.kv_size, cfg.kv_size]}
+    shard_sizes["gate_up_proj"] = [cfg.intermediate_size] * 2
+    for name, tensor in _iter_tensors(_checkpoint_files(model_dir), device):
+        if "rotary_emb" in name or (name == "lm_head.weight" and model.lm_head is None):
+            continue
+        parts = name.split(".")
+        fused = next((p for p in parts if p in _FUSED), None)
+        if fused is None:
+            if name not in params:
+                raise ValueError(f"{model_dir}: unexpected weight {name!r} for {cfg.architecture}")
+            params[name].copy_(tensor)
+            missing.discard(f"{name}#0")
+            continue
+        target, shard = _FUSED[fused]
+        our_name = name.replace(fused, target)
+        sizes = shard_sizes[target]
+        start = sum(sizes[:shard])
+        params[our_name].narrow(0, start, sizes[shard]).copy_(tensor)
+        missing.discard(f"{our_name}#{shard}")
+    if missing:
+        names = sorted({m.split("#")[0] for m in missing})
+        raise ValueError(f"{model_dir}: weights missing from the checkpoint: {names[:5]}")
