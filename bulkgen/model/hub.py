@@ -125,6 +125,7 @@ def _snapshot(repo_id: str, cache_dir: str | None, local_only: bool = False) -> 
     from huggingface_hub.errors import (
         GatedRepoError,
         HfHubHTTPError,
+        HFValidationError,
         LocalEntryNotFoundError,
         RepositoryNotFoundError,
     )
@@ -145,10 +146,13 @@ def _snapshot(repo_id: str, cache_dir: str | None, local_only: bool = False) -> 
             f"the name, log in, or {_LOCAL_HINT}"
         ) from err
     except (LocalEntryNotFoundError, HfHubHTTPError) as err:
-        why = "HF_HUB_OFFLINE is set" if offline else "the Hub could not be reached"
+        why = "HF_HUB_OFFLINE is set" if _offline() else "the Hub could not be reached"
         raise ModelNotFoundError(
-            f"model {repo_id!r} is not in the local Hugging Face cache and {why}: {_LOCAL_HINT}"
+            f"model {repo_id!r} was not found: no such local folder, not in the Hugging Face "
+            f"cache, and {why}; {_LOCAL_HINT}"
         ) from err
+    except HFValidationError as err:
+        raise ModelNotFoundError(f"{repo_id!r} is not a valid Hub id: {_LOCAL_HINT}") from err
     return _checked(Path(folder), repo_id)
 
 
@@ -156,7 +160,8 @@ def _hub_answers() -> bool:
     """Whether the Hub's host accepts a connection within a few seconds."""
     url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
     try:
-        with socket.create_connection((url.hostname, url.port or 443), _HUB_PROBE_TIMEOUT_S):
+        port = url.port or (80 if url.scheme == "http" else 443)
+        with socket.create_connection((url.hostname, port), _HUB_PROBE_TIMEOUT_S):
             return True
     except OSError:
         return False
@@ -166,7 +171,10 @@ def _demo_model(cache_dir: str | None) -> Path:
     root = Path(cache_dir or os.environ.get("BULKGEN_CACHE") or "~/.cache/bulkgen/models")
     folder = root.expanduser() / DEMO_FOLDER
     if folder.is_dir():
-        return _checked(folder, DEMO_ALIAS)
+        try:
+            return _checked(folder, DEMO_ALIAS)
+        except ModelNotFoundError as err:
+            raise ModelNotFoundError(f"{err} (delete {folder} to convert it again)") from err
     # A machine without the Hub must not wait on it: probe first, else use the Hub cache only.
     local_only = _offline() or not _hub_answers()
     try:
