@@ -15,8 +15,6 @@ from typing import Any
 import numpy as np
 import torch
 
-CONFIG_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json")
-
 # llama.cpp tensor name (after "blk.N.") -> Hugging Face name (after "model.layers.N.").
 _LAYER_NAMES = {
     "attn_norm.weight": "input_layernorm.weight",
