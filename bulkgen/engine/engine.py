@@ -83,6 +83,7 @@ class Engine:
         model = load_model(self.model_dir, mcfg, backend, self.dtype, self.device, load_format)
         num_blocks = cfg.num_blocks or self._auto_num_blocks(mcfg)
         self.runner = ModelRunner(model, mcfg, cfg, self.device, num_blocks, self.max_model_len)
+        self.runner.capture_graphs()
         blocks = BlockManager(num_blocks, cfg.block_size)
         self.scheduler = Scheduler(cfg, blocks, self.max_model_len, self.eos_token_ids)
         self._requests: dict[str, Request] = {}  # unfinished requests by id, for abort()

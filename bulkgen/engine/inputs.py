@@ -127,7 +127,7 @@ class InputPacker:
                 seeds.append(req.seed)
                 top_k.append(p.top_k if p.top_k > 0 else 0)
                 sample_pos.append(s.end)
-                temp.append(p.temperature)
+                temp.append(0.0 if p.greedy else p.temperature)  # top_k=1 is greedy too
                 top_p.append(p.top_p)
                 min_p.append(p.min_p)
         ints = np.concatenate(

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from bulkgen.config import EngineConfig
+from bulkgen.config import EngineConfig, SamplingParams
+from bulkgen.engine.graphs import DecodeGraphs
 from bulkgen.engine.inputs import InputPacker, StepInputs
 from bulkgen.engine.sampler import SamplingTensors, sample, top_logprobs
 from bulkgen.engine.scheduler import Plan
@@ -51,6 +52,11 @@ class Step:
         return result
 
 
+def _plain_sampling(p: SamplingParams) -> bool:
+    filters = p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0
+    return p.logprobs is None and (p.greedy or not filters)
+
+
 def kv_bytes_per_block(mcfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
     elem = torch.empty(0, dtype=dtype).element_size()
     return 2 * mcfg.num_layers * block_size * mcfg.num_kv_heads * mcfg.head_dim * elem
@@ -84,6 +90,11 @@ class ModelRunner:
         self.compute_stream = torch.cuda.Stream(device) if self.cuda else None
         self.prev_samples: torch.Tensor | None = None  # device ids sampled by the last step
         self.prev_rows: dict[int, int] = {}  # id(request) -> row in prev_samples
+        self.graphs = None
+        if self.cuda and ecfg.cuda_graphs and model.uses_graph_safe_attention:
+            self.graphs = DecodeGraphs(
+                model, ecfg.max_num_seqs, self.max_blocks_per_seq, device, self.compute_stream
+            )
         self.out_turn = 0
         self.out_ids = [self._pinned(ecfg.max_num_seqs) for _ in range(2)]
 
@@ -105,13 +116,28 @@ class ModelRunner:
                 packed.floats.record_stream(self.compute_stream)
             inp = packed.unpack()
             input_ids = self._gather_inputs(plan, inp)
-            meta = self._metadata(plan, inp)
-            hidden = self.model(input_ids, inp.positions, meta)
-            ids, lp = self._sample(plan, inp, hidden)
+            if self._graphable(plan):
+                greedy = all(s.request.params.greedy for s in sampled)
+                ids, lp = self.graphs.replay(inp, input_ids, greedy), None
+            else:
+                hidden = self.model(input_ids, inp.positions, self._metadata(plan, inp))
+                ids, lp = self._sample(plan, inp, hidden)
             step = self._copy_out(plan, ids, lp)
         self.prev_samples = ids
         self.prev_rows = {id(s.request): i for i, s in enumerate(sampled)}
         return step
+
+    def _graphable(self, plan: Plan) -> bool:
+        """Decode steps whose every row samples without filters or logprobs replay a graph."""
+        if self.graphs is None or not plan.decode_only or len(plan.seqs) > self.graphs.buckets[-1]:
+            return False
+        if len(plan.sampled) != len(plan.seqs):
+            return False
+        return all(_plain_sampling(s.request.params) for s in plan.seqs)
+
+    def capture_graphs(self) -> None:
+        if self.graphs is not None:
+            self.graphs.capture(greedy=True)
 
     def _gather_inputs(self, plan: Plan, inp: StepInputs) -> torch.Tensor:
         """Decode inputs whose token is the previous step's sample are taken on the device."""
@@ -148,9 +174,9 @@ class ModelRunner:
             min_p=inp.min_p,
             seed=inp.seeds,
             position=inp.sample_positions,
-            all_greedy=all(p.temperature == 0.0 for p in params),
+            all_greedy=all(p.greedy for p in params),
             any_filter=any(
-                p.temperature > 0 and (p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0) for p in params
+                not p.greedy and (p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0) for p in params
             ),
         )
         ids = sample(logits, st)

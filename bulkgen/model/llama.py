@@ -151,6 +151,12 @@ class LlamaForCausalLM(nn.Module):
         else:
             self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
 
+    @property
+    def uses_graph_safe_attention(self) -> bool:
+        """The torch backend reads host-side lengths, so only other backends can be captured."""
+        backend = self.model.layers[0].self_attn.backend
+        return not backend.__name__.endswith("torch_backend")
+
     def bind_kv_cache(self, k_caches: list[torch.Tensor], v_caches: list[torch.Tensor]) -> None:
         for layer, k, v in zip(self.model.layers, k_caches, v_caches, strict=True):
             layer.self_attn.k_cache, layer.self_attn.v_cache = k, v
