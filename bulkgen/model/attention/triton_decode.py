@@ -1,0 +1,233 @@
+"""Paged decode attention in Triton: GQA-grouped, split-KV (flash-decoding), CUDA-graph safe.
+
+Every sequence has one query row (row b of q belongs to sequence b). Decode reads the whole KV
+cache once per step and does little arithmetic per byte, so the kernel is built around reading
+each K/V element once and keeping enough CTAs busy:
+
+- _decode_split_kernel, grid (B, Hkv, S). Program (b, h, s) loads the GROUP query heads that
+  share kv-head h as one [GROUP_PAD, D] tile, so each K/V tile is fetched once for the whole group,
+  and runs an online softmax (base 2) over split s of sequence b's context: the context is cut
+  into S equal runs of whole BLOCK_N tiles, sized from seq_lens[b] read on the device. Splits past
+  the end of a short sequence write a neutral partial (lse = -inf, out = 0). With S == 1 the
+  program writes the final output directly and no reduction runs.
+- _decode_reduce_kernel, grid (B, Hq). Merges the S normalised partials of one query head with
+  their log-sum-exps: out = sum_s 2^(lse_s - M) * out_s / sum_s 2^(lse_s - M), M = max_s lse_s.
+
+S is chosen from the batch size, kv-head count and block-table width (all static shapes), never
+from the lengths of this step, so the grid and every argument stay the same from one step to the
+next and the launches can be captured in a CUDA graph and replayed after seq_lens and
+block_tables change in place.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from bulkgen.model.attention.triton_kv import check_cache, kv_tile_offsets
+
+LOG2E = 1.4426950408889634
+MAX_SPLITS = 64
+# Enough CTAs per SM to keep many K/V loads in flight; extra splits of short sequences are empty.
+CTAS_PER_SM = 8
+
+
+@triton.jit
+def _decode_split_kernel(
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    seq_lens_ptr,
+    block_tables_ptr,
+    out_ptr,
+    part_out_ptr,
+    part_lse_ptr,
+    qk_scale,  # softmax scale * log2(e)
+    stride_qt,
+    stride_qh,
+    stride_bt,
+    stride_cache_block,
+    stride_cache_slot,
+    stride_cache_head,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    b = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    num_q_heads = tl.num_programs(1) * GROUP
+    num_splits = tl.num_programs(2)
+
+    g = tl.arange(0, GROUP_PAD)
+    heads = kv_head * GROUP + g
+    head_mask = g < GROUP
+    dims = tl.arange(0, HEAD_DIM)
+    q = tl.load(
+        q_ptr + b * stride_qt + heads[:, None] * stride_qh + dims[None, :],
+        mask=head_mask[:, None],
+        other=0.0,
+    )
+
+    seq_len = tl.load(seq_lens_ptr + b)
+    tiles_per_split = tl.cdiv(tl.cdiv(seq_len, BLOCK_N), num_splits)
+    lo = split * tiles_per_split * BLOCK_N
+    hi = tl.minimum(lo + tiles_per_split * BLOCK_N, seq_len)
+
+    m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([GROUP_PAD], tl.float32)
+    acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
+    block_table_row = block_tables_ptr + b.to(tl.int64) * stride_bt
+    for start in range(lo, hi, BLOCK_N):
+        pos = start + tl.arange(0, BLOCK_N)
+        valid = pos < hi
+        rows = kv_tile_offsets(
+            block_table_row,
+            pos,
+            valid,
+            kv_head,
+            stride_cache_block,
+            stride_cache_slot,
+            stride_cache_head,
+            BLOCK_SIZE,
+        )
+        k_t = tl.load(k_cache_ptr + rows[None, :] + dims[:, None], mask=valid[None, :], other=0.0)
+        s = tl.dot(q, k_t, input_precision=DOT_PRECISION) * qk_scale
+        s = tl.where(valid[None, :], s, float("-inf"))
+        # Every tile has a valid position, so m_new is finite and alpha is 0 on the first tile.
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_cache_ptr + rows[:, None] + dims[None, :], mask=valid[:, None], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    # An empty split (or a padding row with seq_len 0) has l_i == 0: write out = 0, lse = -inf.
+    has_work = l_i > 0
+    out = acc / tl.where(has_work, l_i, 1.0)[:, None]
+    if num_splits == 1:
+        out_rows = out_ptr + b * num_q_heads * HEAD_DIM + heads[:, None] * HEAD_DIM
+        tl.store(
+            out_rows + dims[None, :], out.to(out_ptr.dtype.element_ty), mask=head_mask[:, None]
+        )
+    else:
+        part = (b * num_q_heads + heads) * num_splits + split
+        tl.store(
+            part_out_ptr + part[:, None] * HEAD_DIM + dims[None, :], out, mask=head_mask[:, None]
+        )
+        lse = tl.where(has_work, m_i + tl.log2(tl.where(has_work, l_i, 1.0)), float("-inf"))
+        tl.store(part_lse_ptr + part, lse, mask=head_mask)
+
+
+@triton.jit
+def _decode_reduce_kernel(
+    part_out_ptr,
+    part_lse_ptr,
+    out_ptr,
+    NUM_SPLITS: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+):
+    row = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)  # b * Hq + head
+    splits = tl.arange(0, SPLITS_PAD)
+    split_mask = splits < NUM_SPLITS
+    dims = tl.arange(0, HEAD_DIM)
+    lse = tl.load(part_lse_ptr + row * NUM_SPLITS + splits, mask=split_mask, other=float("-inf"))
+    parts = tl.load(
+        part_out_ptr + (row * NUM_SPLITS + splits)[:, None] * HEAD_DIM + dims[None, :],
+        mask=split_mask[:, None],
+        other=0.0,
+    )
+    lse_max = tl.max(lse, axis=0)
+    # All splits empty only for a padding row (seq_len 0); keep it finite: weights 0, out 0.
+    lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)
+    weights = tl.exp2(lse - lse_max)
+    total = tl.sum(weights, axis=0)
+    out = tl.sum(weights[:, None] * parts, axis=0) / tl.where(total > 0, total, 1.0)
+    tl.store(out_ptr + row * HEAD_DIM + dims, out.to(out_ptr.dtype.element_ty))
+
+
+def decode_block_n(head_dim: int) -> int:
+    """Tokens per K/V tile: 64 keeps a [64, 128] bf16 tile of K and of V in flight per stage."""
+    return 64 if head_dim <= 128 else 32
+
+
+def num_kv_splits(
+    batch: int, num_kv_heads: int, max_context: int, block_n: int, device: torch.device
+) -> int:
+    """Splits per (sequence, kv-head): a function of static shapes only (CUDA-graph safe)."""
+    # Host-side property, cached by torch: no device sync. The CPU interpreter gets a token 4.
+    cuda = device.type == "cuda"
+    num_sms = torch.cuda.get_device_properties(device).multi_processor_count if cuda else 4
+    wanted = triton.cdiv(CTAS_PER_SM * num_sms, batch * num_kv_heads)
+    useful = triton.cdiv(max_context, block_n)  # more splits than tiles would all be empty
+    return max(1, min(triton.next_power_of_2(wanted), triton.next_power_of_2(useful), MAX_SPLITS))
+
+
+def paged_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    scale: float,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """Attention of one query row per sequence, q [B, Hq, D], over its cached context."""
+    batch, num_q_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    check_cache(k_cache, v_cache, head_dim)
+    assert num_q_heads % num_kv_heads == 0 and seq_lens.shape[0] == batch
+    group = num_q_heads // num_kv_heads
+    block_n = decode_block_n(head_dim)
+    if num_splits is None:
+        max_context = block_tables.shape[1] * block_size
+        num_splits = num_kv_splits(batch, num_kv_heads, max_context, block_n, q.device)
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    out = torch.empty((batch, num_q_heads, head_dim), dtype=q.dtype, device=q.device)
+    if batch == 0:
+        return out
+    # Allocated per call: inside a CUDA graph they come from the graph's private pool.
+    part_shape = (batch, num_q_heads, num_splits)
+    part_out = torch.empty((*part_shape, head_dim), dtype=torch.float32, device=q.device)
+    part_lse = torch.empty(part_shape, dtype=torch.float32, device=q.device)
+    _decode_split_kernel[(batch, num_kv_heads, num_splits)](
+        q,
+        k_cache,
+        v_cache,
+        seq_lens,
+        block_tables,
+        out,
+        part_out,
+        part_lse,
+        scale * LOG2E,
+        q.stride(0),
+        q.stride(1),
+        block_tables.stride(0),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        GROUP=group,
+        GROUP_PAD=max(16, triton.next_power_of_2(group)),  # tl.dot needs at least 16 rows
+        HEAD_DIM=head_dim,
+        BLOCK_SIZE=block_size,
+        BLOCK_N=block_n,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=4,
+    )
+    if num_splits > 1:
+        _decode_reduce_kernel[(batch, num_q_heads)](
+            part_out,
+            part_lse,
+            out,
+            NUM_SPLITS=num_splits,
+            SPLITS_PAD=triton.next_power_of_2(num_splits),
+            HEAD_DIM=head_dim,
+            num_warps=4,
+        )
+    return out

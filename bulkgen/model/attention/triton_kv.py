@@ -1,0 +1,118 @@
+"""Triton kernels for the paged KV cache: storing new keys/values, and addressing cached tiles.
+
+write_kv: grid (T,). Program t copies token t's keys and values ([Hkv, D] each) to slot
+slot_mapping[t] of the caches, converting to the cache dtype; slots < 0 (the padding rows of a
+CUDA-graph batch) are skipped. Slot s lives at block s // block_size, offset s % block_size.
+
+kv_tile_offsets: the gather that both attention kernels use. A tile of consecutive token positions
+of one sequence maps, token by token, to (block_tables[b, pos // block_size], pos % block_size), so
+a tile may span several cache blocks and a block may be larger than a tile.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def kv_tile_offsets(
+    block_table_row,  # pointer to this sequence's row of block_tables
+    pos,  # [N] token positions in the sequence
+    valid,  # [N] positions that exist; the others are never dereferenced
+    kv_head,
+    stride_block,
+    stride_slot,
+    stride_head,
+    BLOCK_SIZE: tl.constexpr,
+):
+    """Element offsets (int64) of the first head_dim entry of each position's key/value row."""
+    block = tl.load(block_table_row + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
+    # int64: a large cache holds more than 2**31 elements.
+    return block * stride_block + (pos % BLOCK_SIZE) * stride_slot + kv_head * stride_head
+
+
+@triton.jit
+def _write_kv_kernel(
+    k_ptr,
+    v_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    slot_ptr,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_cache_block,
+    stride_cache_slot,
+    stride_cache_head,
+    num_kv_heads,
+    BLOCK_SIZE: tl.constexpr,
+    HEADS_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+):
+    t = tl.program_id(0)
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    if slot < 0:
+        return
+    heads = tl.arange(0, HEADS_PAD)[:, None]
+    dims = tl.arange(0, HEAD_DIM)[None, :]
+    mask = heads < num_kv_heads
+    dst = (
+        (slot // BLOCK_SIZE) * stride_cache_block
+        + (slot % BLOCK_SIZE) * stride_cache_slot
+        + heads * stride_cache_head
+        + dims
+    )
+    k = tl.load(k_ptr + t * stride_kt + heads * stride_kh + dims, mask=mask)
+    v = tl.load(v_ptr + t * stride_vt + heads * stride_vh + dims, mask=mask)
+    tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+
+
+def write_kv(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Store this step's keys/values [T, Hkv, D] at their slots of the [N, bs, Hkv, D] caches."""
+    num_tokens, num_kv_heads, head_dim = k.shape
+    check_cache(k_cache, v_cache, head_dim)
+    if num_tokens == 0:
+        return
+    # Rows may be strided (views into a fused QKV output); head_dim must be contiguous.
+    k = k if k.stride(-1) == 1 else k.contiguous()
+    v = v if v.stride(-1) == 1 else v.contiguous()
+    _write_kv_kernel[(num_tokens,)](
+        k,
+        v,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        num_kv_heads,
+        BLOCK_SIZE=k_cache.shape[1],
+        HEADS_PAD=triton.next_power_of_2(num_kv_heads),
+        HEAD_DIM=head_dim,
+        num_warps=4,
+    )
+
+
+def check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor, head_dim: int) -> None:
+    """The kernels address both caches with one set of strides and a power-of-two head_dim."""
+    if head_dim < 16 or head_dim & (head_dim - 1):
+        raise ValueError(
+            f"the triton attention backend needs a power-of-two head_dim >= 16, got {head_dim}; "
+            "use the torch backend for this model"
+        )
+    assert k_cache.shape == v_cache.shape and k_cache.stride() == v_cache.stride()
+    assert k_cache.stride(-1) == 1 and k_cache.shape[-1] == head_dim

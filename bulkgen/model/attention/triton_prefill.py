@@ -1,0 +1,220 @@
+"""Paged varlen prefill attention in Triton: causal flash attention over the paged KV cache.
+
+Used for prefill and mixed steps (any query lengths). write_kv has already stored this step's keys
+and values, so every sequence attends purely over its cache through its block-table row: query
+row i of sequence b sits at position ctx_b + i (ctx_b = seq_len_b - query_len_b) and sees
+positions 0..ctx_b + i.
+
+Grid (number of query tiles, Hq). Sequence b's tiles of BLOCK_M query rows are numbered from
+query_start_loc[b] // BLOCK_M + b, which leaves room for every sequence's partial last tile, so
+T // BLOCK_M + B programs cover all of them; a program finds its sequence by binary search over
+query_start_loc and exits if it falls in a gap. Each program keeps its [BLOCK_M, D] query tile in
+registers and streams K/V tiles of BLOCK_N positions (tl.dot, online softmax in base 2, fp32
+accumulators): first the tiles wholly before its first row, which need no mask, then the few
+that cross the causal diagonal.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from bulkgen.model.attention.triton_kv import check_cache, kv_tile_offsets
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _find_seq(query_start_loc_ptr, num_seqs, tile_id, BLOCK_M: tl.constexpr):
+    """The last sequence b whose first tile, query_start_loc[b] // BLOCK_M + b, is <= tile_id."""
+    lo: tl.int32 = 0
+    hi: tl.int32 = num_seqs
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if tl.load(query_start_loc_ptr + mid) // BLOCK_M + mid <= tile_id:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+@triton.jit
+def _attend(
+    acc,
+    l_i,
+    m_i,
+    q,
+    q_pos,  # [BLOCK_M] position of each query row
+    k_cache_ptr,
+    v_cache_ptr,
+    block_table_row,
+    kv_head,
+    lo,
+    hi,
+    qk_scale,
+    stride_cache_block,
+    stride_cache_slot,
+    stride_cache_head,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    CAUSAL: tl.constexpr,
+):
+    """Online-softmax update of (acc, l_i, m_i) with the cached positions lo..hi-1."""
+    dims = tl.arange(0, HEAD_DIM)
+    for start in range(lo, hi, BLOCK_N):
+        pos = start + tl.arange(0, BLOCK_N)
+        valid = pos < hi
+        rows = kv_tile_offsets(
+            block_table_row,
+            pos,
+            valid,
+            kv_head,
+            stride_cache_block,
+            stride_cache_slot,
+            stride_cache_head,
+            BLOCK_SIZE,
+        )
+        k_t = tl.load(k_cache_ptr + rows[None, :] + dims[:, None], mask=valid[None, :], other=0.0)
+        s = tl.dot(q, k_t, input_precision=DOT_PRECISION) * qk_scale
+        if CAUSAL:
+            s = tl.where(valid[None, :] & (pos[None, :] <= q_pos[:, None]), s, float("-inf"))
+        # Position 0 is in every row's first tile, so m_new is finite from the first tile on.
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_cache_ptr + rows[:, None] + dims[None, :], mask=valid[:, None], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    query_start_loc_ptr,
+    seq_lens_ptr,
+    block_tables_ptr,
+    out_ptr,
+    num_seqs,
+    qk_scale,  # softmax scale * log2(e)
+    stride_qt,
+    stride_qh,
+    stride_bt,
+    stride_cache_block,
+    stride_cache_slot,
+    stride_cache_head,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    tile_id = tl.program_id(0)
+    head = tl.program_id(1)
+    b = _find_seq(query_start_loc_ptr, num_seqs, tile_id, BLOCK_M)
+    q_start = tl.load(query_start_loc_ptr + b)
+    q_len = tl.load(query_start_loc_ptr + b + 1) - q_start
+    tile = tile_id - (q_start // BLOCK_M + b)
+    if tile * BLOCK_M >= q_len:
+        return
+
+    ctx = tl.load(seq_lens_ptr + b) - q_len
+    m_rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_mask = m_rows < q_len
+    q_pos = ctx + m_rows
+    dims = tl.arange(0, HEAD_DIM)
+    q_rows = (q_start + m_rows).to(tl.int64)
+    q = tl.load(
+        q_ptr + q_rows[:, None] * stride_qt + head * stride_qh + dims[None, :],
+        mask=row_mask[:, None],
+        other=0.0,
+    )
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    block_table_row = block_tables_ptr + b.to(tl.int64) * stride_bt
+    kv_head = head // GROUP
+    first_pos = ctx + tile * BLOCK_M
+    end = ctx + tl.minimum(q_len, (tile + 1) * BLOCK_M)  # one past the last row's position
+    unmasked_end = (first_pos + 1) // BLOCK_N * BLOCK_N  # whole tiles at or before first_pos
+    # fmt: off
+    acc, l_i, m_i = _attend(
+        acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, block_table_row, kv_head,
+        0, unmasked_end, qk_scale, stride_cache_block, stride_cache_slot, stride_cache_head,
+        BLOCK_SIZE, BLOCK_N, HEAD_DIM, DOT_PRECISION, False,
+    )
+    acc, l_i, m_i = _attend(
+        acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, block_table_row, kv_head,
+        unmasked_end, end, qk_scale, stride_cache_block, stride_cache_slot, stride_cache_head,
+        BLOCK_SIZE, BLOCK_N, HEAD_DIM, DOT_PRECISION, True,
+    )
+    # fmt: on
+
+    out = acc / l_i[:, None]
+    num_q_heads = tl.num_programs(1)
+    out_rows = out_ptr + (q_rows[:, None] * num_q_heads + head) * HEAD_DIM
+    tl.store(out_rows + dims[None, :], out.to(out_ptr.dtype.element_ty), mask=row_mask[:, None])
+
+
+def prefill_tiles(max_query_len: int, head_dim: int) -> tuple[int, int]:
+    """(BLOCK_M, BLOCK_N): 16-row query tiles when every sequence has only a few new tokens."""
+    # 64 x 256 fp32 accumulators would spill at head_dim 256 with 4 warps.
+    block_m = 16 if max_query_len <= 16 else (64 if head_dim <= 128 else 32)
+    block_n = 64 if head_dim <= 128 else 32
+    return block_m, block_n
+
+
+def paged_prefill(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    max_query_len: int,
+    scale: float,
+) -> torch.Tensor:
+    """Causal attention of q [T, Hq, D] (rows grouped by query_start_loc) over the cache."""
+    num_tokens, num_q_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    check_cache(k_cache, v_cache, head_dim)
+    assert num_q_heads % num_kv_heads == 0
+    num_seqs = seq_lens.shape[0]
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    out = torch.empty((num_tokens, num_q_heads, head_dim), dtype=q.dtype, device=q.device)
+    if num_tokens == 0:
+        return out
+    block_m, block_n = prefill_tiles(max_query_len, head_dim)
+    _prefill_kernel[(num_tokens // block_m + num_seqs, num_q_heads)](
+        q,
+        k_cache,
+        v_cache,
+        query_start_loc,
+        seq_lens,
+        block_tables,
+        out,
+        num_seqs,
+        scale * LOG2E,
+        q.stride(0),
+        q.stride(1),
+        block_tables.stride(0),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        GROUP=num_q_heads // num_kv_heads,
+        HEAD_DIM=head_dim,
+        BLOCK_SIZE=block_size,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=4,
+    )
+    return out

@@ -1,0 +1,114 @@
+"""Benchmark the Triton attention kernels at the Llama-3-8B attention shape; one JSON line each.
+
+    PYTHONPATH=. python scripts/bench_attention.py   (or after pip install -e .)
+
+Decode: batch 32 and 256 at contexts 256..8192, every sequence at the same length, blocks of 16 in
+a shuffled block table. Reports the median time and the achieved bandwidth of the K/V read (the
+bytes decode must move) beside a device-to-device copy measured in the same run. Prefill: 2048
+new tokens in one sequence, with no cached context and after 6144 cached tokens, in TFLOP/s of the
+causal attention actually computed (4 * Hq * D flops per query-key pair).
+"""
+
+from __future__ import annotations
+
+import json
+
+import torch
+from triton.testing import do_bench
+
+from bulkgen.model.attention.metadata import AttnMetadata
+from bulkgen.model.attention.triton_backend import paged_attention
+from bulkgen.model.attention.triton_decode import decode_block_n, num_kv_splits
+
+NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 8, 128, 16
+DTYPE = torch.bfloat16
+DEVICE = torch.device("cuda")
+
+
+def paged_inputs(seq_lens: list[int], query_lens: list[int], decode_only: bool):
+    """q, caches and metadata with every sequence's blocks scattered over the cache."""
+    blocks_per_seq = [-(-n // BLOCK_SIZE) for n in seq_lens]
+    num_blocks, width = sum(blocks_per_seq), max(blocks_per_seq)
+    shape = (num_blocks, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)
+    k_cache = torch.randn(shape, dtype=DTYPE, device=DEVICE)
+    v_cache = torch.randn(shape, dtype=DTYPE, device=DEVICE)
+    block_ids = torch.randperm(num_blocks, device=DEVICE).int()
+    block_tables = torch.zeros(len(seq_lens), width, dtype=torch.int32, device=DEVICE)
+    start = 0
+    for b, n in enumerate(blocks_per_seq):
+        block_tables[b, :n] = block_ids[start : start + n]
+        start += n
+    starts = torch.tensor([0] + query_lens, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    meta = AttnMetadata(
+        slot_mapping=torch.empty(0, dtype=torch.int64, device=DEVICE),
+        query_start_loc=starts.to(DEVICE),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE),
+        block_tables=block_tables,
+        max_query_len=max(query_lens),
+        max_seq_len=max(seq_lens),
+        decode_only=decode_only,
+    )
+    q = torch.randn(sum(query_lens), NUM_Q_HEADS, HEAD_DIM, dtype=DTYPE, device=DEVICE)
+    return q, k_cache, v_cache, meta
+
+
+def median_ms(fn) -> float:
+    return do_bench(fn, warmup=50, rep=300, return_mode="median")
+
+
+def copy_gb_per_s() -> float:
+    """Device-to-device copy bandwidth (read + write) of a 1 GiB buffer: the practical roofline."""
+    src = torch.empty(1 << 30, dtype=torch.uint8, device=DEVICE)
+    dst = torch.empty_like(src)
+    return 2 * src.numel() / median_ms(lambda: dst.copy_(src)) / 1e6
+
+
+def bench_decode(batch: int, context: int, copy_bw: float) -> dict:
+    q, k_cache, v_cache, meta = paged_inputs([context] * batch, [1] * batch, decode_only=True)
+    scale = HEAD_DIM**-0.5
+    ms = median_ms(lambda: paged_attention(q, k_cache, v_cache, meta, scale))
+    kv_bytes = 2 * batch * context * NUM_KV_HEADS * HEAD_DIM * k_cache.element_size()
+    max_context = meta.block_tables.shape[1] * BLOCK_SIZE
+    splits = num_kv_splits(batch, NUM_KV_HEADS, max_context, decode_block_n(HEAD_DIM), DEVICE)
+    gb_per_s = kv_bytes / ms / 1e6
+    return {
+        "kernel": "decode",
+        "batch": batch,
+        "context": context,
+        "splits": splits,
+        "ms": round(ms, 4),
+        "kv_gb_per_s": round(gb_per_s, 1),
+        "of_copy_bw": round(gb_per_s / copy_bw, 3),
+    }
+
+
+def bench_prefill(new_tokens: int, cached: int) -> dict:
+    seq_len = cached + new_tokens
+    q, k_cache, v_cache, meta = paged_inputs([seq_len], [new_tokens], decode_only=False)
+    scale = HEAD_DIM**-0.5
+    ms = median_ms(lambda: paged_attention(q, k_cache, v_cache, meta, scale))
+    # Query row i (0-based) of the new tokens attends to cached + i + 1 keys.
+    pairs = new_tokens * cached + new_tokens * (new_tokens + 1) // 2
+    flops = 4 * NUM_Q_HEADS * HEAD_DIM * pairs
+    return {
+        "kernel": "prefill",
+        "tokens": new_tokens,
+        "cached": cached,
+        "ms": round(ms, 4),
+        "tflop_per_s": round(flops / ms / 1e9, 1),
+    }
+
+
+def main() -> None:
+    copy_bw = copy_gb_per_s()
+    print(json.dumps({"kernel": "copy", "gb_per_s": round(copy_bw, 1)}), flush=True)
+    for batch in (32, 256):
+        for context in (256, 512, 1024, 2048, 4096, 8192):
+            print(json.dumps(bench_decode(batch, context, copy_bw)), flush=True)
+            torch.cuda.empty_cache()
+    for cached in (0, 6144):
+        print(json.dumps(bench_prefill(2048, cached)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
