@@ -90,6 +90,7 @@ class Engine:
         self._rng = random.Random(cfg.seed)
         self._arrivals = 0
         self._prev: Step | None = None
+        self.async_loop = cfg.async_loop  # settable, so one loaded engine can run both loops
         self.num_steps = 0
         self.startup_s = time.perf_counter() - t0
 
@@ -136,7 +137,7 @@ class Engine:
         launched = self.runner.launch(plan) if plan else None
         if launched is not None:
             self.num_steps += 1
-        if not self.cfg.async_loop:
+        if not self.async_loop:
             self._prev, launched = launched, None
         if self._prev is not None:
             # The only host wait of the step: the previous step's copy-out event.
@@ -157,7 +158,8 @@ class Engine:
             "startup_s": round(self.startup_s, 3),
             "device": str(self.device),
             "dtype": str(self.dtype).removeprefix("torch."),
-            "async_loop": self.cfg.async_loop,
+            "async_loop": self.async_loop,
+            "generated_tokens": self.scheduler.num_generated,
         }
 
     def close(self) -> None:

@@ -66,6 +66,7 @@ class Scheduler:
         self.running: list[Request] = []  # in admission order: the last is preempted first
         self.finished: list[RequestOutput] = []
         self.num_preemptions = 0
+        self.num_generated = 0  # tokens appended to outputs (read by progress and benchmarks)
 
     # ---- adding and ending requests -------------------------------------------------------
 
@@ -211,6 +212,7 @@ class Scheduler:
             if req.is_finished:
                 continue  # finished at the previous step: this extra token is discarded
             req.output_ids.append(token)
+            self.num_generated += 1
             if req.params.logprobs is not None:
                 self._record_logprobs(req, result, row)
             reason = self._stop_reason(req, token)
