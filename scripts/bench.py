@@ -1,0 +1,442 @@
+"""Benchmark bulkgen against the HBM roofline and transformers' continuous batching (GPU).
+
+Llama-3-8B shape with dummy bf16 weights and the real Llama-3.1 tokenizer (carried to the device,
+never committed). Each (workload, engine) runs in its own process and prints one JSON line;
+startup (load, cache, graph capture) is reported apart from wall_s. A PNG shows tokens/s and GPU
+busy over time, async against sync.
+
+    python scripts/bench.py --tokenizer .carry --workloads blog,bulk --out results/bench
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+LLAMA3_8B = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "vocab_size": 128256,
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0,
+    "max_position_embeddings": 131072,
+    "rope_scaling": {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    },
+    "bos_token_id": 128000,
+    "eos_token_id": 128001,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
+KV_BYTES_PER_TOKEN = 2 * 32 * 8 * 128 * 2  # K and V, 32 layers, 8 kv heads, head_dim 128, bf16
+
+
+def weight_bytes_read() -> float:
+    """Bytes of weights a decode step reads: everything but the embedding table (gathered)."""
+    c = LLAMA3_8B
+    h, i, layers, v = (
+        c["hidden_size"],
+        c["intermediate_size"],
+        c["num_hidden_layers"],
+        c["vocab_size"],
+    )
+    kv = c["num_key_value_heads"] * h // c["num_attention_heads"]
+    per_layer = h * (h + 2 * kv) + h * h + 2 * h * i + i * h + 2 * h
+    return 2.0 * (layers * per_layer + h + v * h)
+
+
+# ---- workloads -------------------------------------------------------------------------------
+
+
+def make_workload(name: str, out_len: int, num_prompts: int | None) -> list[tuple[list[int], int]]:
+    """(prompt ids, output length) pairs; token ids drawn from the ordinary vocabulary."""
+    rng = np.random.default_rng(0)
+    if name == "blog":
+        n = num_prompts or 32
+        return [(rng.integers(1000, 120000, 256).tolist(), out_len) for _ in range(n)]
+    if name == "bulk":
+        n = num_prompts or 1024
+        plens, olens = rng.integers(64, 1025, n), rng.integers(64, 1025, n)
+        pairs = zip(plens, olens, strict=True)
+        return [(rng.integers(1000, 120000, p).tolist(), int(o)) for p, o in pairs]
+    if name == "prefix":
+        n = num_prompts or 1024
+        prefix = rng.integers(1000, 120000, 1024).tolist()
+        own, olens = rng.integers(64, 257, n), rng.integers(128, 513, n)
+        pairs = zip(own, olens, strict=True)
+        return [(prefix + rng.integers(1000, 120000, p).tolist(), int(o)) for p, o in pairs]
+    raise ValueError(name)
+
+
+def roofline_s(work, bandwidth: float, flops_rate: float, max_num_seqs: int) -> float:
+    """Decode bytes (weights once per step plus live KV) over bandwidth, plus prefill FLOPs."""
+    outs = [o for _, o in work]
+    steps = max(max(outs), sum(outs) / max_num_seqs)
+    kv = sum(KV_BYTES_PER_TOKEN * (len(p) * o + o * (o - 1) / 2) for p, o in work)
+    params = weight_bytes_read() / 2
+    prefill_flops = sum(2 * params * len(p) for p, _ in work)
+    return (steps * weight_bytes_read() + kv) / bandwidth + prefill_flops / flops_rate
+
+
+# ---- measurement helpers ---------------------------------------------------------------------
+
+
+def measure_ceilings() -> dict:
+    import torch
+
+    x = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+
+    def timed(fn, n):
+        for _ in range(3):
+            fn()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        times = []
+        for _ in range(n):
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        return float(np.median(times))
+
+    copy_s = timed(lambda: y.copy_(x), 20)
+    mm_s = timed(lambda: a @ b, 20)
+    return {
+        "copy_bw_gbs": round(2 * x.numel() / copy_s / 1e9, 1),
+        "bf16_tflops": round(2 * 8192**3 / mm_s / 1e12, 1),
+    }
+
+
+class Sampler:
+    """NVML utilisation and generated-token count every 50 ms, in a background thread."""
+
+    def __init__(self, count_tokens) -> None:
+        import pynvml
+
+        pynvml.nvmlInit()
+        self.nvml = pynvml
+        self.handle = pynvml.nvmlDeviceGetHandleByIndex(int(os.environ.get("BENCH_GPU", "0")))
+        self.count_tokens = count_tokens
+        self.series: list[tuple[float, int, int]] = []
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        t0 = time.perf_counter()
+        while not self.done.wait(0.05):
+            util = self.nvml.nvmlDeviceGetUtilizationRates(self.handle).gpu
+            self.series.append((time.perf_counter() - t0, util, self.count_tokens()))
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.done.set()
+        self.thread.join()
+
+    @property
+    def busy(self) -> float:
+        return float(np.mean([u for _, u, _ in self.series])) if self.series else float("nan")
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        )
+        return out.stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+def model_folder(tokenizer_dir: Path) -> Path:
+    """A model folder: the 8B config plus the carried tokenizer (weights come from dummy)."""
+    folder = Path(tempfile.mkdtemp(prefix="bulkgen-8b-"))
+    (folder / "config.json").write_text(json.dumps(LLAMA3_8B))
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [128001, 128009]}))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        if (tokenizer_dir / name).is_file():
+            (folder / name).write_bytes((tokenizer_dir / name).read_bytes())
+    return folder
+
+
+# ---- engines (each in its own process) -------------------------------------------------------
+
+
+def run_bulkgen(args, work, sync: bool) -> dict:
+    """The whole `bulkgen run` pipeline: Parquet of token-id prompts in, shards out."""
+    import dataclasses
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import torch
+
+    from bulkgen.config import SamplingParams
+    from bulkgen.engine.engine import Engine
+    from bulkgen.pipeline import run
+    from bulkgen.run_config import RunConfig
+
+    tmp = Path(tempfile.mkdtemp(prefix="bulkgen-bench-"))
+    table = pa.table(
+        {
+            "id": [str(i) for i in range(len(work))],
+            "prompt": [p for p, _ in work],
+            "max_tokens": [o for _, o in work],
+        }
+    )
+    pq.write_table(table, tmp / "prompts.parquet")
+    holder: dict = {}
+
+    def factory(cfg):
+        cfg = dataclasses.replace(cfg, load_format="dummy", max_model_len=args.max_model_len)
+        engine = Engine(cfg)
+        holder["engine"] = engine
+        holder["startup_s"] = engine.startup_s
+        holder["sampler"] = Sampler(lambda: engine.scheduler.num_generated).__enter__()
+        return engine
+
+    config = RunConfig(
+        inputs=(str(tmp / "prompts.parquet"),),
+        out=str(tmp / "out"),
+        model=str(args.model_dir),
+        sampling=SamplingParams(
+            max_tokens=max(o for _, o in work), temperature=0.0, ignore_eos=True
+        ),
+        max_num_seqs=args.max_num_seqs,
+        sync=sync,
+        quiet=True,
+        device="cuda",
+        dtype="bfloat16",
+    )
+    t0 = time.perf_counter()
+    stats = run(config, engine_factory=factory)
+    total = time.perf_counter() - t0
+    holder["sampler"].__exit__()
+    return {
+        "wall_s": stats.get("wall_time_s", total - holder["startup_s"]),
+        "out_tokens": stats["completion_tokens"],
+        "gpu_busy": holder["sampler"].busy,
+        "startup_s": round(holder["startup_s"], 1),
+        "peak_mem_gb": round(torch.cuda.max_memory_allocated() / 1e9, 1),
+        "series": holder["sampler"].series,
+        "rows": stats["rows"],
+    }
+
+
+def run_transformers(args, work, use_async: bool) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig, LlamaConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    t0 = time.perf_counter()
+    config = LlamaConfig(**{k: v for k, v in LLAMA3_8B.items() if k != "architectures"})
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(
+            config, dtype=torch.bfloat16, attn_implementation="paged|sdpa"
+        ).eval()
+    gen = GenerationConfig(
+        max_new_tokens=max(o for _, o in work), do_sample=False, eos_token_id=None, pad_token_id=0
+    )
+    cb = ContinuousBatchingConfig(use_cuda_graph=True, use_async_batching=use_async)
+    startup = time.perf_counter() - t0
+    produced = [0]
+    with Sampler(lambda: produced[0]) as sampler:
+        t1 = time.perf_counter()
+        if len({o for _, o in work}) == 1:
+            outs = model.generate_batch(
+                [p for p, _ in work], generation_config=gen, continuous_batching_config=cb
+            )
+            produced[0] = sum(len(o.generated_tokens) for o in outs.values())
+        else:
+            with model.continuous_batching_context_manager(
+                generation_config=gen, continuous_batching_config=cb, block=True, timeout=30
+            ) as manager:
+                for i, (p, o) in enumerate(work):
+                    manager.add_request(p, request_id=str(i), max_new_tokens=o)
+                for _ in range(len(work)):
+                    res = manager.get_result(timeout=600)
+                    if res is None:
+                        break
+                    produced[0] += len(res.generated_tokens)
+        wall = time.perf_counter() - t1
+    return {
+        "wall_s": round(wall, 2),
+        "out_tokens": produced[0],
+        "gpu_busy": sampler.busy,
+        "startup_s": round(startup, 1),
+        "peak_mem_gb": round(torch.cuda.max_memory_allocated() / 1e9, 1),
+        "series": sampler.series,
+        "attention": "paged|sdpa (no flash-attn on this machine)",
+    }
+
+
+def child(args) -> None:
+    work = make_workload(args.workload, args.out_len, args.num_prompts)
+    if args.engine.startswith("transformers"):
+        work = work[: args.hf_sample] if args.hf_sample else work
+        result = run_transformers(args, work, use_async=args.engine.endswith("async"))
+    else:
+        result = run_bulkgen(args, work, sync=args.engine == "bulkgen-sync")
+    result["num_prompts"] = len(work)
+    result["roofline_s"] = roofline_s(work, args.bandwidth, args.flops, args.max_num_seqs)
+    Path(args.result).write_text(json.dumps(result))
+
+
+# ---- parent ----------------------------------------------------------------------------------
+
+
+def plot(runs: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    for label, series in runs.items():
+        if len(series) < 3:
+            continue
+        t = np.array([s[0] for s in series])
+        util = np.array([s[1] for s in series])
+        tok = np.array([s[2] for s in series], dtype=float)
+        rate = np.gradient(tok, t)
+        ax1.plot(t, rate, label=label)
+        ax2.plot(t, util, label=label)
+    ax1.set_ylabel("generated tokens/s")
+    ax2.set_ylabel("GPU busy (NVML %)")
+    ax2.set_xlabel("seconds into the timed region")
+    ax1.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--workloads", default="blog,bulk")
+    ap.add_argument("--engines", default="bulkgen,bulkgen-sync,transformers")
+    ap.add_argument("--out-len", type=int, default=2048)
+    ap.add_argument("--num-prompts", type=int, default=None)
+    ap.add_argument("--max-num-seqs", type=int, default=256)
+    ap.add_argument("--max-model-len", type=int, default=16384)
+    ap.add_argument("--hf-sample", type=int, default=128, help="requests given to transformers")
+    ap.add_argument("--hf-out-len", type=int, default=512, help="blog out_len for transformers")
+    ap.add_argument("--tokenizer", default=".carry", help="folder with the Llama-3.1 tokenizer")
+    ap.add_argument("--out", default="bench-results")
+    # child-process arguments
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    for name in ("workload", "engine", "result", "model-dir"):
+        ap.add_argument(f"--{name}", help=argparse.SUPPRESS)
+    ap.add_argument("--bandwidth", type=float, help=argparse.SUPPRESS)
+    ap.add_argument("--flops", type=float, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        return child(args)
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    ceilings = measure_ceilings()
+    print(json.dumps({"ceilings": ceilings, "git_commit": git_commit()}), flush=True)
+    model_dir = model_folder(Path(args.tokenizer))
+    series = {}
+    for workload in args.workloads.split(","):
+        for engine in args.engines.split(","):
+            engines = (
+                ["transformers-sync", "transformers-async"]
+                if engine == "transformers"
+                else [engine]
+            )
+            for eng in engines:
+                result_path = out / f"{workload}-{eng}.json"
+                out_len = (
+                    args.hf_out_len
+                    if eng.startswith("transformers") and workload == "blog"
+                    else args.out_len
+                )
+                cmd = [
+                    sys.executable,
+                    __file__,
+                    "--child",
+                    "--workload",
+                    workload,
+                    "--engine",
+                    eng,
+                    "--result",
+                    str(result_path),
+                    "--model-dir",
+                    str(model_dir),
+                    "--out-len",
+                    str(out_len),
+                    "--max-num-seqs",
+                    str(args.max_num_seqs),
+                    "--max-model-len",
+                    str(args.max_model_len),
+                    "--hf-sample",
+                    str(args.hf_sample),
+                    "--bandwidth",
+                    str(ceilings["copy_bw_gbs"] * 1e9),
+                    "--flops",
+                    str(ceilings["bf16_tflops"] * 1e12),
+                ]
+                if args.num_prompts:
+                    cmd += ["--num-prompts", str(args.num_prompts)]
+                proc = subprocess.run(cmd, capture_output=True, text=True)
+                if proc.returncode != 0:
+                    print(
+                        json.dumps(
+                            {"workload": workload, "engine": eng, "error": proc.stderr[-3000:]}
+                        ),
+                        flush=True,
+                    )
+                    continue
+                r = json.loads(result_path.read_text())
+                series[f"{workload}/{eng}"] = r.pop("series")
+                line = {"workload": workload}
+                if workload == "blog":
+                    line["out_len"] = out_len
+                line.update(
+                    {
+                        "engine": eng,
+                        "wall_s": round(r["wall_s"], 2),
+                        "out_tokens": r["out_tokens"],
+                        "tok_per_s": round(r["out_tokens"] / r["wall_s"], 1),
+                        "gpu_busy": round(r["gpu_busy"], 1),
+                        "roofline_s": round(r["roofline_s"], 2),
+                        "roofline_ratio": round(r["roofline_s"] / r["wall_s"], 3),
+                        "peak_mem_gb": r["peak_mem_gb"],
+                        "startup_s": r["startup_s"],
+                        "num_prompts": r["num_prompts"],
+                        "max_num_seqs": args.max_num_seqs,
+                        "git_commit": git_commit(),
+                    }
+                )
+                if "attention" in r:
+                    line["attention"] = r["attention"]
+                print(json.dumps(line), flush=True)
+                with open(out / "bench.jsonl", "a") as f:
+                    f.write(json.dumps(line) + "\n")
+    plot(series, out / "bench.png")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Everything the GPU path must prove, in one device call: GPU tests (Triton kernels against the
+# torch reference, the engine on CUDA against transformers, async == sync on the 8B shape), then
+# scripts/bench.py. Results and logs go to $OUT (the device tool brings them back).
+#   scripts/gpu_check.sh                      # tests + default benchmark
+#   TESTS=0 scripts/gpu_check.sh --workloads blog --engines bulkgen,bulkgen-sync
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+export HF_HUB_OFFLINE=1
+OUT="${OUT:-/tmp/gpu_check}"
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,memory.used,memory.total,utilization.gpu,clocks.sm --format=csv
+python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
+status=0
+if [ "${TESTS:-1}" = 1 ]; then
+  python3 -m pytest -m gpu -q -x -p no:cacheprovider ${PYTEST_ARGS:-tests} 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
+  status=${PIPESTATUS[0]}
+  echo "gpu tests exit status: $status"
+fi
+if [ "${BENCH:-1}" = 1 ]; then
+  python3 scripts/bench.py --tokenizer .carry --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log" | grep -v '^\s*$' | tail -30
+fi
+exit $status
