@@ -1,0 +1,177 @@
+"""The output folder of a job: its recorded settings, what is already done, and its lock.
+
+Only complete shards count: a shard is written under a temporary name and renamed into place, so
+`part-*` files are whole, and their ids are exactly the rows done. A rerun skips those rows;
+stray temporary files from a killed run are deleted.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pajson
+import pyarrow.parquet as pq
+
+from bulkgen.errors import UserError
+
+SETTINGS_FILE = "job.json"
+STATS_FILE = "stats.json"
+LOCK_FILE = ".lock"
+TEMP_PREFIX = ".part-"  # a shard being written; never matches part-*
+_SHARD = re.compile(r"part-(\d+)\.(parquet|jsonl)")
+_SUMMARY_COLUMNS = ["id", "finish_reason", "prompt_tokens", "completion_tokens"]
+
+
+def shard_name(index: int, fmt: str) -> str:
+    return f"part-{index:05d}.{fmt}"
+
+
+@dataclass
+class Done:
+    """What complete shards already hold."""
+
+    ids: set[str] = field(default_factory=set)
+    rows: int = 0
+    errors: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    shards: list[str] = field(default_factory=list)
+    next_index: int = 0
+
+
+class JobDir:
+    def __init__(self, out: str | Path) -> None:
+        self.path = Path(out)
+        self._lock_fd: int | None = None
+
+    def check(self, settings: dict, overwrite: bool) -> None:
+        """Refuse to resume a job with other settings (read-only: safe before any other check)."""
+        if self.path.exists() and not self.path.is_dir():
+            raise UserError(f"--out {self.path} is a file, not a folder")
+        if overwrite or not self.path.is_dir():
+            return
+        recorded = self._recorded()
+        if recorded is None:
+            if self._shards():
+                raise UserError(
+                    f"{self.path} already holds part-* files but no {SETTINGS_FILE}: it is not "
+                    "a bulkgen job folder; choose another --out, or pass --overwrite to replace "
+                    "them"
+                )
+            return
+        diffs = _differences(recorded.get("settings", {}), settings)
+        if diffs:
+            raise UserError(
+                f"{self.path} holds a job with other settings ({'; '.join(diffs)}): rerun with "
+                "the same settings to resume it, pass --overwrite to start over, or choose "
+                "another --out"
+            )
+
+    def lock(self) -> None:
+        """Hold an exclusive lock on the folder; the OS releases it if the process dies."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise UserError(f"another bulkgen run is writing to {self.path}; wait for it") from None
+        self._lock_fd = fd
+
+    def unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def prepare(self, record: dict, overwrite: bool) -> Done:
+        """Clear the folder on overwrite, drop stray temporaries, record the job, scan shards."""
+        if overwrite:
+            for path in self._shards() + [self.path / STATS_FILE, self.path / SETTINGS_FILE]:
+                path.unlink(missing_ok=True)
+        for path in self.path.glob(TEMP_PREFIX + "*"):
+            path.unlink(missing_ok=True)
+        if self._recorded() is None:
+            write_json_atomic(self.path / SETTINGS_FILE, record)
+        return self.scan()
+
+    def scan(self) -> Done:
+        done = Done()
+        for path in self._shards():
+            table = self._read_summary(path)
+            ids = table.column("id").to_pylist()
+            done.ids.update(ids)
+            done.rows += len(ids)
+            done.errors += table.column("finish_reason").to_pylist().count("error")
+            done.prompt_tokens += pc.sum(table.column("prompt_tokens")).as_py() or 0
+            done.completion_tokens += pc.sum(table.column("completion_tokens")).as_py() or 0
+            done.shards.append(path.name)
+            done.next_index = max(done.next_index, int(_SHARD.fullmatch(path.name)[1]) + 1)
+        return done
+
+    def _shards(self) -> list[Path]:
+        if not self.path.is_dir():
+            return []
+        return sorted(p for p in self.path.iterdir() if _SHARD.fullmatch(p.name))
+
+    def _recorded(self) -> dict | None:
+        path = self.path / SETTINGS_FILE
+        if not path.is_file():
+            return None
+        try:
+            return json.loads(path.read_text())
+        except ValueError as e:
+            raise UserError(f"{path} is damaged ({e}); delete it or pass --overwrite") from e
+
+    def _read_summary(self, path: Path) -> pa.Table:
+        try:
+            if path.suffix == ".parquet":
+                return pq.read_table(path, columns=_SUMMARY_COLUMNS)
+            schema = pa.schema(
+                [("id", pa.string()), ("finish_reason", pa.string())]
+                + [(c, pa.int64()) for c in _SUMMARY_COLUMNS[2:]]
+            )
+            options = pajson.ParseOptions(
+                explicit_schema=schema, unexpected_field_behavior="ignore"
+            )
+            return pajson.read_json(path, parse_options=options)
+        except (OSError, pa.ArrowException) as e:
+            raise UserError(
+                f"shard {path} cannot be read ({e}); delete it to generate its rows again"
+            ) from e
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=2, default=str)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _differences(old: dict, new: dict, prefix: str = "") -> list[str]:
+    diffs = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            diffs += _differences(a, b, prefix=f"{key}.")
+        elif a != b:
+            diffs.append(f"{prefix}{key} was {a!r}, now {b!r}")
+    return diffs

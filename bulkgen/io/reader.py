@@ -1,0 +1,235 @@
+"""Read rows from the sources in bounded batches, skipping rows already done.
+
+Parquet and saved datasets stream through pyarrow record batches; JSONL is parsed line by line so
+that one bad line becomes one error record instead of failing its whole block. Memory stays flat
+however large the input: only one batch per source is held at a time.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Callable, Collection, Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from bulkgen.errors import UserError
+from bulkgen.io.inputs import Source
+from bulkgen.row import Row
+
+BATCH_ROWS = 1024
+# A JSONL field is taken as missing from the file only if none of its first rows has it.
+_JSONL_PROBE_ROWS = 100
+# Counting newlines costs a read of the file: do it only up to this size.
+_COUNT_JSONL_BYTES = 4 << 30
+
+
+class Reader:
+    def __init__(
+        self,
+        sources: list[Source],
+        prompt_column: str,
+        id_column: str,
+        keep_columns: tuple[str, ...] = (),
+        batch_rows: int = BATCH_ROWS,
+    ) -> None:
+        self.sources = sources
+        self.prompt_column = prompt_column
+        self.id_column = id_column
+        self.keep_columns = keep_columns
+        self.batch_rows = batch_rows
+
+    def check(self) -> None:
+        """Open every source and check its columns, so a bad input fails before any work."""
+        for source in self.sources:
+            names = self._columns(source)
+            if names is None:  # a JSONL file with no parsable row: its rows become errors
+                continue
+            for column, flag in [(self.prompt_column, "--prompt-column")] + [
+                (c, "--keep-columns") for c in self.keep_columns
+            ]:
+                if column not in names:
+                    shown = ", ".join(sorted(names)[:20]) or "none"
+                    raise UserError(
+                        f"{source.label} has no column {column!r} (its columns: {shown}); "
+                        f"name the right one with {flag}"
+                    )
+
+    def count(self) -> int | None:
+        """Total rows in all sources if cheap to know, else None."""
+        total = 0
+        for source in self.sources:
+            n = _with_file_errors(source, lambda s=source: _count(s))
+            if n is None:
+                return None
+            total += n
+        return total
+
+    def batches(self, skip: Collection[str] = ()) -> Iterator[list[Row]]:
+        """Lists of Rows (at most batch_rows each), leaving out rows whose id is in skip."""
+        for source in self.sources:
+            read = _read_jsonl if source.kind == "jsonl" else _read_arrow
+            rows = read(self, source)
+            while True:
+                batch = _with_file_errors(source, lambda rows=rows: next(rows, None))
+                if batch is None:
+                    break
+                if skip:
+                    batch = [row for row in batch if row.id not in skip]
+                if batch:
+                    yield batch
+
+    def _columns(self, source: Source) -> set[str] | None:
+        if source.kind == "jsonl":
+            return _with_file_errors(source, lambda: _jsonl_fields(source.paths[0]))
+        return set(_with_file_errors(source, lambda: _arrow_schema(source).names))
+
+
+def _with_file_errors(source: Source, fn: Callable):
+    """fn(), with an unreadable file turned into one clear line."""
+    try:
+        return fn()
+    except (OSError, EOFError, pa.ArrowException, UnicodeDecodeError) as e:
+        raise UserError(f"cannot read input {source.label}: {e}") from e
+
+
+def _open_jsonl(path: Path):
+    if path.name.lower().endswith(".gz"):
+        return gzip.open(path, "rb")
+    return open(path, "rb", buffering=1 << 20)
+
+
+def _jsonl_fields(path: Path) -> set[str] | None:
+    fields: set[str] = set()
+    parsed = 0
+    with _open_jsonl(path) as f:
+        for line in f:
+            if parsed >= _JSONL_PROBE_ROWS:
+                break
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict):
+                fields.update(record)
+                parsed += 1
+    return fields if parsed else None
+
+
+def _read_jsonl(reader: Reader, source: Source) -> Iterator[list[Row]]:
+    prompt_col, id_col, keep = reader.prompt_column, reader.id_column, reader.keep_columns
+    prefix = source.name + ":"
+    batch: list[Row] = []
+    index = 0
+    with _open_jsonl(source.paths[0]) as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            row_id = prefix + str(index)
+            index += 1
+            try:
+                record = json.loads(line)
+            except ValueError as e:
+                row = Row(row_id, None)
+                row.fail(f"line {lineno} is not valid JSON: {_json_problem(e)}")
+            else:
+                row = _jsonl_row(record, row_id, lineno, prompt_col, id_col, keep)
+            batch.append(row)
+            if len(batch) >= reader.batch_rows:
+                yield batch
+                batch = []
+    if batch:
+        yield batch
+
+
+def _json_problem(e: ValueError) -> str:
+    return e.msg if isinstance(e, json.JSONDecodeError) else str(e)
+
+
+def _jsonl_row(record, row_id, lineno, prompt_col, id_col, keep) -> Row:
+    if not isinstance(record, dict):
+        row = Row(row_id, None)
+        row.fail(f"line {lineno} is a JSON {type(record).__name__}, not an object")
+        return row
+    given_id = record.get(id_col)
+    row = Row(row_id if given_id is None else str(given_id), record.get(prompt_col))
+    if keep:
+        row.extra = {name: record.get(name) for name in keep}
+    if prompt_col not in record:
+        row.fail(f"line {lineno} has no {prompt_col!r} field")
+    return row
+
+
+def _arrow_schema(source: Source) -> pa.Schema:
+    if source.kind == "parquet":
+        return pq.ParquetFile(source.paths[0]).schema_arrow
+    with pa.memory_map(str(source.paths[0])) as f:
+        return pa.ipc.open_stream(f).schema
+
+
+def _record_batches(source: Source, columns: list[str], batch_rows: int):
+    if source.kind == "parquet":
+        yield from pq.ParquetFile(source.paths[0]).iter_batches(batch_rows, columns=columns)
+        return
+    for path in source.paths:
+        # Memory-mapped: batches are views of the file, not copies.
+        with pa.memory_map(str(path)) as f:
+            for batch in pa.ipc.open_stream(f):
+                for start in range(0, batch.num_rows, batch_rows):
+                    yield batch.slice(start, batch_rows).select(columns)
+
+
+def _read_arrow(reader: Reader, source: Source) -> Iterator[list[Row]]:
+    names = _arrow_schema(source).names
+    has_id = reader.id_column in names
+    columns = [reader.prompt_column, *reader.keep_columns]
+    if has_id:
+        columns.append(reader.id_column)
+    columns = list(dict.fromkeys(columns))
+    prefix = source.name + ":"
+    index = 0
+    for batch in _record_batches(source, columns, reader.batch_rows):
+        n = batch.num_rows
+        prompts = batch.column(reader.prompt_column).to_pylist()
+        ids = batch.column(reader.id_column).to_pylist() if has_id else [None] * n
+        rows = [
+            Row(prefix + str(index + i) if ids[i] is None else str(ids[i]), prompts[i])
+            for i in range(n)
+        ]
+        if reader.keep_columns:
+            kept = {name: batch.column(name).to_pylist() for name in reader.keep_columns}
+            for i, row in enumerate(rows):
+                row.extra = {name: values[i] for name, values in kept.items()}
+        index += n
+        yield rows
+
+
+def _count(source: Source) -> int | None:
+    if source.kind == "parquet":
+        return pq.ParquetFile(source.paths[0]).metadata.num_rows
+    if source.kind == "arrow":
+        total = 0
+        for path in source.paths:
+            with pa.memory_map(str(path)) as f:
+                total += sum(b.num_rows for b in pa.ipc.open_stream(f))
+        return total
+    path = source.paths[0]
+    if path.name.lower().endswith(".gz") or path.stat().st_size > _COUNT_JSONL_BYTES:
+        return None
+    return _count_lines(path)
+
+
+def _count_lines(path: Path) -> int:
+    """Non-blank lines. A big file is only scanned for newlines: blank lines there are rare."""
+    with open(path, "rb", buffering=1 << 20) as f:
+        if path.stat().st_size < 1 << 26:
+            return sum(1 for line in f if line.strip())
+        count, tail = 0, b"\n"
+        while chunk := f.read(1 << 22):
+            count += chunk.count(b"\n")
+            tail = chunk[-1:]
+        return count + (tail != b"\n")

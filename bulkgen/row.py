@@ -1,0 +1,35 @@
+"""Row: all the state of one input row on its way from the reader to a shard."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True, eq=False)
+class Row:
+    """One input row. Each stage fills in its part; nothing else keeps per-row state.
+
+    A row with an error set skips the engine and is written as an error record.
+    """
+
+    id: str
+    prompt: object  # as read: a string, a list of token ids, or anything bad
+    extra: dict | None = None  # --keep-columns values
+    error: str | None = None
+    prompt_text: str | None = None  # the prompt column of the output
+    prompt_ids: list[int] | None = None
+    token_ids: list[int] | None = None
+    finish_reason: str | None = None
+    text: str | None = None
+
+    def fail(self, message: str) -> None:
+        self.error = message
+        self.finish_reason = "error"
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.prompt_ids) if self.prompt_ids is not None else 0
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.token_ids) if self.token_ids is not None else 0

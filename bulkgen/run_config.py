@@ -1,0 +1,94 @@
+"""RunConfig: everything `bulkgen run` was asked to do, checked once, frozen."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from bulkgen.config import EngineConfig, SamplingParams
+
+# Columns every output shard has, in this order; --keep-columns come after them.
+OUTPUT_COLUMNS = (
+    "id",
+    "prompt",
+    "text",
+    "finish_reason",
+    "error",
+    "prompt_tokens",
+    "completion_tokens",
+)
+FORMATS = ("parquet", "jsonl")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """A bulk-generation job. Engine knobs left as None take EngineConfig's defaults."""
+
+    inputs: tuple[str, ...]
+    out: str
+    model: str
+    prompt_column: str = "prompt"
+    id_column: str = "id"
+    keep_columns: tuple[str, ...] = ()
+    format: str = "parquet"
+    shard_size: int = 1000
+    # bulkgen run is greedy unless told otherwise: reproducible outputs are the safe default.
+    sampling: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=0.0))
+    chat_template: bool | None = None  # None: use the tokenizer's template when it has one
+    dtype: str = "auto"
+    device: str = "auto"
+    max_num_seqs: int | None = None
+    max_batch_tokens: int | None = None
+    kv_memory: float | None = None
+    sync: bool = False
+    quiet: bool = False
+    overwrite: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "inputs", tuple(self.inputs))
+        object.__setattr__(self, "keep_columns", tuple(self.keep_columns))
+        if not self.inputs:
+            raise ValueError("no input given: pass one or more .jsonl/.parquet files or folders")
+        if self.format not in FORMATS:
+            raise ValueError(f"format must be parquet or jsonl, got {self.format!r}")
+        if self.shard_size < 1:
+            raise ValueError(f"shard size must be >= 1 row, got {self.shard_size}")
+        if not self.prompt_column:
+            raise ValueError("the prompt column name is empty")
+        for name in self.keep_columns:
+            if name in OUTPUT_COLUMNS:
+                raise ValueError(
+                    f"--keep-columns {name!r} clashes with the output column of that name; "
+                    "rename it in the input"
+                )
+        self.engine_config("")  # so that bad engine knobs fail here, before any work
+
+    def engine_config(self, model_dir: str) -> EngineConfig:
+        knobs = {
+            "max_num_seqs": self.max_num_seqs,
+            "max_batch_tokens": self.max_batch_tokens,
+            "kv_memory": self.kv_memory,
+        }
+        given = {k: v for k, v in knobs.items() if v is not None}
+        seed = {} if self.sampling.seed is None else {"seed": self.sampling.seed}
+        return EngineConfig(
+            model=model_dir,
+            dtype=self.dtype,
+            device=self.device,
+            async_loop=not self.sync,
+            **given,
+            **seed,
+        )
+
+    def job_settings(self) -> dict:
+        """What a rerun must match to resume this job in the same output folder."""
+        sampling = dataclasses.asdict(self.sampling)
+        return {
+            "model": self.model,
+            "sampling": {k: list(v) if isinstance(v, tuple) else v for k, v in sampling.items()},
+            "prompt_column": self.prompt_column,
+            "id_column": self.id_column,
+            "keep_columns": list(self.keep_columns),
+            "format": self.format,
+            "chat_template": "auto" if self.chat_template is None else self.chat_template,
+        }

@@ -1,0 +1,140 @@
+"""Shards and the job folder: whole shards only, recorded settings, refusal, resume scan."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow.parquet as pq
+import pytest
+
+from bulkgen.errors import UserError
+from bulkgen.io.job import JobDir
+from bulkgen.io.writer import ShardWriter
+from bulkgen.row import Row
+from bulkgen.run_config import OUTPUT_COLUMNS, RunConfig
+
+
+def done_rows(n, start=0):
+    rows = []
+    for i in range(start, start + n):
+        row = Row(f"r{i}", f"prompt {i}", extra={"topic": f"t{i}"}, prompt_text=f"prompt {i}")
+        row.prompt_ids, row.token_ids = [1, 2, 3], [4] * (i % 3)
+        row.finish_reason, row.text = "stop", f"answer {i}"
+        rows.append(row)
+    return rows
+
+
+def test_full_shards_are_written_as_they_fill_and_the_rest_on_flush(tmp_path):
+    writer = ShardWriter(tmp_path, "parquet", shard_size=4, keep_columns=("topic",))
+    writer.add(done_rows(6))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["part-00000.parquet"]
+    writer.add(done_rows(3, start=6))
+    writer.flush()
+    assert writer.shards == ["part-00000.parquet", "part-00001.parquet", "part-00002.parquet"]
+    tables = [pq.read_table(tmp_path / name) for name in writer.shards]
+    assert [t.num_rows for t in tables] == [4, 4, 1]
+    assert tables[0].column_names == [*OUTPUT_COLUMNS, "topic"]
+    first = tables[0].to_pylist()[1]
+    assert first == {
+        "id": "r1",
+        "prompt": "prompt 1",
+        "text": "answer 1",
+        "finish_reason": "stop",
+        "error": None,
+        "prompt_tokens": 3,
+        "completion_tokens": 1,
+        "topic": "t1",
+    }
+    # No temporary file is left behind.
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_jsonl_shards_hold_one_object_per_row(tmp_path):
+    writer = ShardWriter(tmp_path, "jsonl", shard_size=10, first_index=3)
+    error = Row("bad", None)
+    error.fail("prompt is null")
+    writer.add(done_rows(2) + [error])
+    writer.flush()
+    lines = (tmp_path / "part-00003.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    assert [r["id"] for r in records] == ["r0", "r1", "bad"]
+    assert records[2] == {
+        "id": "bad",
+        "prompt": None,
+        "text": None,
+        "finish_reason": "error",
+        "error": "prompt is null",
+        "prompt_tokens": 0,
+        "completion_tokens": 0,
+    }
+
+
+def test_a_kept_column_of_mixed_types_is_kept_as_json_text(tmp_path):
+    writer = ShardWriter(tmp_path, "parquet", shard_size=10, keep_columns=("meta",))
+    rows = done_rows(2)
+    rows[0].extra, rows[1].extra = {"meta": 1}, {"meta": {"a": [1]}}
+    writer.add(rows)
+    writer.flush()
+    assert pq.read_table(tmp_path / "part-00000.parquet").column("meta").to_pylist() == [
+        "1",
+        '{"a": [1]}',
+    ]
+
+
+def config(tmp_path, **kw):
+    return RunConfig(inputs=("in.jsonl",), out=str(tmp_path / "out"), model="m", **kw)
+
+
+def test_scan_finds_the_ids_and_totals_of_complete_shards_and_drops_temporaries(tmp_path):
+    job = JobDir(tmp_path / "out")
+    job.lock()
+    job.prepare({"settings": config(tmp_path).job_settings()}, overwrite=False)
+    writer = ShardWriter(job.path, "parquet", shard_size=2)
+    writer.add(done_rows(5))
+    (job.path / ".part-00002.parquet.tmp").write_bytes(b"half a shard")
+    done = job.prepare({}, overwrite=False)
+    assert done.ids == {"r0", "r1", "r2", "r3"}
+    assert (done.rows, done.prompt_tokens, done.completion_tokens) == (4, 12, 0 + 1 + 2 + 0)
+    assert done.next_index == 2
+    assert not (job.path / ".part-00002.parquet.tmp").exists()
+
+
+def test_a_rerun_with_other_settings_is_refused_naming_what_differs(tmp_path):
+    job = JobDir(tmp_path / "out")
+    job.check(config(tmp_path).job_settings(), overwrite=False)
+    job.lock()
+    job.prepare({"settings": config(tmp_path).job_settings()}, overwrite=False)
+    job.unlock()
+    job.check(config(tmp_path, shard_size=7).job_settings(), overwrite=False)  # harmless change
+    changed = config(tmp_path, prompt_column="question", format="jsonl")
+    with pytest.raises(UserError) as e:
+        job.check(changed.job_settings(), overwrite=False)
+    assert "format was 'parquet', now 'jsonl'" in str(e.value)
+    assert "prompt_column was 'prompt', now 'question'" in str(e.value)
+    assert "--overwrite" in str(e.value)
+    job.check(changed.job_settings(), overwrite=True)
+
+
+def test_overwrite_clears_the_old_job(tmp_path):
+    job = JobDir(tmp_path / "out")
+    job.lock()
+    job.prepare({"settings": {"model": "a"}}, overwrite=False)
+    ShardWriter(job.path, "parquet", 1).add(done_rows(2))
+    (job.path / "notes.txt").write_text("mine")
+    done = job.prepare({"settings": {"model": "b"}}, overwrite=True)
+    assert done.rows == 0
+    assert sorted(p.name for p in job.path.iterdir()) == [".lock", "job.json", "notes.txt"]
+    assert json.loads((job.path / "job.json").read_text())["settings"] == {"model": "b"}
+
+
+def test_a_folder_of_foreign_shards_is_refused(tmp_path):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "part-00000.parquet").write_bytes(b"")
+    with pytest.raises(UserError, match="not a bulkgen job folder"):
+        JobDir(tmp_path / "out").check({}, overwrite=False)
+
+
+def test_two_runs_cannot_write_one_folder_at_once(tmp_path):
+    JobDir(tmp_path / "out").lock()
+    with pytest.raises(UserError, match="another bulkgen run is writing"):
+        JobDir(tmp_path / "out").lock()
