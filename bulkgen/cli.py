@@ -1,0 +1,248 @@
+"""The bulkgen command: `bulkgen run` and `bulkgen models`.
+
+A mistake a user can fix ends in one line on stderr and exit status 1; bad flag values in a usage
+message and status 2; Ctrl-C in status 130, with the finished shards kept for a rerun.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+DEFAULT_MODEL = "smollm2-135m"  # the same as bulkgen.model.hub.DEFAULT_MODEL
+
+
+def _version() -> str:
+    from bulkgen.pipeline import bulkgen_version
+
+    return bulkgen_version()
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="bulkgen", message="bulkgen %(version)s")
+def main() -> None:
+    """bulkgen: offline bulk generation for LLMs."""
+
+
+@main.command(no_args_is_help=True)
+@click.argument("inputs", nargs=-1, required=True, metavar="INPUT...")
+@click.option(
+    "--model",
+    "-m",
+    default=DEFAULT_MODEL,
+    show_default=True,
+    help="A local model folder, a Hugging Face Hub id (org/name) or an alias "
+    "(list them with `bulkgen models`).",
+)
+@click.option(
+    "--out",
+    "-o",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="Output folder for part-NNNNN shards, job.json and stats.json. Rerunning the same "
+    "command on it resumes the job.",
+)
+@click.option(
+    "--prompt-column",
+    default="prompt",
+    show_default=True,
+    help="Input column holding the prompt: a string, or a list of token ids used as they are.",
+)
+@click.option(
+    "--id-column",
+    default="id",
+    show_default=True,
+    help="Input column holding row ids. Without one, a row's id is '<file name>:<row number>'.",
+)
+@click.option(
+    "--keep-columns",
+    default="",
+    metavar="A,B",
+    help="Input columns to copy into the output, comma-separated.",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["parquet", "jsonl"]),
+    default="parquet",
+    show_default=True,
+    help="Shard file format.",
+)
+@click.option(
+    "--shard-size",
+    type=int,
+    default=1000,
+    show_default=True,
+    help="Rows per output shard. A killed run loses at most the rows of its unfinished shard.",
+)
+@click.option(
+    "--max-tokens",
+    type=int,
+    default=256,
+    show_default=True,
+    help="Most tokens to generate per row.",
+)
+@click.option(
+    "--temperature",
+    type=float,
+    default=0.0,
+    show_default=True,
+    help="Sampling temperature; 0 is greedy decoding, the default.",
+)
+@click.option(
+    "--top-p",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="Nucleus sampling: keep the most likely tokens up to this total probability (1.0: off).",
+)
+@click.option(
+    "--top-k",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Keep only the k most likely tokens (0: off).",
+)
+@click.option(
+    "--min-p",
+    type=float,
+    default=0.0,
+    show_default=True,
+    help="Drop tokens less likely than min-p times the most likely one (0.0: off).",
+)
+@click.option(
+    "--seed",
+    type=int,
+    default=None,
+    help="Seed for sampling. Each row's seed comes "
+    "from it and the row's id, so a row samples the same text on a rerun.",
+)
+@click.option(
+    "--chat-template/--no-chat-template",
+    default=None,
+    help="Wrap each text prompt as "
+    "a user message with the model's chat template. Default: when the model has one.",
+)
+@click.option(
+    "--dtype",
+    type=click.Choice(["auto", "bfloat16", "float16", "float32"]),
+    default="auto",
+    show_default=True,
+    help="Weight and activation type; auto is bfloat16 on CUDA, float32 on CPU.",
+)
+@click.option(
+    "--device",
+    default="auto",
+    show_default=True,
+    help="cuda, cuda:N, cpu, or auto (CUDA when available).",
+)
+@click.option(
+    "--max-num-seqs",
+    type=int,
+    default=None,
+    help="Most requests the engine runs at once [engine default: 256].",
+)
+@click.option(
+    "--max-batch-tokens",
+    type=int,
+    default=None,
+    help="Most tokens in one engine step, prefill chunks included [engine default: 2048].",
+)
+@click.option(
+    "--kv-memory",
+    type=float,
+    default=None,
+    help="Fraction of free GPU memory for the KV cache [engine default: 0.9].",
+)
+@click.option(
+    "--sync",
+    is_flag=True,
+    help="Run the engine loop without CPU/GPU overlap, to "
+    "compare against the default asynchronous loop.",
+)
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar or summary.")
+@click.option(
+    "--overwrite",
+    is_flag=True,
+    help="Delete the shards of an earlier job in --out "
+    "and start over, even if its settings differ.",
+)
+def run(inputs, model, out, prompt_column, id_column, keep_columns, fmt, shard_size, max_tokens,
+        temperature, top_p, top_k, min_p, seed, chat_template, dtype, device, max_num_seqs,
+        max_batch_tokens, kv_memory, sync, quiet, overwrite) -> None:  # fmt: skip
+    """Generate a completion for every row of INPUT... and write sharded results to --out.
+
+    INPUT is a .jsonl, .jsonl.gz or .parquet file, a folder or quoted glob of them, or a folder
+    written by the datasets library's save_to_disk. Rows that cannot be used (bad JSON, a null,
+    empty or non-string prompt, a prompt longer than the model's context) are written as error
+    records and the run goes on.
+    """
+    from bulkgen.config import SamplingParams
+    from bulkgen.errors import UserError
+    from bulkgen.pipeline import run as run_pipeline
+    from bulkgen.run_config import RunConfig
+
+    try:
+        config = RunConfig(
+            inputs=inputs,
+            out=out,
+            model=model,
+            prompt_column=prompt_column,
+            id_column=id_column,
+            keep_columns=tuple(c.strip() for c in keep_columns.split(",") if c.strip()),
+            format=fmt,
+            shard_size=shard_size,
+            sampling=SamplingParams(
+                max_tokens=max_tokens,
+                temperature=temperature,
+                top_p=top_p,
+                top_k=top_k,
+                min_p=min_p,
+                seed=seed,
+            ),
+            chat_template=chat_template,
+            dtype=dtype,
+            device=device,
+            max_num_seqs=max_num_seqs,
+            max_batch_tokens=max_batch_tokens,
+            kv_memory=kv_memory,
+            sync=sync,
+            quiet=quiet,
+            overwrite=overwrite,
+        )
+    except ValueError as e:
+        raise click.UsageError(str(e)) from e
+    try:
+        stats = run_pipeline(config)
+    except UserError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        click.echo(f"interrupted: rerun the same command to resume into {out}", err=True)
+        sys.exit(130)
+    if not quiet:
+        this = stats["this_run"]
+        click.echo(
+            f"{this['rows']} rows ({this['errors']} errors) written to {out} in "
+            f"{stats['wall_time_s']:.1f} s, {stats['generated_tokens_per_s']:,.0f} generated "
+            f"tokens/s; {stats['rows']} rows in all",
+            err=True,
+        )
+
+
+@main.command()
+def models() -> None:
+    """List the model aliases that --model accepts."""
+    from bulkgen.model.hub import DEFAULT_MODEL as default
+    from bulkgen.model.hub import list_aliases
+
+    aliases = list_aliases()
+    width = max(len(alias) for alias, _ in aliases)
+    for alias, hub_id in aliases:
+        mark = "  (default)" if alias == default else ""
+        click.echo(f"{alias:<{width}}  {hub_id}{mark}")
+
+
+if __name__ == "__main__":
+    main()

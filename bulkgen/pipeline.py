@@ -1,0 +1,368 @@
+"""bulkgen run: reader -> tokenizer -> engine -> detokenizer -> writer, threads and bounded queues.
+
+Everything a user can get wrong (inputs, columns, model, output folder) is checked before the
+first thread starts, so such a mistake leaves no shards. Once running, an exception in any stage
+sets the shared stop event; every queue operation watches it, so all stages wind down promptly
+and the first error is raised from run(). Completed rows still buffered by the writer are written
+out then, because they are whole results; a rerun resumes after them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.metadata
+import json
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from bulkgen.channel import EMPTY, Channel, Stopped
+from bulkgen.config import EngineConfig, SamplingParams
+from bulkgen.errors import UserError
+from bulkgen.io.inputs import find_sources
+from bulkgen.io.job import STATS_FILE, Done, JobDir, write_json_atomic
+from bulkgen.io.reader import Reader
+from bulkgen.io.writer import ShardWriter
+from bulkgen.progress import Progress
+from bulkgen.row import Row
+from bulkgen.run_config import RunConfig
+from bulkgen.text.stage import Detokenize, Tokenize
+
+EngineFactory = Callable[[EngineConfig], object]
+# Queue sizes, in batches. The engine's output queue is the largest: the engine must never wait
+# on the text stages.
+_READ_QUEUE, _TOKEN_QUEUE, _RESULT_QUEUE, _WRITE_QUEUE = 4, 8, 256, 16
+_DETOK_BATCH_ROWS = 2048
+_ENGINE_START_TIMEOUT_S = 3600.0
+
+
+def run(config: RunConfig, engine_factory: EngineFactory | None = None) -> dict:
+    """Run the job in config; return the stats also written to DIR/stats.json."""
+    job = JobDir(config.out)
+    job.check(config.job_settings(), config.overwrite)
+    reader = Reader(
+        find_sources(config.inputs), config.prompt_column, config.id_column, config.keep_columns
+    )
+    reader.check()
+    model_dir = _resolve_model(config.model)
+    tokenizer = _load_tokenizer(model_dir)
+    tokenize = Tokenize(
+        tokenizer, _use_template(config, tokenizer), _vocab_size(model_dir, tokenizer)
+    )
+    try:
+        return _Run(config, job, reader, model_dir, tokenizer, tokenize).go(
+            engine_factory or _default_engine_factory()
+        )
+    finally:
+        job.unlock()
+
+
+class _Run:
+    """The threads of one run and what they share: the stop event and the first failure."""
+
+    def __init__(self, config, job, reader, model_dir, tokenizer, tokenize) -> None:
+        self.config: RunConfig = config
+        self.job: JobDir = job
+        self.reader: Reader = reader
+        self.model_dir: Path = model_dir
+        self.tokenize: Tokenize = tokenize
+        self.detokenize = Detokenize(tokenizer)
+        self.stop = threading.Event()
+        self.failure: BaseException | None = None
+        self.engine_ready = threading.Event()
+        self.engine_stats: dict = {}
+        self.threads: list[threading.Thread] = []
+
+    def go(self, engine_factory: EngineFactory) -> dict:
+        load_start = time.perf_counter()
+        progress: Progress | None = None
+        rows_in = Channel(_READ_QUEUE, self.stop)
+        requests = Channel(_TOKEN_QUEUE, self.stop)
+        results = Channel(_RESULT_QUEUE, self.stop)
+        to_write = Channel(_WRITE_QUEUE, self.stop)
+        try:
+            # The engine loads first: a bad model must fail before anything is written. The
+            # rows are counted meanwhile.
+            self._spawn("engine", self._engine_loop, engine_factory, requests, results)
+            total = self.reader.count()
+            self._wait_for_engine()
+            load_time = time.perf_counter() - load_start
+            self.job.lock()
+            done = self.job.prepare(self._record(), self.config.overwrite)
+            progress = Progress(total, done.rows, done.errors, self.config.quiet)
+            writer = ShardWriter(
+                Path(self.config.out),
+                self.config.format,
+                self.config.shard_size,
+                done.next_index,
+                self.config.keep_columns,
+            )
+            self._spawn("reader", self._read_loop, done.ids, rows_in)
+            self._spawn("tokenizer", self._tokenize_loop, rows_in, requests)
+            self._spawn("detokenizer", self._detokenize_loop, results, to_write)
+            writer_thread = self._spawn("writer", self._write_loop, to_write, writer, progress)
+            while writer_thread.is_alive():
+                writer_thread.join(0.1)
+            progress.close()
+            self._join_all()
+        except BaseException:  # KeyboardInterrupt included: stop every stage before leaving
+            self.stop.set()
+            self._join_all()
+            if progress is not None:
+                progress.close()
+            raise
+        if self.failure is not None:
+            raise self.failure
+        stats = self._stats(done, progress, writer, load_time)
+        write_json_atomic(Path(self.config.out) / STATS_FILE, stats)
+        return stats
+
+    def _spawn(self, name: str, fn, *args) -> threading.Thread:
+        def body() -> None:
+            try:
+                fn(*args)
+            except Stopped:
+                pass
+            except BaseException as e:
+                if self.failure is None:
+                    self.failure = e
+                self.stop.set()
+
+        thread = threading.Thread(target=body, name=f"bulkgen-{name}", daemon=True)
+        thread.start()
+        self.threads.append(thread)
+        return thread
+
+    def _join_all(self) -> None:
+        for thread in self.threads:
+            thread.join(timeout=30.0)
+
+    def _wait_for_engine(self) -> None:
+        deadline = time.monotonic() + _ENGINE_START_TIMEOUT_S
+        while not self.engine_ready.wait(0.1):
+            if self.failure is not None or time.monotonic() > deadline:
+                self._join_all()
+                if isinstance(self.failure, ValueError | FileNotFoundError):
+                    raise UserError(f"cannot load model {self.config.model}: {self.failure}")
+                raise self.failure or TimeoutError("the engine did not start")
+
+    # Stages. Each runs in its own thread.
+
+    def _read_loop(self, skip: set[str], out: Channel) -> None:
+        for batch in self.reader.batches(skip):
+            out.put(batch)
+        out.close()
+
+    def _tokenize_loop(self, inp: Channel, out: Channel) -> None:
+        while (batch := inp.get()) is not None:
+            self.tokenize(batch)
+            out.put(batch)
+        out.close()
+
+    def _engine_loop(self, factory: EngineFactory, inp: Channel, out: Channel) -> None:
+        engine_config = self.config.engine_config(str(self.model_dir))
+        engine = factory(engine_config)
+        try:
+            self.engine_ready.set()
+            # Keep more requests in the engine than it runs at once, so its scheduler always
+            # has the next ones queued when a request finishes.
+            bound = 2 * engine_config.max_num_seqs
+            params = _RowParams(self.config.sampling)
+            in_engine: dict[str, Row] = {}  # the engine's request id -> the row it came from
+            next_id = 0
+            closed = False
+            while True:
+                while not closed and engine.num_unfinished < bound:
+                    batch = inp.get(block=engine.num_unfinished == 0)
+                    if batch is EMPTY:
+                        break
+                    if batch is None:
+                        closed = True
+                        break
+                    failed = []
+                    for row in batch:
+                        if row.error is not None:
+                            failed.append(row)
+                            continue
+                        request_id = str(next_id)
+                        next_id += 1
+                        in_engine[request_id] = row
+                        engine.add(request_id, row.prompt_ids, params(row))
+                    if failed:
+                        out.put(failed)
+                if engine.num_unfinished == 0:
+                    if closed:
+                        break
+                    continue
+                finished = engine.step()
+                if finished:
+                    out.put([_finish(in_engine.pop(o.request_id), o) for o in finished])
+            self.engine_stats = dict(engine.stats)
+        finally:
+            engine.close()
+        out.close()
+
+    def _detokenize_loop(self, inp: Channel, out: Channel) -> None:
+        while (rows := inp.get()) is not None:
+            # Gather what else is waiting: one large decode call beats many small ones.
+            closed = False
+            while len(rows) < _DETOK_BATCH_ROWS:
+                more = inp.get(block=False)
+                if more is EMPTY:
+                    break
+                if more is None:
+                    closed = True
+                    break
+                rows = rows + more
+            self.detokenize(rows)
+            out.put(rows)
+            if closed:
+                break
+        out.close()
+
+    def _write_loop(self, inp: Channel, writer: ShardWriter, progress: Progress) -> None:
+        try:
+            while (rows := inp.get()) is not None:
+                writer.add(rows)
+                progress.add(rows)
+        except Stopped:
+            # Another stage failed or the run was interrupted. The buffered rows are complete
+            # results: keep them, so that a rerun does not generate them again.
+            writer.flush()
+            raise
+        writer.flush()
+
+    # Records.
+
+    def _record(self) -> dict:
+        return {
+            "settings": self.config.job_settings(),
+            "inputs": list(self.config.inputs),
+            "model_path": str(self.model_dir),
+            "bulkgen_version": bulkgen_version(),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+
+    def _stats(self, done: Done, progress: Progress, writer: ShardWriter, load_time: float) -> dict:
+        run = progress.counts
+        wall = run.elapsed
+        stats = {
+            "rows": done.rows + run.rows,
+            "errors": done.errors + run.errors,
+            "prompt_tokens": done.prompt_tokens + run.prompt_tokens,
+            "completion_tokens": done.completion_tokens + run.completion_tokens,
+            "shards": len(done.shards) + len(writer.shards),
+            "this_run": {
+                "rows": run.rows,
+                "errors": run.errors,
+                "prompt_tokens": run.prompt_tokens,
+                "completion_tokens": run.completion_tokens,
+                "resumed_after_rows": done.rows,
+            },
+            "wall_time_s": round(wall, 3),
+            "load_time_s": round(load_time, 3),
+            "generated_tokens_per_s": round(run.completion_tokens / max(wall, 1e-9), 1),
+            "model": self.config.model,
+            "model_path": str(self.model_dir),
+            "sampling": self.config.job_settings()["sampling"],
+            "format": self.config.format,
+            "bulkgen_version": bulkgen_version(),
+        }
+        # Engine-side figures (GPU busy and the like) join in, without replacing ours.
+        return {**{k: v for k, v in self.engine_stats.items() if k not in stats}, **stats}
+
+
+def _finish(row: Row, output) -> Row:
+    if output.finish_reason == "error":
+        row.fail(output.error or "the engine gave no reason")
+    else:
+        row.token_ids = output.token_ids
+        row.finish_reason = output.finish_reason
+    return row
+
+
+class _RowParams:
+    """Sampling parameters per row. With a seed, each row's own seed comes from it and the row's
+    id: a row samples the same text on a rerun, whatever its batch mates."""
+
+    def __init__(self, params: SamplingParams) -> None:
+        self.params = params
+        self.per_row = params.seed is not None and not params.greedy
+
+    def __call__(self, row: Row) -> SamplingParams:
+        if not self.per_row:
+            return self.params
+        digest = hashlib.blake2b(f"{self.params.seed}:{row.id}".encode(), digest_size=8).digest()
+        return dataclasses.replace(self.params, seed=int.from_bytes(digest, "little") >> 1)
+
+
+def bulkgen_version() -> str:
+    try:
+        return importlib.metadata.version("bulkgen")
+    except importlib.metadata.PackageNotFoundError:
+        return "0.1.0"
+
+
+def _resolve_model(name: str) -> Path:
+    try:
+        from bulkgen.model.hub import ModelNotFoundError, resolve_model
+    except ImportError:  # the hub module is not there: only local folders work
+        path = Path(name)
+        if not path.is_dir():
+            raise UserError(f"model folder {name} does not exist") from None
+        return path
+    try:
+        return resolve_model(name)
+    except ModelNotFoundError as e:
+        raise UserError(str(e)) from e
+
+
+def _load_tokenizer(model_dir: Path):
+    try:
+        from bulkgen.text.tokenizer import load_tokenizer
+    except ImportError:
+        from transformers import AutoTokenizer as _Auto
+
+        load_tokenizer = _Auto.from_pretrained
+    try:
+        return load_tokenizer(model_dir)
+    except (OSError, ValueError) as e:
+        raise UserError(f"cannot load the tokenizer of {model_dir}: {e}") from e
+
+
+def _use_template(config: RunConfig, tokenizer) -> bool:
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    if config.chat_template and not has_template:
+        raise UserError(
+            f"model {config.model} has no chat template; leave out --chat-template to send "
+            "prompts as they are"
+        )
+    return has_template if config.chat_template is None else config.chat_template
+
+
+def _vocab_size(model_dir: Path, tokenizer) -> int:
+    """The model's vocabulary can be larger than the tokenizer's (padded): allow either."""
+    try:
+        vocab = json.loads((model_dir / "config.json").read_text()).get("vocab_size") or 0
+    except (OSError, ValueError):
+        vocab = 0
+    return max(int(vocab), len(tokenizer))
+
+
+def _default_engine_factory() -> EngineFactory:
+    fake = os.environ.get("BULKGEN_FAKE_ENGINE")
+    if fake:  # tests only: see bulkgen/engine/fake.py
+        from bulkgen.engine.fake import FakeEngine
+
+        options = json.loads(fake)
+        return lambda config: FakeEngine(config, **options)
+
+    def real(config: EngineConfig):
+        from bulkgen.engine.engine import Engine
+
+        return Engine(config)
+
+    return real
