@@ -112,7 +112,7 @@ def test_prompts_are_tokenized_like_transformers_does(tmp_path, tiny_model_dir, 
 
 def test_the_template_shortcut_renders_like_the_template(tiny_tokenizer):
     template = ChatTemplate(tiny_tokenizer)
-    assert template._affix is not None
+    assert template.affix is not None
     awkward = ["x", " lead and trail ", "{{ not jinja }}", "a\nb", "<|user|>inner"]
     assert template.render(awkward) == [template._render_one(p) for p in awkward]
 
@@ -123,7 +123,7 @@ def test_a_template_that_changes_the_content_is_rendered_per_row(tiny_tokenizer)
             return "<u>" + messages[0]["content"].strip() + "</u>"
 
     template = ChatTemplate(Stripping())
-    assert template._affix is None
+    assert template.affix is None
     assert template.render([" a "]) == ["<u>a</u>"]
 
 

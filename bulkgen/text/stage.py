@@ -7,6 +7,7 @@ they run beside the other stages instead of taking turns with them.
 from __future__ import annotations
 
 from bulkgen.row import Row
+from bulkgen.text.encoder import PromptEncoder
 from bulkgen.text.template import ChatTemplate
 
 
@@ -23,9 +24,8 @@ class Tokenize:
     """Fills each row's prompt_ids, or marks the row as an error saying what is wrong with it."""
 
     def __init__(self, tokenizer, chat_template: bool, vocab_size: int) -> None:
-        self._tokenizer = tokenizer
-        self._backend = _backend(tokenizer)
-        self._template = ChatTemplate(tokenizer) if chat_template else None
+        template = ChatTemplate(tokenizer) if chat_template else None
+        self.encode = PromptEncoder(tokenizer, template).encode
         self.vocab_size = vocab_size
 
     def __call__(self, rows: list[Row]) -> None:
@@ -49,17 +49,6 @@ class Tokenize:
         if texts:
             for row, ids in zip(text_rows, self.encode(texts), strict=True):
                 row.prompt_ids = ids
-
-    def encode(self, texts: list[str]) -> list[list[int]]:
-        # A chat template writes its own special tokens (BOS and the like); plain text gets the
-        # tokenizer's.
-        add_special = self._template is None
-        if self._template is not None:
-            texts = self._template.render(texts)
-        if self._backend is None:
-            return self._tokenizer(texts, add_special_tokens=add_special)["input_ids"]
-        encode = getattr(self._backend, "encode_batch_fast", self._backend.encode_batch)
-        return [e.ids for e in encode(texts, add_special_tokens=add_special)]
 
     def _check_ids(self, row: Row, ids: list[int]) -> None:
         low, high = min(ids), max(ids)

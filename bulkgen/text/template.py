@@ -10,7 +10,8 @@ from __future__ import annotations
 from bulkgen.errors import UserError
 
 _SENTINEL = "\x00bulkgen-content\x00"
-_PROBES = ("hello", "  two  spaces  ", "\nnew\nlines\n", "{{ x }} {% y %}", "ünï \t cödé")
+# Contents that a template which alters or inspects its content would likely render differently.
+PROBES = ("hello", "  two  spaces  ", "\nnew\nlines\n", "{{ x }} {% y %}", "ünï \t cödé", "12 + 3")
 
 
 class ChatTemplate:
@@ -23,11 +24,12 @@ class ChatTemplate:
                 f"the model's chat template fails on a user message ({e}); "
                 "pass --no-chat-template to send prompts as they are"
             ) from e
-        self._affix: tuple[str, str] | None = None
+        # (prefix, suffix) when every prompt renders as prefix + prompt + suffix.
+        self.affix: tuple[str, str] | None = None
         if rendered.count(_SENTINEL) == 1:
             prefix, suffix = rendered.split(_SENTINEL)
-            if all(self._render_one(p) == prefix + p + suffix for p in _PROBES):
-                self._affix = (prefix, suffix)
+            if all(self._render_one(p) == prefix + p + suffix for p in PROBES):
+                self.affix = (prefix, suffix)
 
     def _render_one(self, content: str) -> str:
         return self._tokenizer.apply_chat_template(
@@ -35,7 +37,7 @@ class ChatTemplate:
         )
 
     def render(self, prompts: list[str]) -> list[str]:
-        if self._affix is None:
+        if self.affix is None:
             return [self._render_one(p) for p in prompts]
-        prefix, suffix = self._affix
+        prefix, suffix = self.affix
         return [prefix + p + suffix for p in prompts]
