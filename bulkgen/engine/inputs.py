@@ -42,6 +42,7 @@ class PackedStep:
     floats: torch.Tensor
     ready: torch.cuda.Event | None
     sizes: tuple[int, int, int, int]  # T, B, S, W
+    turn: int  # which of the two buffers it occupies
 
     def unpack(self) -> StepInputs:
         """Views and dtype casts; call on the compute stream after it waited for `ready`."""
@@ -85,11 +86,23 @@ class InputPacker:
         self.float_cap = 3 * max_seqs
         self.ints = [self._host(self.int_cap, torch.int64) for _ in range(2)]
         self.floats = [self._host(self.float_cap, torch.float32) for _ in range(2)]
-        self.copied = [None, None]  # per buffer: event of the last copy out of it
+        self.copied = [None, None]  # per host buffer: event of the last copy out of it
+        # Device buffers are allocated once: allocating per step on the copy stream would make
+        # the caching allocator hold blocks behind events of the other stream.
+        self.dev_ints = [self._device(self.int_cap, torch.int64) for _ in range(2)]
+        self.dev_floats = [self._device(self.float_cap, torch.float32) for _ in range(2)]
+        self.consumed: list = [None, None]  # per device buffer: event after its last reader
         self.turn = 0
 
     def _host(self, n: int, dtype: torch.dtype) -> torch.Tensor:
         return torch.empty(n, dtype=dtype, pin_memory=self.pin)
+
+    def _device(self, n: int, dtype: torch.dtype) -> torch.Tensor | None:
+        return torch.empty(n, dtype=dtype, device=self.device) if self.pin else None
+
+    def release(self, packed: PackedStep, event: torch.cuda.Event | None) -> None:
+        """The step that read `packed` is enqueued; `event` fires once it is done with it."""
+        self.consumed[packed.turn] = event
 
     def pack(self, plan: Plan, prev_rows: dict[int, int], stream) -> PackedStep:
         """prev_rows maps id(request) -> its row in the previous step's samples."""
@@ -143,8 +156,9 @@ class InputPacker:
             ]
         )
         floats = np.asarray(temp + top_p + min_p, np.float32)
+        turn = self.turn
         dev_ints, dev_floats, ready = self._copy(ints, floats, stream)
-        return PackedStep(dev_ints, dev_floats, ready, (T, B, S, W))
+        return PackedStep(dev_ints, dev_floats, ready, (T, B, S, W), turn)
 
     def _copy(self, ints: np.ndarray, floats: np.ndarray, stream):
         i = self.turn
@@ -158,8 +172,12 @@ class InputPacker:
         if self.device.type != "cuda":
             return host_i.clone(), host_f.clone(), None
         with torch.cuda.stream(stream):
-            dev_i = host_i.to(self.device, non_blocking=True)
-            dev_f = host_f.to(self.device, non_blocking=True)
+            if self.consumed[i] is not None:
+                stream.wait_event(self.consumed[i])  # on the device: step N-2 is done reading
+            dev_i = self.dev_ints[i][: len(ints)]
+            dev_f = self.dev_floats[i][: len(floats)]
+            dev_i.copy_(host_i, non_blocking=True)
+            dev_f.copy_(host_f, non_blocking=True)
             event = torch.cuda.Event()
             event.record(stream)
         self.copied[i] = event

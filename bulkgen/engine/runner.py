@@ -111,9 +111,6 @@ class ModelRunner:
         with self._stream_ctx():
             if packed.ready is not None:
                 self.compute_stream.wait_event(packed.ready)
-                # The copy stream allocated these; keep them alive until compute is done too.
-                packed.ints.record_stream(self.compute_stream)
-                packed.floats.record_stream(self.compute_stream)
             inp = packed.unpack()
             input_ids = self._gather_inputs(plan, inp)
             if self._graphable(plan):
@@ -123,6 +120,7 @@ class ModelRunner:
                 hidden = self.model(input_ids, inp.positions, self._metadata(plan, inp))
                 ids, lp = self._sample(plan, inp, hidden)
             step = self._copy_out(plan, ids, lp)
+        self.packer.release(packed, step.done)
         self.prev_samples = ids
         self.prev_rows = {id(s.request): i for i, s in enumerate(sampled)}
         return step
