@@ -22,6 +22,7 @@ import pytest  # noqa: E402
 from bulkgen.model.attention import torch_backend, triton_backend  # noqa: E402
 from bulkgen.model.attention.metadata import AttnMetadata  # noqa: E402
 from bulkgen.model.attention.triton_decode import paged_decode  # noqa: E402
+from bulkgen.model.attention.triton_prefill import prefill_tiles  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 1e-2}
@@ -140,6 +141,8 @@ def test_write_kv_stores_rows_at_their_slots_and_skips_negative_slots(dtype, cac
         (torch.float32, 2, 1, 16, 4),
         (torch.float32, 1, 4, 32, 8),
         (torch.float16, 2, 2, 64, 16),
+        (torch.float32, 2, 3, 16, 4),  # a group that does not divide the tile rows
+        (torch.float32, 1, 32, 16, 8),  # a group larger than the default tile
     ],
 )
 def test_prefill_matches_reference_on_mixed_query_lengths(
@@ -152,8 +155,9 @@ def test_prefill_matches_reference_on_mixed_query_lengths(
 
 
 def test_prefill_with_small_query_tiles_matches_reference(nan_buffers):
-    # Every query length <= 16 selects the 16-row tiles.
-    check_prefill([5, 30, 16, 2], [5, 3, 16, 1], 2, 2, 32, 4, torch.float32)
+    # At most 8 queries of a group of 2 heads: 16-row tiles of 8 query positions.
+    assert prefill_tiles(8, 2, 32) == (8, 16, 64)
+    check_prefill([5, 30, 16, 2], [5, 3, 8, 1], 2, 2, 32, 4, torch.float32)
 
 
 @pytest.mark.parametrize("num_splits", [None, 1, 3, 8])
@@ -165,8 +169,9 @@ def test_decode_matches_reference_for_very_different_context_lengths(
     check_decode(seq_lens, 2, 4, 32, 4, dtype, num_splits)
 
 
-def test_decode_without_grouping_matches_reference(nan_buffers):
-    check_decode([17, 1, 130], 3, 1, 16, 8, torch.float32, num_splits=4)
+@pytest.mark.parametrize("group", [1, 3, 32])
+def test_decode_matches_reference_for_any_group_size(nan_buffers, group):
+    check_decode([17, 1, 130], 2, group, 16, 8, torch.float32, num_splits=4)
 
 
 def test_decode_padding_row_with_no_context_gives_zeros(nan_buffers):
@@ -258,7 +263,8 @@ def test_gpu_decode_split_counts(nan_buffers, num_splits):
 @needs_cuda
 def test_gpu_decode_replays_in_cuda_graph_after_in_place_updates():
     batch, num_kv_heads, group, head_dim, block_size = 16, 8, 4, 128, 16
-    num_blocks, width = 2048, 256  # room for either step's sequences (up to 4096 tokens)
+    width = 256  # blocks per sequence: up to 4096 tokens
+    num_blocks = batch * width  # room for every sequence at its longest
     steps = [torch.randint(1, 4097, (batch,)).tolist() for _ in range(3)]
     steps[1][:4] = [1, 4096, 0, 2]  # includes a padding row (seq_len 0)
     dtype, scale = torch.bfloat16, head_dim**-0.5

@@ -5,13 +5,16 @@ and values, so every sequence attends purely over its cache through its block-ta
 row i of sequence b sits at position ctx_b + i (ctx_b = seq_len_b - query_len_b) and sees
 positions 0..ctx_b + i.
 
-Grid (number of query tiles, Hq). Sequence b's tiles of BLOCK_M query rows are numbered from
-query_start_loc[b] // BLOCK_M + b, which leaves room for every sequence's partial last tile, so
-T // BLOCK_M + B programs cover all of them; a program finds its sequence by binary search over
-query_start_loc and exits if it falls in a gap. Each program keeps its [BLOCK_M, D] query tile in
-registers and streams K/V tiles of BLOCK_N positions (tl.dot, online softmax in base 2, fp32
-accumulators): first the tiles wholly before its first row, which need no mask, then the few
-that cross the causal diagonal.
+Grid (number of query tiles, Hkv). A tile holds BLOCK_Q query positions of one sequence times the
+GROUP query heads that share a kv-head, as BLOCK_M rows (row r: position r // GROUP, head
+r % GROUP), so each K/V tile is loaded once for the whole group, and the few query rows of the
+decoding sequences in a mixed step fill GROUP rows of a tile instead of one. Sequence b's tiles
+are numbered from query_start_loc[b] // BLOCK_Q + b, which leaves room for every sequence's
+partial last tile, so T // BLOCK_Q + B programs cover all of them; a program finds its sequence
+by binary search over query_start_loc and exits if it falls in a gap. Each program keeps its
+[BLOCK_M, D] query tile in registers and streams K/V tiles of BLOCK_N positions (tl.dot, online
+softmax in base 2, fp32 accumulators): first the tiles wholly before the tile's first position,
+which need no mask, then the few that cross the causal diagonal.
 """
 
 from __future__ import annotations
@@ -26,13 +29,13 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _find_seq(query_start_loc_ptr, num_seqs, tile_id, BLOCK_M: tl.constexpr):
-    """The last sequence b whose first tile, query_start_loc[b] // BLOCK_M + b, is <= tile_id."""
+def _find_seq(query_start_loc_ptr, num_seqs, tile_id, BLOCK_Q: tl.constexpr):
+    """The last sequence b whose first tile, query_start_loc[b] // BLOCK_Q + b, is <= tile_id."""
     lo: tl.int32 = 0
     hi: tl.int32 = num_seqs
     while lo < hi:
         mid = (lo + hi) // 2
-        if tl.load(query_start_loc_ptr + mid) // BLOCK_M + mid <= tile_id:
+        if tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid <= tile_id:
             lo = mid + 1
         else:
             hi = mid
@@ -112,27 +115,32 @@ def _prefill_kernel(
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
-    BLOCK_M: tl.constexpr,
+    BLOCK_Q: tl.constexpr,  # query positions per tile
+    BLOCK_M: tl.constexpr,  # tile rows: a power of two >= BLOCK_Q * GROUP
     BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     tile_id = tl.program_id(0)
-    head = tl.program_id(1)
-    b = _find_seq(query_start_loc_ptr, num_seqs, tile_id, BLOCK_M)
+    kv_head = tl.program_id(1)
+    b = _find_seq(query_start_loc_ptr, num_seqs, tile_id, BLOCK_Q)
     q_start = tl.load(query_start_loc_ptr + b)
     q_len = tl.load(query_start_loc_ptr + b + 1) - q_start
-    tile = tile_id - (q_start // BLOCK_M + b)
-    if tile * BLOCK_M >= q_len:
+    tile = tile_id - (q_start // BLOCK_Q + b)
+    if tile * BLOCK_Q >= q_len:
         return
 
+    # Row r of the tile is query tile * BLOCK_Q + r // GROUP of the sequence, head r % GROUP of
+    # the group: every head of the group shares the K/V tiles loaded below.
     ctx = tl.load(seq_lens_ptr + b) - q_len
-    m_rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_mask = m_rows < q_len
-    q_pos = ctx + m_rows
+    r = tl.arange(0, BLOCK_M)
+    query = tile * BLOCK_Q + r // GROUP
+    heads = kv_head * GROUP + r % GROUP
+    row_mask = (r < BLOCK_Q * GROUP) & (query < q_len)
+    q_pos = ctx + query
     dims = tl.arange(0, HEAD_DIM)
-    q_rows = (q_start + m_rows).to(tl.int64)
+    q_rows = (q_start + query).to(tl.int64)
     q = tl.load(
-        q_ptr + q_rows[:, None] * stride_qt + head * stride_qh + dims[None, :],
+        q_ptr + q_rows[:, None] * stride_qt + heads[:, None] * stride_qh + dims[None, :],
         mask=row_mask[:, None],
         other=0.0,
     )
@@ -141,9 +149,8 @@ def _prefill_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     block_table_row = block_tables_ptr + b.to(tl.int64) * stride_bt
-    kv_head = head // GROUP
-    first_pos = ctx + tile * BLOCK_M
-    end = ctx + tl.minimum(q_len, (tile + 1) * BLOCK_M)  # one past the last row's position
+    first_pos = ctx + tile * BLOCK_Q
+    end = ctx + tl.minimum(q_len, (tile + 1) * BLOCK_Q)  # one past the last query's position
     unmasked_end = (first_pos + 1) // BLOCK_N * BLOCK_N  # whole tiles at or before first_pos
     # fmt: off
     acc, l_i, m_i = _attend(
@@ -159,17 +166,20 @@ def _prefill_kernel(
     # fmt: on
 
     out = acc / l_i[:, None]
-    num_q_heads = tl.num_programs(1)
-    out_rows = out_ptr + (q_rows[:, None] * num_q_heads + head) * HEAD_DIM
+    num_q_heads = tl.num_programs(1) * GROUP
+    out_rows = out_ptr + (q_rows[:, None] * num_q_heads + heads[:, None]) * HEAD_DIM
     tl.store(out_rows + dims[None, :], out.to(out_ptr.dtype.element_ty), mask=row_mask[:, None])
 
 
-def prefill_tiles(max_query_len: int, head_dim: int) -> tuple[int, int]:
-    """(BLOCK_M, BLOCK_N): 16-row query tiles when every sequence has only a few new tokens."""
-    # 64 x 256 fp32 accumulators would spill at head_dim 256 with 4 warps.
-    block_m = 16 if max_query_len <= 16 else (64 if head_dim <= 128 else 32)
+def prefill_tiles(max_query_len: int, group: int, head_dim: int) -> tuple[int, int, int]:
+    """(BLOCK_Q, BLOCK_M, BLOCK_N): query positions and rows per tile, keys per K/V tile."""
+    # 64 rows of head_dim 256 fp32 accumulators would spill with 4 warps.
+    rows = 64 if head_dim <= 128 else 32
+    if max_query_len * group <= 16:
+        rows = 16  # decode-like steps: do not pad a few rows out to 64
+    rows = max(rows, triton.next_power_of_2(group))
     block_n = 64 if head_dim <= 128 else 32
-    return block_m, block_n
+    return rows // group, rows, block_n
 
 
 def paged_prefill(
@@ -192,8 +202,9 @@ def paged_prefill(
     out = torch.empty((num_tokens, num_q_heads, head_dim), dtype=q.dtype, device=q.device)
     if num_tokens == 0:
         return out
-    block_m, block_n = prefill_tiles(max_query_len, head_dim)
-    _prefill_kernel[(num_tokens // block_m + num_seqs, num_q_heads)](
+    group = num_q_heads // num_kv_heads
+    block_q, block_m, block_n = prefill_tiles(max_query_len, group, head_dim)
+    _prefill_kernel[(num_tokens // block_q + num_seqs, num_kv_heads)](
         q,
         k_cache,
         v_cache,
@@ -209,9 +220,10 @@ def paged_prefill(
         k_cache.stride(0),
         k_cache.stride(1),
         k_cache.stride(2),
-        GROUP=num_q_heads // num_kv_heads,
+        GROUP=group,
         HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size,
+        BLOCK_Q=block_q,
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
