@@ -109,7 +109,8 @@ def _decode_split_kernel(
 
     # An empty split (or a padding row with seq_len 0) has l_i == 0: write out = 0, lse = -inf.
     has_work = l_i > 0
-    out = acc / tl.where(has_work, l_i, 1.0)[:, None]
+    l_safe = tl.where(has_work, l_i, 1.0)
+    out = acc / l_safe[:, None]
     if num_splits == 1:
         out_rows = out_ptr + b * num_q_heads * HEAD_DIM + heads[:, None] * HEAD_DIM
         tl.store(
@@ -120,7 +121,7 @@ def _decode_split_kernel(
         tl.store(
             part_out_ptr + part[:, None] * HEAD_DIM + dims[None, :], out, mask=head_mask[:, None]
         )
-        lse = tl.where(has_work, m_i + tl.log2(tl.where(has_work, l_i, 1.0)), float("-inf"))
+        lse = tl.where(has_work, m_i + tl.log2(l_safe), float("-inf"))
         tl.store(part_lse_ptr + part, lse, mask=head_mask)
 
 
