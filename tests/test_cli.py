@@ -151,3 +151,17 @@ def test_run_gives_the_tokens_of_greedy_generate(tmp_path, prompts_file, tiny_mo
         assert (row["prompt_tokens"], row["completion_tokens"]) == (len(ids), len(generated))
         eos = tiny_tokenizer.eos_token_id
         assert row["finish_reason"] == ("stop" if generated[-1] == eos else "length")
+
+
+@pytest.mark.slow
+def test_the_default_model_answers_sensibly(tmp_path):
+    """The demo model (fetched and converted on first use) through the whole command."""
+    path = tmp_path / "q.jsonl"
+    questions = ["What is the capital of France?", "What is 2 + 2?"]
+    path.write_text("".join(json.dumps({"prompt": q}) + "\n" for q in questions))
+    result = bulkgen("run", path, "-o", tmp_path / "out", "--max-tokens", "48", "-q")
+    assert result.exit_code == 0, result.output
+    rows = {r["id"]: r for r in pq.read_table(tmp_path / "out" / "part-00000.parquet").to_pylist()}
+    assert "Paris" in rows["q:0"]["text"]
+    assert "4" in rows["q:1"]["text"]
+    assert all(r["finish_reason"] == "stop" for r in rows.values())
