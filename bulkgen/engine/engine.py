@@ -21,6 +21,7 @@ from bulkgen.engine.blocks import BlockManager
 from bulkgen.engine.request import Request, RequestOutput
 from bulkgen.engine.runner import ModelRunner, Step, kv_bytes_per_block
 from bulkgen.engine.scheduler import Scheduler
+from bulkgen.engine.warmup import warmup_blocks, warmup_plans
 from bulkgen.model.attention import get_backend
 from bulkgen.model.config import ModelConfig
 from bulkgen.model.loader import load_model, resolve_dtype
@@ -81,8 +82,10 @@ class Engine:
         backend = get_backend(cfg.attention, self.device)
         load_format = cfg.load_format if self.model_dir is not None else "dummy"
         model = load_model(self.model_dir, mcfg, backend, self.dtype, self.device, load_format)
-        num_blocks = cfg.num_blocks or self._auto_num_blocks(mcfg)
+        num_blocks = cfg.num_blocks or self._auto_num_blocks(model, mcfg)
         self.runner = ModelRunner(model, mcfg, cfg, self.device, num_blocks, self.max_model_len)
+        if self.device.type == "cuda":
+            self.runner.warm_up(warmup_plans(cfg, self.max_model_len))
         self.runner.capture_graphs()
         blocks = BlockManager(num_blocks, cfg.block_size)
         self.scheduler = Scheduler(cfg, blocks, self.max_model_len, self.eos_token_ids)
@@ -94,18 +97,34 @@ class Engine:
         self.num_steps = 0
         self.startup_s = time.perf_counter() - t0
 
-    def _auto_num_blocks(self, mcfg: ModelConfig) -> int:
-        per_block = kv_bytes_per_block(mcfg, self.cfg.block_size, self.dtype)
+    def _auto_num_blocks(self, model, mcfg: ModelConfig) -> int:
+        """KV blocks that fit: on CUDA, measured after a warm-up pass of the largest steps."""
+        cfg = self.cfg
+        per_block = kv_bytes_per_block(mcfg, cfg.block_size, self.dtype)
         if self.device.type != "cuda":
-            want = self.cfg.max_num_seqs * self.max_model_len
-            return max(1, min(CPU_KV_BUDGET // per_block, -(-want // self.cfg.block_size)))
+            want = cfg.max_num_seqs * self.max_model_len
+            return max(1, min(CPU_KV_BUDGET // per_block, -(-want // cfg.block_size)))
+        plans = warmup_plans(cfg, self.max_model_len)
+        probe = ModelRunner(
+            model,
+            mcfg,
+            cfg,
+            self.device,
+            warmup_blocks(cfg, self.max_model_len),
+            self.max_model_len,
+            graphs=False,
+        )
+        torch.cuda.synchronize(self.device)
+        before = torch.cuda.memory_allocated(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        probe.warm_up(plans)
+        activations = torch.cuda.max_memory_allocated(self.device) - before
+        del probe
         torch.cuda.empty_cache()
         free, _ = torch.cuda.mem_get_info(self.device)
-        # Leave room for activations of the largest step and the sampler's [seqs, vocab] temps.
-        act = self.cfg.max_batch_tokens * (mcfg.hidden_size * 6 + mcfg.intermediate_size * 4)
-        act += self.cfg.max_num_seqs * mcfg.vocab_size * 4 * 8
-        act = act * self.dtype.itemsize + (1 << 30)
-        budget = int((free - act) * self.cfg.kv_memory)
+        # Headroom: the warm-up's peak again (prefill steps allocate as they run), plus 1 GiB
+        # for decode graphs, cuBLAS workspaces and the pinned/device step buffers.
+        budget = int((free - activations - (1 << 30)) * cfg.kv_memory)
         if budget < per_block:
             raise ValueError("no device memory left for the KV cache: lower --max-batch-tokens")
         return budget // per_block

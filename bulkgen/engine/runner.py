@@ -71,6 +71,7 @@ class ModelRunner:
         device: torch.device,
         num_blocks: int,
         max_model_len: int,
+        graphs: bool = True,
     ) -> None:
         self.model, self.mcfg, self.ecfg, self.device = model, mcfg, ecfg, device
         dtype = next(model.parameters()).dtype
@@ -91,7 +92,7 @@ class ModelRunner:
         self.prev_samples: torch.Tensor | None = None  # device ids sampled by the last step
         self.prev_rows: dict[int, int] = {}  # id(request) -> row in prev_samples
         self.graphs = None
-        if self.cuda and ecfg.cuda_graphs and model.uses_graph_safe_attention:
+        if graphs and self.cuda and ecfg.cuda_graphs and model.uses_graph_safe_attention:
             self.graphs = DecodeGraphs(
                 model, ecfg.max_num_seqs, self.max_blocks_per_seq, device, self.compute_stream
             )
@@ -132,6 +133,12 @@ class ModelRunner:
         if len(plan.sampled) != len(plan.seqs):
             return False
         return all(_plain_sampling(s.request.params) for s in plan.seqs)
+
+    def warm_up(self, plans: list[Plan]) -> None:
+        """Run plans whose results are dropped (their fake requests write only their own blocks)."""
+        for plan in plans:
+            self.launch(plan).wait()
+        self.prev_samples, self.prev_rows = None, {}
 
     def capture_graphs(self) -> None:
         if self.graphs is not None:

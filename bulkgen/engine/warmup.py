@@ -1,0 +1,41 @@
+"""Warm-up passes: compile kernels and measure activation memory before the KV cache is sized.
+
+The first real prefill would otherwise compile Triton kernels and pick cuBLAS algorithms inside
+the timed run (seconds of an idle GPU). Two plans cover the step shapes that matter: the largest
+prefill (one sequence of max_batch_tokens) and the widest sampling step (max_num_seqs sequences
+sampling with every filter on), which also holds the sampler's largest [seqs, vocab] temporaries.
+"""
+
+from __future__ import annotations
+
+from bulkgen.config import EngineConfig, SamplingParams
+from bulkgen.engine.request import Request
+from bulkgen.engine.scheduler import Plan, ScheduledSeq
+
+_FILTERED = SamplingParams(max_tokens=1, temperature=1.0, top_k=50, top_p=0.9, min_p=0.01)
+
+
+def warmup_plans(cfg: EngineConfig, max_model_len: int) -> list[Plan]:
+    tokens = min(cfg.max_batch_tokens, max_model_len - 1)
+    seqs = min(cfg.max_num_seqs, tokens)
+    long_prefill = [tokens]
+    wide = [tokens // seqs + (i < tokens % seqs) for i in range(seqs)]
+    return [_plan(long_prefill, cfg.block_size), _plan(wide, cfg.block_size)]
+
+
+def warmup_blocks(cfg: EngineConfig, max_model_len: int) -> int:
+    """Cache blocks the warm-up plans need (each sequence's blocks are its own)."""
+    return max(
+        sum(len(s.request.block_ids) for s in p.seqs) for p in warmup_plans(cfg, max_model_len)
+    )
+
+
+def _plan(lengths: list[int], block_size: int) -> Plan:
+    plan, next_block = Plan(), 0
+    for i, n in enumerate(lengths):
+        req = Request(f"warmup-{i}", [1] * n, _FILTERED, seed=i, arrival=i)
+        count = -(-n // block_size)
+        req.block_ids = list(range(next_block, next_block + count))
+        next_block += count
+        plan.seqs.append(ScheduledSeq(req, start=0, num_tokens=n, sample=True, from_prev=False))
+    return plan
