@@ -6,6 +6,7 @@ step N's copy may still be reading; each buffer's copy event guards its reuse.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -108,50 +109,54 @@ class InputPacker:
         """prev_rows maps id(request) -> its row in the previous step's samples."""
         seqs, sampled = plan.seqs, plan.sampled
         T, B, S = plan.num_tokens, len(seqs), len(sampled)
-        W = max(len(s.request.block_ids) for s in seqs)
         bs = self.block_size
-        input_ids = np.zeros(T, np.int64)
-        prev_index = np.full(T, -1, np.int64)
-        positions = np.empty(T, np.int64)
-        slots = np.empty(T, np.int64)
-        qsl = np.zeros(B + 1, np.int64)
-        seq_lens = np.empty(B, np.int64)
-        tables = np.zeros((B, W), np.int64)
+        ids: list[int] = []
+        prev: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        qsl, seq_lens, tables = [0], [], []
         logits_idx, seeds, top_k, sample_pos = [], [], [], []
         temp, top_p, min_p = [], [], []
-        t = 0
-        for b, s in enumerate(seqs):
-            req, n = s.request, s.num_tokens
-            pos = np.arange(s.start, s.end)
-            positions[t : t + n] = pos
-            blocks = np.asarray(req.block_ids, np.int64)
-            slots[t : t + n] = blocks[pos // bs] * bs + pos % bs
-            if s.from_prev:
-                prev_index[t] = prev_rows[id(req)]
+        for s in seqs:
+            req, start, end = s.request, s.start, s.end
+            blocks = req.block_ids
+            if end - start == 1:  # decode rows: the common case, kept free of numpy calls
+                positions.append(start)
+                slots.append(blocks[start // bs] * bs + start % bs)
+                if s.from_prev:
+                    ids.append(0)
+                    prev.append(prev_rows[id(req)])
+                else:
+                    ids.append(req.token_at(start))
+                    prev.append(-1)
             else:
-                input_ids[t : t + n] = req.all_token_ids[s.start : s.end]
-            tables[b, : len(blocks)] = blocks
-            t += n
-            qsl[b + 1] = t
-            seq_lens[b] = s.end
+                span = range(start, end)
+                positions.extend(span)
+                slots.extend(blocks[p // bs] * bs + p % bs for p in span)
+                ids.extend(req.token_slice(start, end))
+                prev.extend([-1] * (end - start))
+            tables.append(blocks)
+            qsl.append(qsl[-1] + end - start)
+            seq_lens.append(end)
             if s.sample:
                 p = req.params
-                logits_idx.append(t - 1)
+                logits_idx.append(qsl[-1] - 1)
                 seeds.append(req.seed)
                 top_k.append(p.top_k if p.top_k > 0 else 0)
-                sample_pos.append(s.end)
+                sample_pos.append(end)
                 temp.append(0.0 if p.greedy else p.temperature)  # top_k=1 is greedy too
                 top_p.append(p.top_p)
                 min_p.append(p.min_p)
+        W = max(len(t) for t in tables)
+        flat_tables = np.zeros((B, W), np.int64)
+        lengths = np.fromiter((len(t) for t in tables), np.int64, B)
+        rows = np.repeat(np.arange(B), lengths)
+        cols = np.arange(len(rows)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        flat_tables[rows, cols] = np.fromiter(itertools.chain.from_iterable(tables), np.int64)
         ints = np.concatenate(
             [
-                input_ids,
-                prev_index,
-                positions,
-                slots,
-                qsl,
-                seq_lens,
-                tables.reshape(-1),
+                np.asarray(ids + prev + positions + slots + qsl + seq_lens, np.int64),
+                flat_tables.reshape(-1),
                 np.asarray(logits_idx + seeds + top_k + sample_pos, np.int64),
             ]
         )
