@@ -18,6 +18,7 @@ import torch
 
 from bulkgen.config import EngineConfig, SamplingParams
 from bulkgen.engine.blocks import BlockManager
+from bulkgen.engine.monitor import GpuMonitor
 from bulkgen.engine.request import Request, RequestOutput
 from bulkgen.engine.runner import ModelRunner, Step, kv_bytes_per_block
 from bulkgen.engine.scheduler import Scheduler
@@ -87,6 +88,14 @@ class Engine:
         if self.device.type == "cuda":
             self.runner.warm_up(warmup_plans(cfg, self.max_model_len))
         self.runner.capture_graphs()
+        self.monitor = None
+        if self.device.type == "cuda":
+            weights = sum(p.numel() * p.element_size() for p in model.parameters())
+            weights -= model.model.embed_tokens.weight.numel() * self.dtype.itemsize
+            if model.lm_head is None:  # tied: the embedding table is read as the lm_head
+                weights += model.model.embed_tokens.weight.numel() * self.dtype.itemsize
+            kv_per_token = kv_bytes_per_block(mcfg, 1, self.dtype)
+            self.monitor = GpuMonitor(self.device, weights, kv_per_token)
         blocks = BlockManager(num_blocks, cfg.block_size)
         self.scheduler = Scheduler(cfg, blocks, self.max_model_len, self.eos_token_ids)
         self._requests: dict[str, Request] = {}  # unfinished requests by id, for abort()
@@ -156,6 +165,8 @@ class Engine:
         launched = self.runner.launch(plan) if plan else None
         if launched is not None:
             self.num_steps += 1
+            if self.monitor is not None:
+                self.monitor.step(plan.decode_only, sum(s.end for s in plan.seqs))
         if not self.async_loop:
             self._prev, launched = launched, None
         if self._prev is not None:
@@ -179,9 +190,12 @@ class Engine:
             "dtype": str(self.dtype).removeprefix("torch."),
             "async_loop": self.async_loop,
             "generated_tokens": self.scheduler.num_generated,
+            **(self.monitor.stats if self.monitor is not None else {}),
         }
 
     def close(self) -> None:
+        if self.monitor is not None:
+            self.monitor.stop()
         if self._prev is not None:
             self._prev.wait()
             self._prev = None
