@@ -36,7 +36,9 @@ def _rotate_heads(
     x2 = tl.load(first + HALF, mask=mask, other=0.0).to(tl.float32)
     dtype = out_row.dtype.element_ty
     c, s = c[None, :], s[None, :]
-    # Rounding every product, as torch's x1 * cos does, also keeps the compiler from fusing an FMA.
+    # Each product is rounded to dtype before the sum, as torch's x1 * cos is. The compiler would
+    # otherwise fuse x1 * c - p into one FMA that skips that rounding (it does, in bfloat16), so
+    # the launch disables FP fusion.
     o1 = (x1 * c).to(dtype).to(tl.float32) - (x2 * s).to(dtype).to(tl.float32)
     o2 = (x2 * c).to(dtype).to(tl.float32) + (x1 * s).to(dtype).to(tl.float32)
     out = out_row + heads[:, None] * (2 * HALF) + dims[None, :]
@@ -123,6 +125,7 @@ def rotary(
         K_HEADS_PAD=k_heads_pad,
         HALF=half,
         HALF_PAD=half_pad,
-        num_warps=min(8, max(1, tile // 1024)),
+        num_warps=min(8, triton.next_power_of_2(max(1, tile // 1024))),  # a power of two
+        enable_fp_fusion=False,  # see _rotate_heads
     )
     return q_out, k_out
