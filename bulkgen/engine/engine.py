@@ -96,7 +96,7 @@ class Engine:
                 weights += model.model.embed_tokens.weight.numel() * self.dtype.itemsize
             kv_per_token = kv_bytes_per_block(mcfg, 1, self.dtype)
             self.monitor = GpuMonitor(self.device, weights, kv_per_token)
-        blocks = BlockManager(num_blocks, cfg.block_size)
+        blocks = BlockManager(num_blocks, cfg.block_size, cfg.prefix_cache)
         self.scheduler = Scheduler(cfg, blocks, self.max_model_len, self.eos_token_ids)
         self._requests: dict[str, Request] = {}  # unfinished requests by id, for abort()
         self._rng = random.Random(cfg.seed)
@@ -190,6 +190,7 @@ class Engine:
             "dtype": str(self.dtype).removeprefix("torch."),
             "async_loop": self.async_loop,
             "generated_tokens": self.scheduler.num_generated,
+            "cached_prompt_tokens": self.scheduler.num_cached_tokens,
             **(self.monitor.stats if self.monitor is not None else {}),
         }
 

@@ -47,7 +47,9 @@ class Request:
     # one-step lag). A request with a pending token cannot be preempted back to a prefill plan,
     # because the plan would need that token on the host.
     num_pending: int = 0
-    num_cached_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
+    num_hashed_blocks: int = 0  # leading blocks registered in the prefix cache
+    last_hash: int | None = None  # chain hash of the last of them
     finish_reason: str | None = None
     error: str | None = None
     aborted: bool = False

@@ -67,6 +67,7 @@ class Scheduler:
         self.finished: list[RequestOutput] = []
         self.num_preemptions = 0
         self.num_generated = 0  # tokens appended to outputs (read by progress and benchmarks)
+        self.num_cached_tokens = 0  # prompt tokens served from the prefix cache
 
     # ---- adding and ending requests -------------------------------------------------------
 
@@ -114,6 +115,7 @@ class Scheduler:
     def _release(self, req: Request) -> None:
         self.blocks.free(req.block_ids)
         req.block_ids = []
+        req.num_hashed_blocks, req.last_hash = 0, None
 
     def take_finished(self) -> list[RequestOutput]:
         done, self.finished = self.finished, []
@@ -174,8 +176,11 @@ class Scheduler:
             req = self.waiting[0]
             if req.num_pending:
                 break  # its last token is still in flight; it can be admitted after update()
-            n = min(req.num_tokens, budget)
-            if not self._reserve(req, n):
+            self._take_cached_prefix(req)
+            n = min(req.num_tokens - req.num_computed, budget)
+            if not self._reserve(req, req.num_computed + n):
+                self._release(req)
+                req.num_computed = 0
                 break
             self.waiting.popleft()
             req.status = Status.RUNNING
@@ -186,6 +191,33 @@ class Scheduler:
             self._finish_too_long(self.waiting[0])
         return plan
 
+    def _take_cached_prefix(self, req: Request) -> None:
+        """Reuse cached blocks for the longest known prefix (never the last token: it must be
+        computed to sample from it)."""
+        max_blocks = (req.num_tokens - 1) // self.blocks.block_size
+        hits = self.blocks.lookup(req.all_token_ids, max_blocks)
+        if not hits:
+            return
+        req.block_ids = hits
+        req.num_computed = len(hits) * self.blocks.block_size
+        req.num_hashed_blocks, req.last_hash = len(hits), self.blocks.hash_of(hits[-1])
+        if not req.output_ids:
+            req.num_cached_tokens = req.num_computed
+            self.num_cached_tokens += req.num_computed
+
+    def _register_full_blocks(self, req: Request) -> None:
+        """Offer the prefix cache every block whose tokens are known and whose KV is computed
+        (or being computed by a launched step: later steps run after it on the device)."""
+        if not self.blocks.prefix_cache:
+            return
+        bs = self.blocks.block_size
+        known = min(req.num_computed, len(req.prompt_ids) + len(req.output_ids))
+        while req.num_hashed_blocks < known // bs:
+            i = req.num_hashed_blocks
+            tokens = tuple(req.token_slice(i * bs, (i + 1) * bs))
+            req.last_hash = self.blocks.register(req.block_ids[i], req.last_hash, tokens)
+            req.num_hashed_blocks += 1
+
     def _scheduled(self, req: Request, n: int) -> ScheduledSeq:
         start = req.num_computed
         sample = start + n == req.num_tokens
@@ -194,6 +226,7 @@ class Scheduler:
         req.num_computed += n
         if sample:
             req.num_pending += 1
+        self._register_full_blocks(req)
         return ScheduledSeq(req, start, n, sample, from_prev)
 
     def _finish_too_long(self, req: Request) -> None:
@@ -213,6 +246,7 @@ class Scheduler:
                 continue  # finished at the previous step: this extra token is discarded
             req.output_ids.append(token)
             self.num_generated += 1
+            self._register_full_blocks(req)
             if req.params.logprobs is not None:
                 self._record_logprobs(req, result, row)
             reason = self._stop_reason(req, token)
