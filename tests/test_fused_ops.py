@@ -5,11 +5,11 @@ before triton is imported, hence the order below). The interpreter mishandles bf
 half-precision dtypes, the Llama-3-8B shapes and CUDA-graph replay are in the GPU-marked tests.
 Every output buffer the ops allocate starts as NaN, so an element a kernel skips fails to compare.
 
-Half-precision tolerance, in units in the last place (ulps) of the output dtype: rotary and the
-residual add round at exactly the points torch does, so they may differ from torch by at most 1
-ulp (they should be equal). The norm sums squares in another order and SiLU may call another
-expf, so a normalised value or an activation can differ by 1 ulp; the product with the weight or
-with up can turn that into 2 ulps of the output, hence 2 for those ops.
+Half-precision tolerance, in units in the last place (ulps) of the output dtype: the residual add
+must equal torch's bit for bit; rotary rounds at exactly the points torch does, so it should too,
+and is allowed 1 ulp. The norm sums squares in another order and SiLU's expf may be contracted
+differently, so a normalised value or an activation can differ by 1 ulp; the product with the
+weight or with up can turn that into 2 ulps of the output (seen in simulation), hence 2 there.
 """
 
 from __future__ import annotations
