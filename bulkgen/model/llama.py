@@ -8,7 +8,7 @@ names follow Hugging Face's except for the fused qkv_proj and gate_up_proj.
 from __future__ import annotations
 
 import math
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 
 import torch
 import torch.nn.functional as F
@@ -19,16 +19,12 @@ from bulkgen.model.config import ModelConfig
 
 
 class RMSNorm(nn.Module):
+    """Holds the weight; the arithmetic is ops.rms_norm / ops.add_rms_norm."""
+
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in float32 and scale in the input dtype, as the reference implementation does.
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
 
 
 def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
@@ -63,24 +59,13 @@ class Rotary(nn.Module):
         freqs = torch.outer(positions, inv_freq).to(device)
         self.cos, self.sin = freqs.cos(), freqs.sin()
 
-    def forward(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        cos = self.cos[positions].unsqueeze(1).to(q.dtype)  # [T, 1, D/2]
-        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, backend: ModuleType) -> None:
+    def __init__(self, cfg: ModelConfig, backend: ModuleType, ops: SimpleNamespace) -> None:
         super().__init__()
         self.cfg = cfg
         self.backend = backend
+        self.ops = ops
         self.qkv_proj = nn.Linear(cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(cfg.q_size, cfg.hidden_size, bias=False)
         if cfg.qk_norm:
@@ -98,53 +83,71 @@ class Attention(nn.Module):
         q = q.view(-1, cfg.num_heads, cfg.head_dim)
         k = k.view(-1, cfg.num_kv_heads, cfg.head_dim)
         v = v.view(-1, cfg.num_kv_heads, cfg.head_dim)
-        if cfg.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rotary(positions, q, k)
+        if cfg.qk_norm:  # per head, over head_dim
+            q = self.ops.rms_norm(q, self.q_norm.weight, cfg.rms_norm_eps)
+            k = self.ops.rms_norm(k, self.k_norm.weight, cfg.rms_norm_eps)
+        q, k = self.ops.rotary(q, k, positions, rotary.cos, rotary.sin)
         self.backend.write_kv(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
         o = self.backend.paged_attention(q, self.k_cache, self.v_cache, meta, self.scale)
         return self.o_proj(o.reshape(-1, cfg.q_size))
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, ops: SimpleNamespace) -> None:
         super().__init__()
+        self.ops = ops
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, backend: ModuleType) -> None:
+    def __init__(self, cfg: ModelConfig, backend: ModuleType, ops: SimpleNamespace) -> None:
         super().__init__()
-        self.self_attn = Attention(cfg, backend)
-        self.mlp = MLP(cfg)
+        self.ops = ops
+        self.self_attn = Attention(cfg, backend, ops)
+        self.mlp = MLP(cfg, ops)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, meta: AttnMetadata, rotary: Rotary
-    ) -> torch.Tensor:
-        h = x + self.self_attn(self.input_layernorm(x), positions, meta, rotary)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        self,
+        h: torch.Tensor,
+        residual: torch.Tensor | None,
+        positions: torch.Tensor,
+        meta: AttnMetadata,
+        rotary: Rotary,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(h, residual) -> (mlp output, residual before it); the sum is the layer's output.
+
+        Keeping the residual apart lets each add share one kernel with the norm after it.
+        """
+        norm1, norm2 = self.input_layernorm, self.post_attention_layernorm
+        if residual is None:
+            x, residual = self.ops.rms_norm(h, norm1.weight, norm1.eps), h
+        else:
+            x, residual = self.ops.add_rms_norm(h, residual, norm1.weight, norm1.eps)
+        h = self.self_attn(x, positions, meta, rotary)
+        x, residual = self.ops.add_rms_norm(h, residual, norm2.weight, norm2.eps)
+        return self.mlp(x), residual
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, cfg: ModelConfig, backend: ModuleType) -> None:
+    def __init__(self, cfg: ModelConfig, backend: ModuleType, ops: SimpleNamespace) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, backend) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, backend, ops) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, cfg: ModelConfig, backend: ModuleType) -> None:
+    def __init__(self, cfg: ModelConfig, backend: ModuleType, ops: SimpleNamespace) -> None:
         super().__init__()
         self.cfg = cfg
-        self.model = LlamaModel(cfg, backend)
+        self.ops = ops
+        self.model = LlamaModel(cfg, backend, ops)
         self.rotary = Rotary(cfg)
         if cfg.tie_word_embeddings:
             self.lm_head = None
@@ -165,10 +168,11 @@ class LlamaForCausalLM(nn.Module):
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttnMetadata
     ) -> torch.Tensor:
         """Hidden states [T, hidden] after the final norm."""
-        h = self.model.embed_tokens(input_ids)
+        h, residual = self.model.embed_tokens(input_ids), None
         for layer in self.model.layers:
-            h = layer(h, positions, meta, self.rotary)
-        return self.model.norm(h)
+            h, residual = layer(h, residual, positions, meta, self.rotary)
+        norm = self.model.norm
+        return self.ops.add_rms_norm(h, residual, norm.weight, norm.eps)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight

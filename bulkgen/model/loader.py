@@ -11,6 +11,7 @@ import torch
 
 from bulkgen.model.config import ModelConfig
 from bulkgen.model.llama import LlamaForCausalLM
+from bulkgen.model.ops import get_ops
 
 # Hugging Face projections that we store fused: HF name part -> (our name part, shard index).
 _FUSED = {
@@ -45,7 +46,7 @@ def load_model(
     load_format: str = "auto",
 ) -> LlamaForCausalLM:
     with torch.device("meta"):
-        model = LlamaForCausalLM(cfg, backend)
+        model = LlamaForCausalLM(cfg, backend, get_ops(device))
     model = model.to(dtype).to_empty(device=device).eval().requires_grad_(False)
     model.rotary.build(device)
     with torch.no_grad():
