@@ -74,7 +74,9 @@ class _Run:
         self.failure: BaseException | None = None
         self.engine_ready = threading.Event()
         self.engine_stats: dict = {}
-        self.threads: list[threading.Thread] = []
+        # Set when a stage's thread ends. Waited on instead of Thread.join: a Ctrl-C that lands
+        # inside join() can mark a live thread as finished (Python 3.11, bpo-45274's fix).
+        self.ended: list[threading.Event] = []
 
     def go(self, engine_factory: EngineFactory) -> dict:
         load_start = time.perf_counter()
@@ -103,9 +105,9 @@ class _Run:
             self._spawn("reader", self._read_loop, done.ids, rows_in)
             self._spawn("tokenizer", self._tokenize_loop, rows_in, requests)
             self._spawn("detokenizer", self._detokenize_loop, results, to_write)
-            writer_thread = self._spawn("writer", self._write_loop, to_write, writer, progress)
-            while writer_thread.is_alive():
-                writer_thread.join(0.1)
+            writer_ended = self._spawn("writer", self._write_loop, to_write, writer, progress)
+            while not writer_ended.wait(0.1):
+                pass
             progress.close()
             self._join_all()
         except BaseException:  # KeyboardInterrupt included: stop every stage before leaving
@@ -120,7 +122,9 @@ class _Run:
         write_json_atomic(Path(self.config.out) / STATS_FILE, stats)
         return stats
 
-    def _spawn(self, name: str, fn, *args) -> threading.Thread:
+    def _spawn(self, name: str, fn, *args) -> threading.Event:
+        ended = threading.Event()
+
         def body() -> None:
             try:
                 fn(*args)
@@ -130,15 +134,16 @@ class _Run:
                 if self.failure is None:
                     self.failure = e
                 self.stop.set()
+            finally:
+                ended.set()
 
-        thread = threading.Thread(target=body, name=f"bulkgen-{name}", daemon=True)
-        thread.start()
-        self.threads.append(thread)
-        return thread
+        self.ended.append(ended)
+        threading.Thread(target=body, name=f"bulkgen-{name}", daemon=True).start()
+        return ended
 
     def _join_all(self) -> None:
-        for thread in self.threads:
-            thread.join(timeout=30.0)
+        for ended in self.ended:
+            ended.wait(timeout=30.0)
 
     def _wait_for_engine(self) -> None:
         deadline = time.monotonic() + _ENGINE_START_TIMEOUT_S

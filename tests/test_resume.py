@@ -69,3 +69,29 @@ def test_kill_9_at_random_points_then_rerun_gives_every_row_exactly_once(tmp_pat
     assert all(r["text"] for r in rows if r["finish_reason"] != "error")
     stats = json.loads((out / "stats.json").read_text())
     assert stats["rows"] == ROWS and stats["errors"] == 2
+
+
+def test_ctrl_c_keeps_the_finished_rows_and_a_rerun_completes(tmp_path, tiny_model_dir):
+    (tmp_path / "in.jsonl").write_text(
+        "".join(json.dumps({"prompt": f"Question {i}?"}) + "\n" for i in range(20000))
+    )
+    out = tmp_path / "out"
+    args = [str(tmp_path / "in.jsonl"), "-m", str(tiny_model_dir), "-o", str(out), "-q",
+            "--shard-size", "100000", "--max-num-seqs", "8"]  # fmt: skip
+    env = {**os.environ, FAKE_ENGINE_ENV: json.dumps({"steps": 2, "step_delay": 0.005})}
+    proc = start(args, env)
+    deadline = time.monotonic() + 60
+    while not (out / "job.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and b"rerun the same command to resume" in stderr
+    # The rows finished before Ctrl-C were written as a shard, though it was not full.
+    kept = [r for p in out.glob("part-*.parquet") for r in pq.read_table(p).to_pylist()]
+    assert 0 < len(kept) < 20000
+    proc = start(args, {**env, FAKE_ENGINE_ENV: json.dumps({"steps": 1})})
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr.decode()
+    ids = [r["id"] for p in out.glob("part-*.parquet") for r in pq.read_table(p).to_pylist()]
+    assert len(ids) == len(set(ids)) == 20000
