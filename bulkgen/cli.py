@@ -47,7 +47,8 @@ def main() -> None:
     "--prompt-column",
     default="prompt",
     show_default=True,
-    help="Input column holding the prompt: a string, or a list of token ids used as they are.",
+    help="Input column holding the prompt: a string, or a list of token ids used as they are "
+    "(the output's prompt column then holds their decoded text).",
 )
 @click.option(
     "--id-column",

@@ -44,7 +44,10 @@ def run(config: RunConfig, engine_factory: EngineFactory | None = None) -> dict:
     job = JobDir(config.out)
     job.check(config.job_settings(), config.overwrite)
     reader = Reader(
-        find_sources(config.inputs), config.prompt_column, config.id_column, config.keep_columns
+        find_sources(config.inputs, exclude=config.out),
+        config.prompt_column,
+        config.id_column,
+        config.keep_columns,
     )
     reader.check()
     model_dir = _resolve_model(config.model)

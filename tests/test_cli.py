@@ -165,3 +165,22 @@ def test_the_default_model_answers_sensibly(tmp_path):
     assert "Paris" in rows["q:0"]["text"]
     assert "4" in rows["q:1"]["text"]
     assert all(r["finish_reason"] == "stop" for r in rows.values())
+
+
+def test_an_over_long_prompt_is_an_error_record_from_the_real_engine(tmp_path, tiny_model_dir):
+    path = tmp_path / "p.jsonl"
+    path.write_text(json.dumps({"prompt": "word " * 600}) + "\n" + json.dumps({"prompt": "hi"}))
+    result = bulkgen("run", path, "-m", tiny_model_dir, "-o", tmp_path / "out", "-q",
+                     "--max-tokens", "3", "--device", "cpu")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    rows = {r["id"]: r for r in pq.read_table(tmp_path / "out" / "part-00000.parquet").to_pylist()}
+    assert rows["p:0"]["finish_reason"] == "error" and "context" in rows["p:0"]["error"]
+    assert rows["p:1"]["finish_reason"] == "length" and rows["p:1"]["completion_tokens"] == 3
+
+
+def test_an_empty_input_finishes_with_no_shards(tmp_path, tiny_model_dir, fake_engine):
+    (tmp_path / "empty.jsonl").write_text("")
+    result = bulkgen("run", tmp_path / "empty.jsonl", "-m", tiny_model_dir, "-o", tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    assert not list((tmp_path / "out").glob("part-*"))
+    assert json.loads((tmp_path / "out" / "stats.json").read_text())["rows"] == 0

@@ -173,3 +173,11 @@ def test_rows_already_done_are_skipped(tmp_path):
     path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": str(i)} for i in range(10)])
     rows = read_all(path, skip={"p:1", "p:5", "p:9"}, batch_rows=3)
     assert [r.id for r in rows] == ["p:0", "p:2", "p:3", "p:4", "p:6", "p:7", "p:8"]
+
+
+def test_the_output_folder_is_never_read_as_input(tmp_path):
+    write_jsonl(tmp_path / "data" / "p.jsonl", [{"prompt": "a"}])
+    (tmp_path / "data" / "out").mkdir()
+    pq.write_table(pa.table({"prompt": ["old"]}), tmp_path / "data" / "out" / "part-00000.parquet")
+    sources = find_sources([str(tmp_path / "data")], exclude=tmp_path / "data" / "out")
+    assert [s.name for s in sources] == ["p"]

@@ -31,8 +31,11 @@ class Source:
         return str(self.paths[0].parent if self.kind == "arrow" else self.paths[0])
 
 
-def find_sources(inputs: Sequence[str]) -> list[Source]:
-    """All sources named by the INPUT arguments, in order; a UserError for anything unusable."""
+def find_sources(inputs: Sequence[str], exclude: str | Path | None = None) -> list[Source]:
+    """All sources named by the INPUT arguments, in order; a UserError for anything unusable.
+
+    Files under exclude (the output folder) are left out: a rerun must not read its own shards.
+    """
     sources: list[Source] = []
     for arg in inputs:
         if glob.has_magic(arg):
@@ -43,6 +46,11 @@ def find_sources(inputs: Sequence[str]) -> list[Source]:
             sources.append(_from_file(Path(arg), name=_strip_suffix(Path(arg).name)))
         else:
             raise UserError(f"input {arg} does not exist")
+    if exclude is not None:
+        out = Path(exclude).resolve()
+        sources = [s for s in sources if not s.paths[0].resolve().is_relative_to(out)]
+        if not sources:
+            raise UserError(f"the inputs hold nothing but the output folder {exclude}")
     return _deduplicated(sources)
 
 
