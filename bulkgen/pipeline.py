@@ -9,8 +9,6 @@ out then, because they are whole results; a rerun resumes after them.
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 import importlib.metadata
 import json
 import os
@@ -19,15 +17,15 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bulkgen.channel import EMPTY, Channel, Stopped
-from bulkgen.config import EngineConfig, SamplingParams
+from bulkgen import stages
+from bulkgen.channel import Channel, Stopped
+from bulkgen.config import EngineConfig
 from bulkgen.errors import UserError
 from bulkgen.io.inputs import find_sources
 from bulkgen.io.job import STATS_FILE, Done, JobDir, write_json_atomic
 from bulkgen.io.reader import Reader
 from bulkgen.io.writer import ShardWriter
 from bulkgen.progress import Progress
-from bulkgen.row import Row
 from bulkgen.run_config import RunConfig
 from bulkgen.text.stage import Detokenize, Tokenize
 
@@ -35,7 +33,6 @@ EngineFactory = Callable[[EngineConfig], object]
 # Queue sizes, in batches. The engine's output queue is the largest: the engine must never wait
 # on the text stages.
 _READ_QUEUE, _TOKEN_QUEUE, _RESULT_QUEUE, _WRITE_QUEUE = 4, 8, 256, 16
-_DETOK_BATCH_ROWS = 2048
 _ENGINE_START_TIMEOUT_S = 3600.0
 
 
@@ -50,8 +47,8 @@ def run(config: RunConfig, engine_factory: EngineFactory | None = None) -> dict:
         config.keep_columns,
     )
     reader.check()
-    model_dir = _resolve_model(config.model)
-    tokenizer = _load_tokenizer(model_dir)
+    model_dir = model_folder(config.model)
+    tokenizer = tokenizer_of(model_dir)
     tokenize = Tokenize(
         tokenizer, _use_template(config, tokenizer), _vocab_size(model_dir, tokenizer)
     )
@@ -91,7 +88,7 @@ class _Run:
         try:
             # The engine loads first: a bad model must fail before anything is written. The
             # rows are counted meanwhile.
-            self._spawn("engine", self._engine_loop, engine_factory, requests, results)
+            self._spawn("engine", self._engine_thread, engine_factory, requests, results)
             total = self.reader.count()
             self._wait_for_engine()
             load_time = time.perf_counter() - load_start
@@ -105,10 +102,10 @@ class _Run:
                 done.next_index,
                 self.config.keep_columns,
             )
-            self._spawn("reader", self._read_loop, done.ids, rows_in)
-            self._spawn("tokenizer", self._tokenize_loop, rows_in, requests)
-            self._spawn("detokenizer", self._detokenize_loop, results, to_write)
-            writer_ended = self._spawn("writer", self._write_loop, to_write, writer, progress)
+            self._spawn("reader", stages.read, self.reader, done.ids, rows_in)
+            self._spawn("tokenizer", stages.tokenize, self.tokenize, rows_in, requests)
+            self._spawn("detokenizer", stages.detokenize, self.detokenize, results, to_write)
+            writer_ended = self._spawn("writer", stages.write, writer, progress, to_write)
             while not writer_ended.wait(0.1):
                 pass
             progress.close()
@@ -157,91 +154,17 @@ class _Run:
                     raise UserError(f"cannot load model {self.config.model}: {self.failure}")
                 raise self.failure or TimeoutError("the engine did not start")
 
-    # Stages. Each runs in its own thread.
-
-    def _read_loop(self, skip: set[str], out: Channel) -> None:
-        for batch in self.reader.batches(skip):
-            out.put(batch)
-        out.close()
-
-    def _tokenize_loop(self, inp: Channel, out: Channel) -> None:
-        while (batch := inp.get()) is not None:
-            self.tokenize(batch)
-            out.put(batch)
-        out.close()
-
-    def _engine_loop(self, factory: EngineFactory, inp: Channel, out: Channel) -> None:
+    def _engine_thread(self, factory: EngineFactory, inp: Channel, out: Channel) -> None:
+        # The engine is made here: only the thread that made it may call it (it owns the device).
         engine_config = self.config.engine_config(str(self.model_dir))
         engine = factory(engine_config)
         try:
             self.engine_ready.set()
-            # Keep more requests in the engine than it runs at once, so its scheduler always
-            # has the next ones queued when a request finishes.
-            bound = 2 * engine_config.max_num_seqs
-            params = _RowParams(self.config.sampling)
-            in_engine: dict[str, Row] = {}  # the engine's request id -> the row it came from
-            next_id = 0
-            closed = False
-            while True:
-                while not closed and engine.num_unfinished < bound:
-                    batch = inp.get(block=engine.num_unfinished == 0)
-                    if batch is EMPTY:
-                        break
-                    if batch is None:
-                        closed = True
-                        break
-                    failed = []
-                    for row in batch:
-                        if row.error is not None:
-                            failed.append(row)
-                            continue
-                        request_id = str(next_id)
-                        next_id += 1
-                        in_engine[request_id] = row
-                        engine.add(request_id, row.prompt_ids, params(row))
-                    if failed:
-                        out.put(failed)
-                if engine.num_unfinished == 0:
-                    if closed:
-                        break
-                    continue
-                finished = engine.step()
-                if finished:
-                    out.put([_finish(in_engine.pop(o.request_id), o) for o in finished])
+            params = stages.RowParams(self.config.sampling)
+            stages.generate(engine, inp, out, params, bound=2 * engine_config.max_num_seqs)
             self.engine_stats = dict(engine.stats)
         finally:
             engine.close()
-        out.close()
-
-    def _detokenize_loop(self, inp: Channel, out: Channel) -> None:
-        while (rows := inp.get()) is not None:
-            # Gather what else is waiting: one large decode call beats many small ones.
-            closed = False
-            while len(rows) < _DETOK_BATCH_ROWS:
-                more = inp.get(block=False)
-                if more is EMPTY:
-                    break
-                if more is None:
-                    closed = True
-                    break
-                rows = rows + more
-            self.detokenize(rows)
-            out.put(rows)
-            if closed:
-                break
-        out.close()
-
-    def _write_loop(self, inp: Channel, writer: ShardWriter, progress: Progress) -> None:
-        try:
-            while (rows := inp.get()) is not None:
-                writer.add(rows)
-                progress.add(rows)
-        except Stopped:
-            # Another stage failed or the run was interrupted. The buffered rows are complete
-            # results: keep them, so that a rerun does not generate them again.
-            writer.flush()
-            raise
-        writer.flush()
 
     # Records.
 
@@ -283,30 +206,6 @@ class _Run:
         return {**{k: v for k, v in self.engine_stats.items() if k not in stats}, **stats}
 
 
-def _finish(row: Row, output) -> Row:
-    if output.finish_reason == "error":
-        row.fail(output.error or "the engine gave no reason")
-    else:
-        row.token_ids = output.token_ids
-        row.finish_reason = output.finish_reason
-    return row
-
-
-class _RowParams:
-    """Sampling parameters per row. With a seed, each row's own seed comes from it and the row's
-    id: a row samples the same text on a rerun, whatever its batch mates."""
-
-    def __init__(self, params: SamplingParams) -> None:
-        self.params = params
-        self.per_row = params.seed is not None and not params.greedy
-
-    def __call__(self, row: Row) -> SamplingParams:
-        if not self.per_row:
-            return self.params
-        digest = hashlib.blake2b(f"{self.params.seed}:{row.id}".encode(), digest_size=8).digest()
-        return dataclasses.replace(self.params, seed=int.from_bytes(digest, "little") >> 1)
-
-
 def bulkgen_version() -> str:
     try:
         return importlib.metadata.version("bulkgen")
@@ -314,7 +213,8 @@ def bulkgen_version() -> str:
         return "0.1.0"
 
 
-def _resolve_model(name: str) -> Path:
+def model_folder(name: str) -> Path:
+    """The local folder of a --model value (folder, alias or Hub id)."""
     try:
         from bulkgen.model.hub import ModelNotFoundError, resolve_model
     except ImportError:  # the hub module is not there: only local folders work
@@ -328,7 +228,8 @@ def _resolve_model(name: str) -> Path:
         raise UserError(str(e)) from e
 
 
-def _load_tokenizer(model_dir: Path):
+def tokenizer_of(model_dir: Path):
+    """The tokenizer of a model folder; a UserError if it has none that loads."""
     try:
         from bulkgen.text.tokenizer import load_tokenizer
     except ImportError:

@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 
 from bulkgen.config import SamplingParams
 from bulkgen.engine.fake import FakeEngine
-from bulkgen.pipeline import _load_tokenizer, _resolve_model, run
+from bulkgen.pipeline import model_folder, run, tokenizer_of
 from bulkgen.run_config import RunConfig
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "prompts.jsonl"
@@ -57,8 +57,8 @@ def main() -> None:
     parser.add_argument("--no-chat-template", action="store_true")
     args = parser.parse_args()
 
-    model_dir = _resolve_model(args.model)
-    tokenizer = _load_tokenizer(model_dir)
+    model_dir = model_folder(args.model)
+    tokenizer = tokenizer_of(model_dir)
     # A fixed answer of ordinary text tokens (ids of a real sentence, repeated as needed).
     sentence = tokenizer("The quick brown fox jumps over the lazy dog. ")["input_ids"]
     answer = (sentence * (args.completion_tokens // len(sentence) + 1))[: args.completion_tokens]
