@@ -399,7 +399,13 @@ def main() -> None:
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     for name in ("workload", "engine", "result", "model-dir"):
         ap.add_argument(f"--{name}", help=argparse.SUPPRESS)
-    ap.add_argument("--profile-at", type=float, default=3.0, help="seconds in; profile 0.4 s")
+    ap.add_argument(
+        "--profile-at",
+        type=float,
+        default=None,
+        help="profile 0.4 s of kernels this many seconds in (diagnostic: starting the profiler "
+        "stalls the run for seconds, so that run's wall_s is not a measurement)",
+    )
     ap.add_argument("--bandwidth", type=float, help=argparse.SUPPRESS)
     ap.add_argument("--flops", type=float, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -446,8 +452,7 @@ def main() -> None:
                     str(args.max_model_len),
                     "--hf-sample",
                     str(args.hf_sample),
-                    "--profile-at",
-                    str(args.profile_at),
+                    *(["--profile-at", str(args.profile_at)] if args.profile_at else []),
                     "--bandwidth",
                     str(ceilings["copy_bw_gbs"] * 1e9),
                     "--flops",

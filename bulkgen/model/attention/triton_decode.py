@@ -178,8 +178,13 @@ def paged_decode(
     block_tables: torch.Tensor,
     scale: float,
     num_splits: int | None = None,
+    num_warps: int = 4,
+    num_stages: int | None = None,
 ) -> torch.Tensor:
-    """Attention of one query row per sequence, q [B, Hq, D], over its cached context."""
+    """Attention of one query row per sequence, q [B, Hq, D], over its cached context.
+
+    num_splits, num_warps and num_stages override the tuned choices (for benchmarks).
+    """
     batch, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     check_cache(k_cache, v_cache, head_dim)
@@ -219,7 +224,8 @@ def paged_decode(
         BLOCK_SIZE=block_size,
         BLOCK_N=block_n,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=4,
+        num_warps=num_warps,
+        **({"num_stages": num_stages} if num_stages else {}),
     )
     if num_splits > 1:
         _decode_reduce_kernel[(batch, num_q_heads)](
