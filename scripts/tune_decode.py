@@ -7,12 +7,13 @@ One JSON line per (batch, context): the best setting and its KV bandwidth next t
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 
 import torch
-
 from bench_attention import HEAD_DIM, median_ms, paged_inputs
+
 from bulkgen.model.attention.triton_decode import paged_decode
 
 
@@ -23,11 +24,8 @@ def main() -> None:
         results = []
         for splits, warps, stages in itertools.product((1, 2, 4, 8, 16), (4, 8), (2, 3, 4)):
             try:
-                ms = median_ms(
-                    lambda s=splits, w=warps, st=stages: paged_decode(
-                        q, k, v, meta.seq_lens, meta.block_tables, HEAD_DIM**-0.5, s, w, st
-                    )
-                )
+                args = (q, k, v, meta.seq_lens, meta.block_tables, HEAD_DIM**-0.5)
+                ms = median_ms(functools.partial(paged_decode, *args, splits, warps, stages))
             except Exception as e:  # a setting the compiler refuses (shared memory): skip it
                 print(json.dumps({"skip": [splits, warps, stages], "error": repr(e)[:200]}))
                 continue

@@ -45,7 +45,7 @@ def paged_attention(
         raise ValueError("the torch attention backend needs host-side lengths in AttnMetadata")
     out = torch.empty_like(q)
     start = 0
-    for b, (q_len, seq_len) in enumerate(zip(q_lens, seq_lens)):
+    for b, (q_len, seq_len) in enumerate(zip(q_lens, seq_lens, strict=True)):
         num_blocks = -(-seq_len // block_size)
         blocks = meta.block_tables[b, :num_blocks].long()
         k = k_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:seq_len].float()
