@@ -48,7 +48,10 @@ class Tokenize:
                 row.fail(_problem(prompt))
         if texts:
             for row, ids in zip(text_rows, self.encode(texts), strict=True):
-                row.prompt_ids = ids
+                if ids:
+                    row.prompt_ids = ids
+                else:  # e.g. only whitespace, which some tokenizers drop
+                    row.fail("prompt has no tokens")
 
     def _check_ids(self, row: Row, ids: list[int]) -> None:
         low, high = min(ids), max(ids)
