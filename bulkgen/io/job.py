@@ -2,7 +2,8 @@
 
 Only complete shards count: a shard is written under a temporary name and renamed into place, so
 `part-*` files are whole, and their ids are exactly the rows done. A rerun skips those rows;
-stray temporary files from a killed run are deleted.
+stray temporary files from a killed run are deleted. The settings that shape the outputs must
+match on a rerun; the input list is recorded but may change (new files add rows to the job).
 """
 
 from __future__ import annotations
