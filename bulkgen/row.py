@@ -15,6 +15,7 @@ class Row:
     id: str
     prompt: object  # as read: a string, a list of token ids, or anything bad
     extra: dict | None = None  # --keep-columns values
+    overrides: dict | None = None  # per-row sampling parameters (PARAM_COLUMNS present)
     error: str | None = None
     prompt_text: str | None = None  # the prompt column of the output
     prompt_ids: list[int] | None = None

@@ -58,10 +58,16 @@ def generate(engine, inp: Channel, out: Channel, params: RowParams, bound: int) 
                 if row.error is not None:
                     failed.append(row)
                     continue
+                try:
+                    row_params = params(row)
+                except ValueError as e:
+                    row.fail(str(e))
+                    failed.append(row)
+                    continue
                 request_id = str(next_id)  # input ids may repeat; the engine's must not
                 next_id += 1
                 in_engine[request_id] = row
-                engine.add(request_id, row.prompt_ids, params(row))
+                engine.add(request_id, row.prompt_ids, row_params)
             if failed:
                 out.put(failed)
         if engine.num_unfinished == 0:
@@ -115,16 +121,53 @@ def write(writer: ShardWriter, progress: Progress, inp: Channel) -> None:
     writer.flush()
 
 
+_INT_PARAMS = ("max_tokens", "top_k", "seed")
+_FLOAT_PARAMS = ("temperature", "top_p", "min_p")
+
+
+def _checked_overrides(overrides: dict) -> dict:
+    """Per-row parameter values with their types checked; ValueError names the bad column."""
+    out = {}
+    for name, value in overrides.items():
+        if name in _INT_PARAMS:
+            ok = isinstance(value, int) and not isinstance(value, bool)
+            if isinstance(value, float) and value.is_integer():
+                ok, value = True, int(value)
+            if not ok:
+                raise ValueError(f"column {name!r} must be an integer, got {value!r}")
+        elif name in _FLOAT_PARAMS:
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ValueError(f"column {name!r} must be a number, got {value!r}")
+            value = float(value)
+        elif name == "stop":
+            value = [value] if isinstance(value, str) else value
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise ValueError("column 'stop' must be a string or a list of strings")
+            value = tuple(value)
+        out[name] = value
+    return out
+
+
 class RowParams:
-    """Sampling parameters per row. With a seed, each row's own seed comes from it and the row's
-    id: a row samples the same text on a rerun, whatever its batch mates."""
+    """Sampling parameters per row: the job's, overridden by the row's own parameter columns.
+
+    With a job seed, each row's own seed comes from it and the row's id: a row samples the same
+    text on a rerun, whatever its batch mates. A row's `seed` column is used as it is.
+    """
 
     def __init__(self, params: SamplingParams) -> None:
         self.params = params
-        self.per_row = params.seed is not None and not params.greedy
 
     def __call__(self, row: Row) -> SamplingParams:
-        if not self.per_row:
-            return self.params
+        params = self.params
+        if row.overrides:
+            try:
+                params = dataclasses.replace(params, **_checked_overrides(row.overrides))
+            except ValueError as e:
+                raise ValueError(f"bad sampling parameter: {e}") from None
+            if "seed" in row.overrides:
+                return params
+        if self.params.seed is None or params.greedy:
+            return params
         digest = hashlib.blake2b(f"{self.params.seed}:{row.id}".encode(), digest_size=8).digest()
-        return dataclasses.replace(self.params, seed=int.from_bytes(digest, "little") >> 1)
+        return dataclasses.replace(params, seed=int.from_bytes(digest, "little") >> 1)

@@ -26,6 +26,15 @@ _JSONL_PROBE_ROWS = 100
 _COUNT_JSONL_BYTES = 4 << 30
 
 
+# Optional input columns that override the job's sampling parameters for their row.
+PARAM_COLUMNS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop")
+
+
+def _overrides(values: dict) -> dict | None:
+    given = {k: v for k, v in values.items() if v is not None}
+    return given or None
+
+
 class Reader:
     def __init__(
         self,
@@ -159,6 +168,7 @@ def _jsonl_row(record, row_id, lineno, prompt_col, id_col, keep) -> Row:
     row = Row(row_id if given_id is None else str(given_id), record.get(prompt_col))
     if keep:
         row.extra = {name: record.get(name) for name in keep}
+    row.overrides = _overrides({name: record.get(name) for name in PARAM_COLUMNS})
     if prompt_col not in record:
         row.fail(f"line {lineno} has no {prompt_col!r} field")
     return row
@@ -186,7 +196,8 @@ def _record_batches(source: Source, columns: list[str], batch_rows: int):
 def _read_arrow(reader: Reader, source: Source) -> Iterator[list[Row]]:
     names = _arrow_schema(source).names
     has_id = reader.id_column in names
-    columns = [reader.prompt_column, *reader.keep_columns]
+    params = [name for name in PARAM_COLUMNS if name in names]
+    columns = [reader.prompt_column, *reader.keep_columns, *params]
     if has_id:
         columns.append(reader.id_column)
     columns = list(dict.fromkeys(columns))
@@ -204,6 +215,10 @@ def _read_arrow(reader: Reader, source: Source) -> Iterator[list[Row]]:
             kept = {name: batch.column(name).to_pylist() for name in reader.keep_columns}
             for i, row in enumerate(rows):
                 row.extra = {name: values[i] for name, values in kept.items()}
+        if params:
+            given = {name: batch.column(name).to_pylist() for name in params}
+            for i, row in enumerate(rows):
+                row.overrides = _overrides({name: values[i] for name, values in given.items()})
         index += n
         yield rows
 

@@ -29,8 +29,10 @@ from bulkgen.model.attention.triton_kv import check_cache, kv_tile_offsets
 
 LOG2E = 1.4426950408889634
 MAX_SPLITS = 64
-# Enough CTAs per SM to keep many K/V loads in flight; extra splits of short sequences are empty.
-CTAS_PER_SM = 8
+# Splits are added until there are about this many CTAs per SM. Measured on the H200 at the 8B
+# shape (scripts/tune_decode.py): 2 beat 8 (batch 32, context 4096: 0.141 vs 0.151+ ms), and
+# batches of 128+ sequences run best unsplit.
+CTAS_PER_SM = 2
 
 
 @triton.jit
