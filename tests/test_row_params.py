@@ -20,19 +20,12 @@ def test_parameter_columns_override_the_job_defaults(tmp_path, tiny_model_dir):
     path = write_jsonl(tmp_path / "in.jsonl", records)
     sampling = SamplingParams(max_tokens=9, temperature=0.0)
     run(make_config(tmp_path, tiny_model_dir, [path], sampling=sampling), factory())
-    added = {p.max_tokens: p for _, p in RecordingEngine.instances[0].added.values()}
-    given = {
-        row_id: p
-        for row_id, (_, p) in zip("abcd", RecordingEngine.instances[0].added.values(), strict=True)
-    }
+    added = RecordingEngine.instances[0].added.values()  # in input order
+    given = {row_id: p for row_id, (_, p) in zip("abcd", added, strict=True)}
     assert given["a"] == sampling
     assert (given["b"].max_tokens, given["b"].temperature, given["b"].top_p) == (3, 0.7, 0.9)
-    assert (given["c"].top_k, given["c"].min_p, given["c"].seed, given["c"].stop) == (
-        5,
-        0.1,
-        42,
-        ("x",),
-    )
+    c = given["c"]
+    assert (c.top_k, c.min_p, c.seed, c.stop) == (5, 0.1, 42, ("x",))
     assert given["d"].stop == ("x", "y") and given["d"].max_tokens == 9
 
 
