@@ -202,3 +202,24 @@ def test_unsupported_architecture_is_a_clear_error(tiny_model_dir, tmp_path):
     (model_dir / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match="GPT2LMHeadModel.*LlamaForCausalLM"):
         LLM(str(model_dir), device="cpu")
+
+
+def test_progress_of_stop_string_requests_is_streamed_and_abort_ends_them(tiny_model_dir):
+    llm = LLM(str(tiny_model_dir), device="cpu")
+    engine = llm.engine
+    engine.add("watched", [5, 6, 7], SamplingParams(max_tokens=40, ignore_eos=True, stop=["zz"]))
+    engine.add("plain", [5, 6, 7], SamplingParams(max_tokens=40, ignore_eos=True))
+    seen: list[int] = []
+    finished = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            finished[out.request_id] = out
+        for request_id, tokens in engine.take_progress():
+            assert request_id == "watched"
+            seen += tokens
+            if len(seen) >= 5 and "watched" not in finished:
+                engine.abort("watched")
+    assert finished["watched"].finish_reason == "stop"
+    assert 5 <= len(finished["watched"].token_ids) < 40
+    assert finished["watched"].token_ids == seen[: len(finished["watched"].token_ids)]
+    assert len(finished["plain"].token_ids) == 40

@@ -99,6 +99,7 @@ class Engine:
         blocks = BlockManager(num_blocks, cfg.block_size, cfg.prefix_cache)
         self.scheduler = Scheduler(cfg, blocks, self.max_model_len, self.eos_token_ids)
         self._requests: dict[str, Request] = {}  # unfinished requests by id, for abort()
+        self._watched: dict[str, Request] = {}  # the unfinished ones with stop strings
         self._rng = random.Random(cfg.seed)
         self._arrivals = 0
         self._prev: Step | None = None
@@ -145,12 +146,28 @@ class Engine:
         req = Request(str(request_id), list(prompt_ids), params, seed, self._arrivals)
         self._arrivals += 1
         self._requests[req.request_id] = req
+        if params.stop:
+            self._watched[req.request_id] = req
         self.scheduler.add(req)
 
     def abort(self, request_id: str) -> None:
         req = self._requests.get(request_id)
         if req is not None:
             self.scheduler.abort(req)
+
+    def take_progress(self) -> list[tuple[str, list[int]]]:
+        """New output tokens of unfinished requests that have stop strings, since the last call.
+
+        Stop strings are matched on text, off the engine thread: the pipeline detokenizes these
+        increments elsewhere and calls abort() when one appears, so no decode step is wasted
+        past it for long.
+        """
+        progress = []
+        for req in self._watched.values():
+            if len(req.output_ids) > req.num_streamed:
+                progress.append((req.request_id, req.output_ids[req.num_streamed :]))
+                req.num_streamed = len(req.output_ids)
+        return progress
 
     @property
     def num_unfinished(self) -> int:
@@ -176,6 +193,7 @@ class Engine:
         done = self.scheduler.take_finished()
         for out in done:
             self._requests.pop(out.request_id, None)
+            self._watched.pop(out.request_id, None)
         return done
 
     @property

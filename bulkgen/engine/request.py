@@ -53,6 +53,7 @@ class Request:
     finish_reason: str | None = None
     error: str | None = None
     aborted: bool = False
+    num_streamed: int = 0  # output tokens already handed out by Engine.take_progress()
     logprobs: list[float] | None = None
     top_logprobs: list[list[tuple[int, float]]] | None = None
 
