@@ -34,6 +34,20 @@ def start(args: list[str], env: dict) -> subprocess.Popen:
     )
 
 
+def rows_done(out: Path) -> int:
+    return sum(pq.read_metadata(p).num_rows for p in out.glob("part-*.parquet"))
+
+
+def wait_for_progress(out: Path, before: int, proc: subprocess.Popen, timeout: float) -> None:
+    """Until this run has written a shard of its own (or ended): start-up time varies a lot
+    with the machine's load, and a kill before any work proves nothing."""
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < deadline:
+        if rows_done(out) > before:
+            return
+        time.sleep(0.05)
+
+
 def test_kill_9_at_random_points_then_rerun_gives_every_row_exactly_once(tmp_path, tiny_model_dir):
     lines = [json.dumps({"prompt": f"Question number {i}?"}) for i in range(ROWS)]
     lines[17] = "{broken json"
@@ -46,12 +60,14 @@ def test_kill_9_at_random_points_then_rerun_gives_every_row_exactly_once(tmp_pat
     rng = random.Random(1234)
     partial_kills = 0
     for _ in range(5):
+        before = rows_done(out) if out.exists() else 0
         proc = start(args, env)
-        time.sleep(rng.uniform(1.0, 4.0))
+        wait_for_progress(out, before, proc, timeout=60)
+        time.sleep(rng.uniform(0.0, 0.8))  # then a random point of the run
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=60)
-        done = sum(pq.read_metadata(p).num_rows for p in out.glob("part-*.parquet"))
+        done = rows_done(out)
         partial_kills += 0 < done < ROWS
     assert partial_kills >= 2, "the kills should land while the job is running"
 
