@@ -51,6 +51,14 @@ def main() -> None:
     "(the output's prompt column then holds their decoded text).",
 )
 @click.option(
+    "--prompt-template",
+    metavar="TEMPLATE",
+    default=None,
+    help="Render each row's prompt from its columns with this Jinja template (or @FILE holding "
+    "one), e.g. 'Explain {{ topic }} to {{ audience }}.'; the prompt column is then optional. "
+    "A row the template fails on (a missing column, say) is an error record.",
+)
+@click.option(
     "--id-column",
     default="id",
     show_default=True,
@@ -169,9 +177,10 @@ def main() -> None:
     help="Delete the shards of an earlier job in --out "
     "and start over, even if its settings differ.",
 )
-def run(inputs, model, out, prompt_column, id_column, keep_columns, fmt, shard_size, max_tokens,
-        temperature, top_p, top_k, min_p, seed, chat_template, dtype, device, max_num_seqs,
-        max_batch_tokens, kv_memory, sync, quiet, overwrite) -> None:  # fmt: skip
+def run(inputs, model, out, prompt_column, prompt_template, id_column, keep_columns, fmt,
+        shard_size, max_tokens, temperature, top_p, top_k, min_p, seed, chat_template,
+        dtype, device, max_num_seqs, max_batch_tokens, kv_memory, sync, quiet,
+        overwrite) -> None:  # fmt: skip
     """Generate a completion for every row of INPUT... and write sharded results to --out.
 
     INPUT is a .jsonl, .jsonl.gz or .parquet file, a folder or quoted glob of them, or a folder
@@ -183,6 +192,7 @@ def run(inputs, model, out, prompt_column, id_column, keep_columns, fmt, shard_s
     from bulkgen.errors import UserError
     from bulkgen.pipeline import run as run_pipeline
     from bulkgen.run_config import RunConfig
+    from bulkgen.text.prompt_template import template_source
 
     try:
         config = RunConfig(
@@ -190,6 +200,7 @@ def run(inputs, model, out, prompt_column, id_column, keep_columns, fmt, shard_s
             out=out,
             model=model,
             prompt_column=prompt_column,
+            prompt_template=None if prompt_template is None else template_source(prompt_template),
             id_column=id_column,
             keep_columns=tuple(c.strip() for c in keep_columns.split(",") if c.strip()),
             format=fmt,
@@ -214,6 +225,9 @@ def run(inputs, model, out, prompt_column, id_column, keep_columns, fmt, shard_s
         )
     except ValueError as e:
         raise click.UsageError(str(e)) from e
+    except UserError as e:  # an unreadable --prompt-template file
+        click.echo(f"error: {e}", err=True)
+        sys.exit(1)
     try:
         stats = run_pipeline(config)
     except UserError as e:

@@ -27,6 +27,7 @@ from bulkgen.io.reader import Reader
 from bulkgen.io.writer import ShardWriter
 from bulkgen.progress import Progress
 from bulkgen.run_config import RunConfig
+from bulkgen.text.prompt_template import PromptTemplate, RenderPrompts
 from bulkgen.text.stage import Detokenize, Tokenize
 
 EngineFactory = Callable[[EngineConfig], object]
@@ -40,11 +41,13 @@ def run(config: RunConfig, engine_factory: EngineFactory | None = None) -> dict:
     """Run the job in config; return the stats also written to DIR/stats.json."""
     job = JobDir(config.out)
     job.check(config.job_settings(), config.overwrite)
+    template = None if config.prompt_template is None else PromptTemplate(config.prompt_template)
     reader = Reader(
         find_sources(config.inputs, exclude=config.out),
         config.prompt_column,
         config.id_column,
         config.keep_columns,
+        template_columns=None if template is None else template.variables,
     )
     reader.check()
     model_dir = model_folder(config.model)
@@ -52,6 +55,8 @@ def run(config: RunConfig, engine_factory: EngineFactory | None = None) -> dict:
     tokenize = Tokenize(
         tokenizer, _use_template(config, tokenizer), _vocab_size(model_dir, tokenizer)
     )
+    if template is not None:
+        tokenize = RenderPrompts(template, tokenize)
     try:
         return _Run(config, job, reader, model_dir, tokenizer, tokenize).go(
             engine_factory or _default_engine_factory()

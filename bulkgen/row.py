@@ -16,6 +16,7 @@ class Row:
     prompt: object  # as read: a string, a list of token ids, or anything bad
     extra: dict | None = None  # --keep-columns values
     overrides: dict | None = None  # per-row sampling parameters (PARAM_COLUMNS present)
+    columns: dict | None = None  # the --prompt-template variables the row has
     error: str | None = None
     prompt_text: str | None = None  # the prompt column of the output
     prompt_ids: list[int] | None = None

@@ -35,6 +35,7 @@ class RunConfig:
     # bulkgen run is greedy unless told otherwise: reproducible outputs are the safe default.
     sampling: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=0.0))
     chat_template: bool | None = None  # None: use the tokenizer's template when it has one
+    prompt_template: str | None = None  # Jinja text rendering each row's prompt from its columns
     dtype: str = "auto"
     device: str = "auto"
     max_num_seqs: int | None = None
@@ -91,4 +92,5 @@ class RunConfig:
             "keep_columns": list(self.keep_columns),
             "format": self.format,
             "chat_template": "auto" if self.chat_template is None else self.chat_template,
+            "prompt_template": self.prompt_template,
         }

@@ -43,12 +43,16 @@ class Reader:
         id_column: str,
         keep_columns: tuple[str, ...] = (),
         batch_rows: int = BATCH_ROWS,
+        template_columns: tuple[str, ...] | None = None,
     ) -> None:
         self.sources = sources
         self.prompt_column = prompt_column
         self.id_column = id_column
         self.keep_columns = keep_columns
         self.batch_rows = batch_rows
+        # With --prompt-template: the columns it uses, put in Row.columns; the prompt column
+        # is then optional.
+        self.template_columns = template_columns
 
     def check(self) -> None:
         """Open every source and check its columns, so a bad input fails before any work."""
@@ -56,7 +60,8 @@ class Reader:
             names = self._columns(source)
             if names is None:  # a JSONL file with no parsable row: its rows become errors
                 continue
-            for column, flag in [(self.prompt_column, "--prompt-column")] + [
+            needed = [] if self.template_columns is not None else [self.prompt_column]
+            for column, flag in [(c, "--prompt-column") for c in needed] + [
                 (c, "--keep-columns") for c in self.keep_columns
             ]:
                 if column not in names:
@@ -131,6 +136,7 @@ def _jsonl_fields(path: Path) -> set[str] | None:
 
 def _read_jsonl(reader: Reader, source: Source) -> Iterator[list[Row]]:
     prompt_col, id_col, keep = reader.prompt_column, reader.id_column, reader.keep_columns
+    templated = reader.template_columns
     prefix = source.name + ":"
     batch: list[Row] = []
     index = 0
@@ -146,7 +152,7 @@ def _read_jsonl(reader: Reader, source: Source) -> Iterator[list[Row]]:
                 row = Row(row_id, None)
                 row.fail(f"line {lineno} is not valid JSON: {_json_problem(e)}")
             else:
-                row = _jsonl_row(record, row_id, lineno, prompt_col, id_col, keep)
+                row = _jsonl_row(record, row_id, lineno, prompt_col, id_col, keep, templated)
             batch.append(row)
             if len(batch) >= reader.batch_rows:
                 yield batch
@@ -159,7 +165,7 @@ def _json_problem(e: ValueError) -> str:
     return e.msg if isinstance(e, json.JSONDecodeError) else str(e)
 
 
-def _jsonl_row(record, row_id, lineno, prompt_col, id_col, keep) -> Row:
+def _jsonl_row(record, row_id, lineno, prompt_col, id_col, keep, templated=None) -> Row:
     if not isinstance(record, dict):
         row = Row(row_id, None)
         row.fail(f"line {lineno} is a JSON {type(record).__name__}, not an object")
@@ -169,7 +175,9 @@ def _jsonl_row(record, row_id, lineno, prompt_col, id_col, keep) -> Row:
     if keep:
         row.extra = {name: record.get(name) for name in keep}
     row.overrides = _overrides({name: record.get(name) for name in PARAM_COLUMNS})
-    if prompt_col not in record:
+    if templated is not None:  # --prompt-template: the template makes the prompt
+        row.columns = {name: record[name] for name in templated if name in record}
+    elif prompt_col not in record:
         row.fail(f"line {lineno} has no {prompt_col!r} field")
     return row
 
@@ -197,7 +205,10 @@ def _read_arrow(reader: Reader, source: Source) -> Iterator[list[Row]]:
     names = _arrow_schema(source).names
     has_id = reader.id_column in names
     params = [name for name in PARAM_COLUMNS if name in names]
-    columns = [reader.prompt_column, *reader.keep_columns, *params]
+    templated = [c for c in reader.template_columns or () if c in names]
+    has_prompt = reader.template_columns is None or reader.prompt_column in names
+    columns = [reader.prompt_column] if has_prompt else []
+    columns += [*reader.keep_columns, *params, *templated]
     if has_id:
         columns.append(reader.id_column)
     columns = list(dict.fromkeys(columns))
@@ -205,7 +216,7 @@ def _read_arrow(reader: Reader, source: Source) -> Iterator[list[Row]]:
     index = 0
     for batch in _record_batches(source, columns, reader.batch_rows):
         n = batch.num_rows
-        prompts = batch.column(reader.prompt_column).to_pylist()
+        prompts = batch.column(reader.prompt_column).to_pylist() if has_prompt else [None] * n
         ids = batch.column(reader.id_column).to_pylist() if has_id else [None] * n
         rows = [
             Row(prefix + str(index + i) if ids[i] is None else str(ids[i]), prompts[i])
@@ -219,6 +230,10 @@ def _read_arrow(reader: Reader, source: Source) -> Iterator[list[Row]]:
             given = {name: batch.column(name).to_pylist() for name in params}
             for i, row in enumerate(rows):
                 row.overrides = _overrides({name: values[i] for name, values in given.items()})
+        if reader.template_columns is not None:
+            used = {name: batch.column(name).to_pylist() for name in templated}
+            for i, row in enumerate(rows):
+                row.columns = {name: values[i] for name, values in used.items()}
         index += n
         yield rows
 
