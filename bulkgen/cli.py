@@ -25,8 +25,24 @@ def main() -> None:
     """bulkgen: offline bulk generation for LLMs."""
 
 
+def _use_recipe(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    from bulkgen.recipes import use_recipe
+
+    use_recipe(ctx, param, value)
+
+
 @main.command(no_args_is_help=True)
 @click.argument("inputs", nargs=-1, required=True, metavar="INPUT...")
+@click.option(
+    "--recipe",
+    metavar="FILE.yaml",
+    is_eager=True,
+    expose_value=False,
+    callback=_use_recipe,
+    help="Take this run's options from a recipe: a YAML file whose fields are these flags with "
+    "underscores (max_tokens: 64), plus inputs, description and score. Flags given here "
+    "override its fields; its relative paths are relative to its folder.",
+)
 @click.option(
     "--model",
     "-m",
@@ -244,6 +260,13 @@ def run(inputs, model, out, prompt_column, prompt_template, id_column, keep_colu
             f"tokens/s; {stats['rows']} rows in all",
             err=True,
         )
+    from bulkgen.recipes import after_run
+
+    try:
+        after_run(click.get_current_context(), out, quiet)  # a recipe's score, if it has one
+    except UserError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(1)
 
 
 @main.command()
@@ -257,6 +280,40 @@ def models() -> None:
     for alias, hub_id in aliases:
         mark = "  (default)" if alias == default else ""
         click.echo(f"{alias:<{width}}  {hub_id}{mark}")
+
+
+@main.command(no_args_is_help=True)
+@click.argument("results", type=click.Path(file_okay=False))
+@click.option(
+    "--reference-column",
+    default="answer",
+    show_default=True,
+    help="Column of RESULTS holding the reference answer (keep it with --keep-columns when "
+    "generating). Alternatives may be separated by '|'.",
+)
+@click.option(
+    "--baseline",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="A previous run's results folder: list the ids whose correctness changed since.",
+)
+def score(results, reference_column, baseline) -> None:
+    """Score the answers in RESULTS by exact match against a reference column.
+
+    The answer is extracted from each row's text (the number after "answer is", else the last
+    number, for a numeric reference; the first clause, normalised, for any other) and the
+    accuracy merged into RESULTS/stats.json under "score".
+    """
+    from bulkgen.errors import UserError
+    from bulkgen.score import score_folder, summary
+
+    try:
+        section = score_folder(results, reference_column, baseline)
+    except UserError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(1)
+    for line in summary(section):
+        click.echo(line)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,203 @@
+"""bulkgen score: exact-match accuracy of a results folder against a reference column.
+
+An answer is extracted from each row's text and normalised before the comparison:
+- a numeric reference ("42", "1,234", "2.50") takes the first number after an "answer is" or
+  "answer:" mark, else the text's last number (or, with no digits, its last number word up to
+  twenty), compared as a number;
+- any other reference takes the first clause (up to . ! ? ; or a comma) of the text's first
+  non-empty line (of the part after an "answer is" mark, if it has one), lower-cased, without
+  punctuation, articles (a, an, the) or extra spaces. A clause that ends with the reference on a
+  word boundary also counts ("The capital of France is Paris." for "Paris"): small models answer
+  in sentences.
+A reference may list accepted alternatives, separated by "|" ("Pacific Ocean|Pacific") or as a
+list. Error records count as wrong. With n samples per row, each (id, sample) pair is one item.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from bulkgen.errors import UserError
+from bulkgen.io.job import STATS_FILE, write_json_atomic
+
+_NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
+_NUMBER_WORDS = (
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen "
+    "fifteen sixteen seventeen eighteen nineteen twenty"
+).split()
+_WORD_NUMBER = re.compile(r"\b(" + "|".join(_NUMBER_WORDS) + r")\b")
+# "Answer:", "The answer is", "the final answer to this question is": what follows is the answer.
+_ANSWER_MARK = re.compile(r"\banswer\b[^\n.:\d]{0,40}?(?:\bis\b|:)", re.I)
+_ARTICLES = re.compile(r"\b(?:a|an|the)\b")
+_PUNCTUATION = re.compile(r"[^\w\s]")
+
+
+def normalize(text: str) -> str:
+    text = _PUNCTUATION.sub(" ", text.lower())
+    return " ".join(_ARTICLES.sub(" ", text).split())
+
+
+def as_number(text: str) -> str | None:
+    """The canonical form of a text that is one number ("1,000.50" -> "1000.5"), else None."""
+    text = text.strip()
+    if not _NUMBER.fullmatch(text):
+        return None
+    try:
+        value = Decimal(text.replace(",", ""))
+    except InvalidOperation:
+        return None
+    return format(value.normalize(), "f") if value else "0"
+
+
+def _after_mark(text: str) -> str:
+    marks = list(_ANSWER_MARK.finditer(text))
+    return text[marks[-1].end() :] if marks else text
+
+
+def extract_number(text: str) -> str | None:
+    """The first number after an "answer is" mark, else the last number of the text."""
+    after = _after_mark(text)
+    if after is not text and (numbers := _NUMBER.findall(after)):
+        return as_number(numbers[0])
+    numbers = _NUMBER.findall(text)
+    if numbers:
+        return as_number(numbers[-1])
+    words = _WORD_NUMBER.findall(text.lower())
+    return str(_NUMBER_WORDS.index(words[-1])) if words else None
+
+
+def extract_phrase(text: str) -> str:
+    line = next((line for line in text.splitlines() if line.strip()), "")
+    first_clause = re.split(r"(?<=[.!?;,])\s", _after_mark(line).strip())[0]
+    return normalize(first_clause)
+
+
+def references(value) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, list | tuple):
+        return [str(v) for v in value if v is not None]
+    return [part for part in str(value).split("|") if part.strip()]
+
+
+def is_correct(text: str | None, reference) -> bool:
+    """Whether the answer extracted from text matches one of the reference's alternatives."""
+    if text is None:
+        return False
+    for ref in references(reference):
+        number = as_number(ref)
+        if number is not None:
+            if extract_number(text) == number:
+                return True
+            continue
+        want, got = normalize(ref), extract_phrase(text)
+        if want and (got == want or got.endswith(" " + want)):
+            return True
+    return False
+
+
+@dataclass
+class Score:
+    correct: dict[str, bool] = field(default_factory=dict)  # item key -> correct
+
+    @property
+    def n(self) -> int:
+        return len(self.correct)
+
+    @property
+    def num_correct(self) -> int:
+        return sum(self.correct.values())
+
+    @property
+    def accuracy(self) -> float:
+        return self.num_correct / self.n if self.n else 0.0
+
+
+def read_results(folder: str | Path) -> list[dict]:
+    """Every row of a results folder's part-* shards (parquet or jsonl)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise UserError(f"results folder {folder} does not exist")
+    shards = sorted(folder.glob("part-*.parquet")) + sorted(folder.glob("part-*.jsonl"))
+    if not shards:
+        raise UserError(f"{folder} holds no part-* shards: is it a bulkgen results folder?")
+    rows: list[dict] = []
+    for path in shards:
+        try:
+            if path.suffix == ".parquet":
+                rows += pq.read_table(path).to_pylist()
+            else:
+                rows += [json.loads(line) for line in path.read_text().splitlines() if line]
+        except (OSError, ValueError) as e:
+            raise UserError(f"cannot read shard {path}: {e}") from e
+    return rows
+
+
+def score_rows(rows: list[dict], reference_column: str, source: str = "the results") -> Score:
+    if rows and not any(reference_column in row for row in rows):
+        raise UserError(
+            f"{source} have no column {reference_column!r}; run with --keep-columns "
+            f"{reference_column}, or name the right one with --reference-column"
+        )
+    score = Score()
+    for row in rows:
+        key = str(row["id"]) if row.get("sample") is None else f"{row['id']}#{row['sample']}"
+        text = None if row.get("finish_reason") == "error" else row.get("text")
+        score.correct[key] = is_correct(text, row.get(reference_column))
+    return score
+
+
+def score_folder(
+    folder: str | Path, reference_column: str = "answer", baseline: str | Path | None = None
+) -> dict:
+    """Score a results folder, merge a `score` section into its stats.json, and return it."""
+    score = score_rows(read_results(folder), reference_column, str(folder))
+    section: dict = {
+        "accuracy": round(score.accuracy, 4),
+        "n": score.n,
+        "correct": score.num_correct,
+        "reference_column": reference_column,
+    }
+    if baseline is not None:
+        base = score_rows(read_results(baseline), reference_column, str(baseline))
+        both = [key for key in score.correct if key in base.correct]
+        section["baseline"] = {
+            "path": str(baseline),
+            "accuracy": round(base.accuracy, 4),
+            "fixed": [k for k in both if score.correct[k] and not base.correct[k]],
+            "broken": [k for k in both if base.correct[k] and not score.correct[k]],
+            "new": sorted(set(score.correct) - set(base.correct)),
+            "gone": sorted(set(base.correct) - set(score.correct)),
+        }
+    stats_path = Path(folder) / STATS_FILE
+    stats = {}
+    if stats_path.is_file():
+        try:
+            stats = json.loads(stats_path.read_text())
+        except ValueError as e:
+            raise UserError(f"{stats_path} is damaged ({e}); delete it to score again") from e
+    write_json_atomic(stats_path, {**stats, "score": section})
+    return section
+
+
+def summary(section: dict) -> list[str]:
+    """The lines `bulkgen score` prints: the score, then any changes against the baseline."""
+    lines = [
+        f"accuracy {section['accuracy']:.1%} ({section['correct']}/{section['n']} correct, "
+        f"exact match on {section['reference_column']!r})"
+    ]
+    base = section.get("baseline")
+    if base:
+        lines.append(
+            f"against {base['path']} ({base['accuracy']:.1%}): {len(base['fixed'])} fixed, "
+            f"{len(base['broken'])} broken"
+        )
+        lines += [f"fixed: {key}" for key in base["fixed"]]
+        lines += [f"broken: {key}" for key in base["broken"]]
+    return lines

@@ -1,0 +1,161 @@
+"""bulkgen score: answer extraction, normalisation, exact match, stats.json and baselines."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from bulkgen.cli import main
+from bulkgen.errors import UserError
+from bulkgen.score import extract_number, extract_phrase, is_correct, normalize, score_folder
+
+
+@pytest.mark.parametrize(
+    "text, number",
+    [
+        ("2 + 2 = 4", "4"),
+        ("A spider has 8 legs.", "8"),
+        ("The answer is 1,234.", "1234"),
+        ("The answer to this question is 7. Earth has 12 plates", "7"),
+        ("Answer: -3.50", "-3.5"),
+        ("It boils at 100.0 degrees", "100"),
+        ("eight legs", "8"),
+        ("no number here", None),
+    ],
+)
+def test_a_number_is_the_one_after_answer_is_else_the_last(text, number):
+    assert extract_number(text) == number
+
+
+@pytest.mark.parametrize(
+    "text, phrase",
+    [
+        ("Paris", "paris"),
+        ("  \nThe answer is: Carbon Dioxide!\nBecause plants...", "carbon dioxide"),
+        ("The Pacific Ocean. It is the largest.", "pacific ocean"),
+        ("Answer: an apple", "apple"),
+        ("H2O", "h2o"),
+    ],
+)
+def test_a_phrase_is_the_first_clause_normalised(text, phrase):
+    assert extract_phrase(text) == phrase
+
+
+def test_normalize_drops_case_punctuation_articles_and_spaces():
+    assert normalize("  The  Great-Wall, of China! ") == "great wall of china"
+
+
+@pytest.mark.parametrize(
+    "text, reference, correct",
+    [
+        ("The capital of France is Paris.", "Paris", True),
+        ("Paris is lovely. The capital is Lyon.", "Paris", False),
+        ("Parisian food", "Paris", False),
+        ("The largest ocean is the Pacific.", "Pacific Ocean|Pacific", True),
+        ("12 * 12 = 120\n\nThe answer is 120.", "144", False),
+        ("12 times 12 is 144", "144", True),
+        ("1000 + 234 = 1,234", "1234", True),
+        ("The answer is 4.0", "4", True),
+        ("Leonardo da Vinci", ["Leonardo da Vinci", "da Vinci"], True),
+        (None, "4", False),
+        ("4", None, False),
+    ],
+)
+def test_exact_match_after_extraction(text, reference, correct):
+    assert is_correct(text, reference) is correct
+
+
+def write_results(folder, rows, fmt="parquet", stats=None):
+    folder.mkdir(parents=True, exist_ok=True)
+    full = [{"finish_reason": "stop", "error": None, **r} for r in rows]
+    if fmt == "parquet":
+        pq.write_table(pa.Table.from_pylist(full), folder / "part-00000.parquet")
+    else:
+        (folder / "part-00000.jsonl").write_text("".join(json.dumps(r) + "\n" for r in full))
+    if stats is not None:
+        (folder / "stats.json").write_text(json.dumps(stats))
+    return folder
+
+
+ROWS = [
+    {"id": "a", "text": "Paris.", "answer": "Paris"},
+    {"id": "b", "text": "2 + 2 = 5", "answer": "4"},
+    {"id": "c", "text": "Tokyo", "answer": "Tokyo"},
+    {"id": "d", "text": "Mars", "answer": "Mars"},
+]
+
+
+def test_the_score_is_merged_into_stats_json(tmp_path):
+    results = write_results(tmp_path / "r", ROWS, stats={"rows": 4, "wall_time_s": 1.5})
+    section = score_folder(results)
+    assert section["accuracy"] == 0.75 and section["n"] == 4 and section["correct"] == 3
+    stats = json.loads((results / "stats.json").read_text())
+    assert stats["rows"] == 4 and stats["wall_time_s"] == 1.5
+    assert stats["score"] == section
+
+
+def test_jsonl_shards_and_a_missing_stats_json(tmp_path):
+    results = write_results(tmp_path / "r", ROWS, fmt="jsonl")
+    assert score_folder(results)["correct"] == 3
+    assert json.loads((results / "stats.json").read_text())["score"]["n"] == 4
+
+
+def test_an_error_record_counts_as_wrong(tmp_path):
+    rows = [{"id": "a", "text": "Paris", "answer": "Paris", "finish_reason": "error"}]
+    assert score_folder(write_results(tmp_path / "r", rows))["correct"] == 0
+
+
+def test_samples_are_scored_one_by_one(tmp_path):
+    rows = [{"id": "a", "sample": s, "text": t, "answer": "4"} for s, t in enumerate(["4", "5"])]
+    section = score_folder(write_results(tmp_path / "r", rows))
+    assert (section["n"], section["correct"]) == (2, 1)
+
+
+def test_the_baseline_diff_lists_the_ids_that_changed(tmp_path):
+    before = [
+        {"id": "a", "text": "Lyon", "answer": "Paris"},  # wrong, then right: fixed
+        {"id": "b", "text": "4", "answer": "4"},  # right, then wrong: broken
+        {"id": "c", "text": "Tokyo", "answer": "Tokyo"},  # right both times
+        {"id": "old", "text": "x", "answer": "x"},
+    ]
+    baseline = write_results(tmp_path / "yesterday", before)
+    results = write_results(tmp_path / "today", ROWS)
+    section = score_folder(results, baseline=baseline)
+    base = section["baseline"]
+    assert base["fixed"] == ["a"] and base["broken"] == ["b"]
+    assert base["new"] == ["d"] and base["gone"] == ["old"]
+    assert base["accuracy"] == 0.75
+
+
+def test_a_missing_reference_column_names_the_flags(tmp_path):
+    results = write_results(tmp_path / "r", [{"id": "a", "text": "Paris"}])
+    with pytest.raises(UserError, match="no column 'answer'.*--keep-columns answer"):
+        score_folder(results)
+
+
+def test_a_folder_without_shards_is_an_error(tmp_path):
+    (tmp_path / "r").mkdir()
+    with pytest.raises(UserError, match="holds no part-\\* shards"):
+        score_folder(tmp_path / "r")
+
+
+def test_the_score_command_prints_the_score_and_the_changes(tmp_path):
+    baseline = write_results(tmp_path / "yesterday", [{"id": "b", "text": "4", "answer": "4"}])
+    results = write_results(tmp_path / "today", ROWS)
+    args = ["score", results, "--baseline", baseline, "--reference-column", "answer"]
+    result = CliRunner().invoke(main, [str(a) for a in args])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0] == "accuracy 75.0% (3/4 correct, exact match on 'answer')"
+    assert lines[1].endswith("(100.0%): 0 fixed, 1 broken")
+    assert lines[2:] == ["broken: b"]
+
+
+def test_the_score_command_reports_a_bad_folder_in_one_line(tmp_path):
+    result = CliRunner().invoke(main, ["score", str(tmp_path / "missing")])
+    assert result.exit_code == 1
+    assert result.stderr.strip() == f"error: results folder {tmp_path / 'missing'} does not exist"
