@@ -20,7 +20,12 @@ def warmup_plans(cfg: EngineConfig, max_model_len: int) -> list[Plan]:
     seqs = min(cfg.max_num_seqs, tokens)
     long_prefill = [tokens]
     wide = [tokens // seqs + (i < tokens % seqs) for i in range(seqs)]
-    return [_plan(long_prefill, cfg.block_size), _plan(wide, cfg.block_size)]
+    # Triton specialises kernels on integer arguments equal to 1 or divisible by 16; a step of
+    # other sizes would compile new variants in the middle of the run (seconds of idle GPU, seen
+    # on the H200). Odd totals and lengths, and a lone token, cover those variants.
+    odd = [n for n in (1, 17, 333) if n <= tokens] or [1]
+    plans = [long_prefill, wide, odd, [1] * min(3, seqs), [1]]
+    return [_plan(lengths, cfg.block_size) for lengths in plans]
 
 
 def warmup_blocks(cfg: EngineConfig, max_model_len: int) -> int:
