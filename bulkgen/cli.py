@@ -89,10 +89,11 @@ def _use_recipe(ctx: click.Context, param: click.Parameter, value: str | None) -
 @click.option(
     "--format",
     "fmt",
-    type=click.Choice(["parquet", "jsonl"]),
+    type=click.Choice(["parquet", "jsonl", "openai"]),
     default="parquet",
     show_default=True,
-    help="Shard file format.",
+    help="Shard file format. openai: JSONL lines in the OpenAI Batch API's output shape, all "
+    "samples of a row as the choices of one line.",
 )
 @click.option(
     "--shard-size",
@@ -145,9 +146,62 @@ def _use_recipe(ctx: click.Context, param: click.Parameter, value: str | None) -
 )
 @click.option(
     "--chat-template/--no-chat-template",
+    "--chat",
     default=None,
     help="Wrap each text prompt as "
-    "a user message with the model's chat template. Default: when the model has one.",
+    "a user message with the model's chat template. Default: when the model has one. "
+    "A messages column is always rendered with the template.",
+)
+# ---- chat, samples, stop strings, logprobs, prefix cache (issue 5) ----
+@click.option(
+    "--messages-column",
+    default="messages",
+    show_default=True,
+    help="Input column holding a conversation (a list of {role, content}), rendered with the "
+    "model's chat template; used for rows whose prompt column is missing or null.",
+)
+@click.option(
+    "--system",
+    metavar="TEXT",
+    default=None,
+    help="A system message before each conversation or templated prompt (unless a "
+    "conversation starts with its own).",
+)
+@click.option(
+    "--n",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Completions per row; output rows carry a sample column (0..n-1) and the row's id.",
+)
+@click.option(
+    "--stop",
+    multiple=True,
+    metavar="STR",
+    help="End a completion at this string, which is left out of the text (finish_reason "
+    "stop). Repeatable; a row's stop column replaces them for that row.",
+)
+@click.option(
+    "--stop-token-id",
+    type=int,
+    multiple=True,
+    metavar="N",
+    help="End a completion at this token id (kept in token counts). Repeatable.",
+)
+@click.option(
+    "--logprobs",
+    type=int,
+    default=None,
+    metavar="K",
+    help="Store each generated token's logprob (logprobs column) and the K most likely "
+    "alternatives per position (top_logprobs); 0 stores the sampled token's only.",
+)
+@click.option(
+    "--prefix-cache/--no-prefix-cache",
+    default=True,
+    show_default=True,
+    help="Reuse the KV cache of prompt prefixes shared between rows (a system prompt, "
+    "few-shot examples, the n samples of a row); outputs are the same either way.",
 )
 @click.option(
     "--dtype",
@@ -196,7 +250,7 @@ def _use_recipe(ctx: click.Context, param: click.Parameter, value: str | None) -
 def run(inputs, model, out, prompt_column, prompt_template, id_column, keep_columns, fmt,
         shard_size, max_tokens, temperature, top_p, top_k, min_p, seed, chat_template,
         dtype, device, max_num_seqs, max_batch_tokens, kv_memory, sync, quiet,
-        overwrite) -> None:  # fmt: skip
+        overwrite, **generation) -> None:  # fmt: skip
     """Generate a completion for every row of INPUT... and write sharded results to --out.
 
     INPUT is a .jsonl, .jsonl.gz or .parquet file, a folder or quoted glob of them, or a folder
@@ -228,6 +282,9 @@ def run(inputs, model, out, prompt_column, prompt_template, id_column, keep_colu
                 top_k=top_k,
                 min_p=min_p,
                 seed=seed,
+                stop=generation.pop("stop"),
+                stop_token_ids=generation.pop("stop_token_id"),
+                logprobs=generation.pop("logprobs"),
             ),
             chat_template=chat_template,
             dtype=dtype,
@@ -238,6 +295,7 @@ def run(inputs, model, out, prompt_column, prompt_template, id_column, keep_colu
             sync=sync,
             quiet=quiet,
             overwrite=overwrite,
+            **generation,  # messages_column, system, n, prefix_cache
         )
     except ValueError as e:
         raise click.UsageError(str(e)) from e

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -27,8 +28,10 @@ from bulkgen.io.reader import Reader
 from bulkgen.io.writer import ShardWriter
 from bulkgen.progress import Progress
 from bulkgen.run_config import RunConfig
+from bulkgen.samples import Resume, Samples
 from bulkgen.text.prompt_template import PromptTemplate, RenderPrompts
 from bulkgen.text.stage import Detokenize, Tokenize
+from bulkgen.text.stop import StopWatcher
 
 EngineFactory = Callable[[EngineConfig], object]
 # Queue sizes, in batches. The engine's output queue is the largest: the engine must never wait
@@ -48,12 +51,16 @@ def run(config: RunConfig, engine_factory: EngineFactory | None = None) -> dict:
         config.id_column,
         config.keep_columns,
         template_columns=None if template is None else template.variables,
+        messages_column=config.messages_column,
     )
     reader.check()
     model_dir = model_folder(config.model)
     tokenizer = tokenizer_of(model_dir)
     tokenize = Tokenize(
-        tokenizer, _use_template(config, tokenizer), _vocab_size(model_dir, tokenizer)
+        tokenizer,
+        _use_template(config, tokenizer),
+        _vocab_size(model_dir, tokenizer),
+        system=config.system,
     )
     if template is not None:
         tokenize = RenderPrompts(template, tokenize)
@@ -76,6 +83,7 @@ class _Run:
         self.tokenize: Tokenize = tokenize
         self.detokenize = Detokenize(tokenizer)
         self.stop = threading.Event()
+        self.watcher = StopWatcher(self.detokenize.decode, self.stop)
         self.failure: BaseException | None = None
         self.engine_ready = threading.Event()
         self.engine_stats: dict = {}
@@ -100,15 +108,22 @@ class _Run:
             self.job.lock()
             done = self.job.prepare(self._record(), self.config.overwrite)
             progress = Progress(total, done.rows, done.errors, self.config.quiet)
+            batch_files = self.reader.has_batch_files()  # their rows may ask for n, logprobs
             writer = ShardWriter(
                 Path(self.config.out),
                 self.config.format,
                 self.config.shard_size,
                 done.next_index,
                 self.config.keep_columns,
+                samples=self.config.n > 1 or batch_files,
+                logprobs=self.config.sampling.logprobs is not None or batch_files,
+                model=self.config.model,
             )
-            self._spawn("reader", stages.read, self.reader, done.ids, rows_in)
-            self._spawn("tokenizer", stages.tokenize, self.tokenize, rows_in, requests)
+            samples = Samples(self.config.sampling, self.config.n, self.job.job_seed())
+            resume = Resume(done, self.config.n)
+            self._spawn("reader", stages.read, self.reader, resume, rows_in)
+            self._spawn("tokenizer", stages.tokenize, self.tokenize, samples, rows_in, requests)
+            self._spawn("stop-watcher", self.watcher.run)
             self._spawn("detokenizer", stages.detokenize, self.detokenize, results, to_write)
             writer_ended = self._spawn("writer", stages.write, writer, progress, to_write)
             while not writer_ended.wait(0.1):
@@ -165,8 +180,8 @@ class _Run:
         engine = factory(engine_config)
         try:
             self.engine_ready.set()
-            params = stages.RowParams(self.config.sampling)
-            stages.generate(engine, inp, out, params, bound=2 * engine_config.max_num_seqs)
+            bound = 2 * engine_config.max_num_seqs
+            stages.generate(engine, inp, out, bound, self.watcher)
             self.engine_stats = dict(engine.stats)
         finally:
             engine.close()
@@ -180,6 +195,8 @@ class _Run:
             "model_path": str(self.model_dir),
             "bulkgen_version": bulkgen_version(),
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            # Seeds sampled rows without --seed: a rerun into this folder samples the same.
+            "job_seed": random.getrandbits(62),
         }
 
     def _stats(self, done: Done, progress: Progress, writer: ShardWriter, load_time: float) -> dict:
@@ -254,7 +271,13 @@ def _use_template(config: RunConfig, tokenizer) -> bool:
             f"model {config.model} has no chat template; leave out --chat-template to send "
             "prompts as they are"
         )
-    return has_template if config.chat_template is None else config.chat_template
+    use = has_template if config.chat_template is None else config.chat_template
+    if config.system is not None and not use:
+        raise UserError(
+            "--system needs the model's chat template"
+            + (", and --no-chat-template turns it off" if has_template else "; this model has none")
+        )
+    return use
 
 
 def _vocab_size(model_dir: Path, tokenizer) -> int:

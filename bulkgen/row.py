@@ -23,6 +23,17 @@ class Row:
     token_ids: list[int] | None = None
     finish_reason: str | None = None
     text: str | None = None
+    # Chat, samples, logprobs, OpenAI batch rows.
+    messages: object = None  # the messages column as read: a list of {role, content}, or bad
+    api: str | None = None  # "chat" or "text": the OpenAI endpoint the row answers
+    sample: int = 0  # which of the row's n samples this is
+    samples_done: int = 0  # bit k set: sample k is in a complete shard already (resume)
+    group: int = 0  # the input row's number in this run: the samples of a row share it
+    group_size: int = 1  # how many samples of the row this run generates
+    params: object = None  # its SamplingParams, set before the engine
+    logprobs: list[float] | None = None
+    top_logprobs: list | None = None  # per position: (token_id, logprob) pairs, then dicts
+    token_texts: list[str] | None = None  # each generated token as text, with logprobs
 
     def fail(self, message: str) -> None:
         self.error = message

@@ -17,7 +17,9 @@ OUTPUT_COLUMNS = (
     "prompt_tokens",
     "completion_tokens",
 )
-FORMATS = ("parquet", "jsonl")
+FORMATS = ("parquet", "jsonl", "openai")
+# Output columns that only some jobs have: with --n > 1, with --logprobs.
+OPTIONAL_COLUMNS = ("sample", "logprobs", "top_logprobs")
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,11 @@ class RunConfig:
     sync: bool = False
     quiet: bool = False
     overwrite: bool = False
+    # Chat, samples and the prefix cache (stop strings and logprobs are in sampling).
+    messages_column: str = "messages"
+    system: str | None = None  # a system message before each conversation or prompt
+    n: int = 1  # samples per row
+    prefix_cache: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "inputs", tuple(self.inputs))
@@ -51,13 +58,15 @@ class RunConfig:
         if not self.inputs:
             raise ValueError("no input given: pass one or more .jsonl/.parquet files or folders")
         if self.format not in FORMATS:
-            raise ValueError(f"format must be parquet or jsonl, got {self.format!r}")
+            raise ValueError(f"format must be parquet, jsonl or openai, got {self.format!r}")
+        if self.n < 1:
+            raise ValueError(f"n (samples per row) must be >= 1, got {self.n}")
         if self.shard_size < 1:
             raise ValueError(f"shard size must be >= 1 row, got {self.shard_size}")
         if not self.prompt_column:
             raise ValueError("the prompt column name is empty")
         for name in self.keep_columns:
-            if name in OUTPUT_COLUMNS:
+            if name in OUTPUT_COLUMNS + OPTIONAL_COLUMNS:
                 raise ValueError(
                     f"--keep-columns {name!r} clashes with the output column of that name; "
                     "rename it in the input"
@@ -77,6 +86,7 @@ class RunConfig:
             dtype=self.dtype,
             device=self.device,
             async_loop=not self.sync,
+            prefix_cache=self.prefix_cache,
             **given,
             **seed,
         )
@@ -93,4 +103,11 @@ class RunConfig:
             "format": self.format,
             "chat_template": "auto" if self.chat_template is None else self.chat_template,
             "prompt_template": self.prompt_template,
+            "system": self.system,
+            # Left out at their defaults, so that job folders of older versions still resume.
+            **self._non_default("n", "messages_column"),
         }
+
+    def _non_default(self, *names: str) -> dict:
+        fields = {f.name: f.default for f in dataclasses.fields(self)}
+        return {k: getattr(self, k) for k in names if getattr(self, k) != fields[k]}

@@ -7,41 +7,49 @@ Stopped (see channel.py).
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 from collections.abc import Callable
 
 from bulkgen.channel import EMPTY, Channel, Stopped
-from bulkgen.config import SamplingParams
 from bulkgen.io.reader import Reader
 from bulkgen.io.writer import ShardWriter
 from bulkgen.progress import Progress
 from bulkgen.row import Row
+from bulkgen.text.stop import StopWatcher
 
 _DETOK_BATCH_ROWS = 2048
 
 
-def read(reader: Reader, skip: set[str], out: Channel) -> None:
-    for batch in reader.batches(skip):
-        out.put(batch)
+def read(reader: Reader, keep: Callable[[list[Row]], list[Row]], out: Channel) -> None:
+    """keep() leaves out the rows already done (see samples.Resume)."""
+    for batch in reader.batches():
+        if batch := keep(batch):
+            out.put(batch)
     out.close()
 
 
-def tokenize(fn: Callable[[list[Row]], None], inp: Channel, out: Channel) -> None:
+def tokenize(
+    fn: Callable[[list[Row]], None],
+    expand: Callable[[list[Row]], list[Row]],
+    inp: Channel,
+    out: Channel,
+) -> None:
+    """fn() tokenizes a batch in place; expand() makes its rows' samples (see samples.py)."""
     while (batch := inp.get()) is not None:
         fn(batch)
-        out.put(batch)
+        out.put(expand(batch))
     out.close()
 
 
-def generate(engine, inp: Channel, out: Channel, params: RowParams, bound: int) -> None:
+def generate(engine, inp: Channel, out: Channel, bound: int, watcher: StopWatcher | None) -> None:
     """The engine thread's loop: keep the engine fed and pass on what finishes.
 
     Requests are added while fewer than `bound` are unfinished (twice what the engine runs at
     once, so that its scheduler always has the next ones queued). With nothing in the engine,
     the loop blocks on its input; otherwise it only takes what is already there. Rows that
-    failed before the engine go straight on.
+    failed before the engine go straight on. Requests with stop strings are watched by the
+    watcher's thread; the ones it found a stop string in are aborted before the next step.
     """
+    watch = watcher is not None and hasattr(engine, "take_progress")
     in_engine: dict[str, Row] = {}  # the engine's request id -> the row it came from
     next_id = 0
     closed = False
@@ -58,25 +66,28 @@ def generate(engine, inp: Channel, out: Channel, params: RowParams, bound: int) 
                 if row.error is not None:
                     failed.append(row)
                     continue
-                try:
-                    row_params = params(row)
-                except ValueError as e:
-                    row.fail(str(e))
-                    failed.append(row)
-                    continue
                 request_id = str(next_id)  # input ids may repeat; the engine's must not
                 next_id += 1
                 in_engine[request_id] = row
-                engine.add(request_id, row.prompt_ids, row_params)
+                engine.add(request_id, row.prompt_ids, row.params)
+                if watch and row.params.stop:
+                    watcher.watch(request_id, row.params.stop)
             if failed:
                 out.put(failed)
         if engine.num_unfinished == 0:
             if closed:
                 break
             continue
+        if watch:
+            for request_id in watcher.take_aborts():
+                engine.abort(request_id)
         finished = engine.step()
+        if watch:
+            watcher.send(engine.take_progress(), finished)
         if finished:
             out.put([_finish(in_engine.pop(o.request_id), o) for o in finished])
+    if watcher is not None:
+        watcher.close()
     out.close()
 
 
@@ -86,6 +97,7 @@ def _finish(row: Row, output) -> Row:
     else:
         row.token_ids = output.token_ids
         row.finish_reason = output.finish_reason
+        row.logprobs, row.top_logprobs = output.logprobs, output.top_logprobs
     return row
 
 
@@ -119,55 +131,3 @@ def write(writer: ShardWriter, progress: Progress, inp: Channel) -> None:
         writer.flush()
         raise
     writer.flush()
-
-
-_INT_PARAMS = ("max_tokens", "top_k", "seed")
-_FLOAT_PARAMS = ("temperature", "top_p", "min_p")
-
-
-def _checked_overrides(overrides: dict) -> dict:
-    """Per-row parameter values with their types checked; ValueError names the bad column."""
-    out = {}
-    for name, value in overrides.items():
-        if name in _INT_PARAMS:
-            ok = isinstance(value, int) and not isinstance(value, bool)
-            if isinstance(value, float) and value.is_integer():
-                ok, value = True, int(value)
-            if not ok:
-                raise ValueError(f"column {name!r} must be an integer, got {value!r}")
-        elif name in _FLOAT_PARAMS:
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise ValueError(f"column {name!r} must be a number, got {value!r}")
-            value = float(value)
-        elif name == "stop":
-            value = [value] if isinstance(value, str) else value
-            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-                raise ValueError("column 'stop' must be a string or a list of strings")
-            value = tuple(value)
-        out[name] = value
-    return out
-
-
-class RowParams:
-    """Sampling parameters per row: the job's, overridden by the row's own parameter columns.
-
-    With a job seed, each row's own seed comes from it and the row's id: a row samples the same
-    text on a rerun, whatever its batch mates. A row's `seed` column is used as it is.
-    """
-
-    def __init__(self, params: SamplingParams) -> None:
-        self.params = params
-
-    def __call__(self, row: Row) -> SamplingParams:
-        params = self.params
-        if row.overrides:
-            try:
-                params = dataclasses.replace(params, **_checked_overrides(row.overrides))
-            except ValueError as e:
-                raise ValueError(f"bad sampling parameter: {e}") from None
-            if "seed" in row.overrides:
-                return params
-        if self.params.seed is None or params.greedy:
-            return params
-        digest = hashlib.blake2b(f"{self.params.seed}:{row.id}".encode(), digest_size=8).digest()
-        return dataclasses.replace(params, seed=int.from_bytes(digest, "little") >> 1)

@@ -21,6 +21,7 @@ import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
 from bulkgen.errors import UserError
+from bulkgen.io.openai import is_openai_output, openai_summary
 
 SETTINGS_FILE = "job.json"
 STATS_FILE = "stats.json"
@@ -39,12 +40,19 @@ class Done:
     """What complete shards already hold."""
 
     ids: set[str] = field(default_factory=set)
+    # Bit masks of the samples done (bit k: sample k) of ids that have another one than sample 0
+    # alone; -1 for an OpenAI error line, which stands for all its row's samples.
+    samples: dict[str, int] = field(default_factory=dict)
     rows: int = 0
     errors: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
     shards: list[str] = field(default_factory=list)
     next_index: int = 0
+
+    def mask(self, row_id: str) -> int:
+        """Which samples of the row complete shards hold, as a bit mask."""
+        return self.samples.get(row_id, 1 if row_id in self.ids else 0)
 
 
 class JobDir:
@@ -104,16 +112,22 @@ class JobDir:
 
     def scan(self) -> Done:
         done = Done()
+        masks: dict[str, int] = {}
         for path in self._shards():
             table = self._read_summary(path)
             ids = table.column("id").to_pylist()
             done.ids.update(ids)
+            if "sample" in table.column_names:
+                for row_id, sample in zip(ids, table.column("sample").to_pylist(), strict=True):
+                    bit = -1 if sample == -1 else 1 << (sample or 0)
+                    masks[row_id] = masks.get(row_id, 0) | bit
             done.rows += len(ids)
             done.errors += table.column("finish_reason").to_pylist().count("error")
             done.prompt_tokens += pc.sum(table.column("prompt_tokens")).as_py() or 0
             done.completion_tokens += pc.sum(table.column("completion_tokens")).as_py() or 0
             done.shards.append(path.name)
             done.next_index = max(done.next_index, int(_SHARD.fullmatch(path.name)[1]) + 1)
+        done.samples = {row_id: mask for row_id, mask in masks.items() if mask != 1}
         return done
 
     def _shards(self) -> list[Path]:
@@ -130,19 +144,29 @@ class JobDir:
         except ValueError as e:
             raise UserError(f"{path} is damaged ({e}); delete it or pass --overwrite") from e
 
+    def job_seed(self) -> int | None:
+        """The seed drawn for this job when it was first recorded (None in older job folders)."""
+        recorded = self._recorded()
+        return None if recorded is None else recorded.get("job_seed")
+
     def _read_summary(self, path: Path) -> pa.Table:
         try:
             if path.suffix == ".parquet":
-                return pq.read_table(path, columns=_SUMMARY_COLUMNS)
+                names = pq.read_schema(path).names
+                extra = ["sample"] if "sample" in names else []
+                return pq.read_table(path, columns=_SUMMARY_COLUMNS + extra)
+            if is_openai_output(path):
+                return openai_summary(path)
             schema = pa.schema(
                 [("id", pa.string()), ("finish_reason", pa.string())]
                 + [(c, pa.int64()) for c in _SUMMARY_COLUMNS[2:]]
+                + [("sample", pa.int64())]
             )
             options = pajson.ParseOptions(
                 explicit_schema=schema, unexpected_field_behavior="ignore"
             )
             return pajson.read_json(path, parse_options=options)
-        except (OSError, pa.ArrowException) as e:
+        except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as e:
             raise UserError(
                 f"shard {path} cannot be read ({e}); delete it to generate its rows again"
             ) from e

@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 
 from bulkgen.errors import UserError
 from bulkgen.io.inputs import Source
+from bulkgen.io.openai import batch_row, is_batch_record
 from bulkgen.row import Row
 
 BATCH_ROWS = 1024
@@ -44,6 +45,7 @@ class Reader:
         keep_columns: tuple[str, ...] = (),
         batch_rows: int = BATCH_ROWS,
         template_columns: tuple[str, ...] | None = None,
+        messages_column: str = "messages",
     ) -> None:
         self.sources = sources
         self.prompt_column = prompt_column
@@ -53,6 +55,8 @@ class Reader:
         # With --prompt-template: the columns it uses, put in Row.columns; the prompt column
         # is then optional.
         self.template_columns = template_columns
+        # Rows whose prompt is missing or null and that have this column are conversations.
+        self.messages_column = messages_column
 
     def check(self) -> None:
         """Open every source and check its columns, so a bad input fails before any work."""
@@ -61,6 +65,8 @@ class Reader:
             if names is None:  # a JSONL file with no parsable row: its rows become errors
                 continue
             needed = [] if self.template_columns is not None else [self.prompt_column]
+            if self.messages_column in names or _is_batch_file(source):
+                needed = []
             for column, flag in [(c, "--prompt-column") for c in needed] + [
                 (c, "--keep-columns") for c in self.keep_columns
             ]:
@@ -70,6 +76,10 @@ class Reader:
                         f"{source.label} has no column {column!r} (its columns: {shown}); "
                         f"name the right one with {flag}"
                     )
+
+    def has_batch_files(self) -> bool:
+        """Whether any source is an OpenAI Batch input file (its rows may ask for n, logprobs)."""
+        return any(_is_batch_file(source) for source in self.sources)
 
     def count(self) -> int | None:
         """Total rows in all sources if cheap to know, else None."""
@@ -137,6 +147,8 @@ def _jsonl_fields(path: Path) -> set[str] | None:
 def _read_jsonl(reader: Reader, source: Source) -> Iterator[list[Row]]:
     prompt_col, id_col, keep = reader.prompt_column, reader.id_column, reader.keep_columns
     templated = reader.template_columns
+    chat_col = reader.messages_column
+    batch_file = _is_batch_file(source)
     prefix = source.name + ":"
     batch: list[Row] = []
     index = 0
@@ -152,13 +164,56 @@ def _read_jsonl(reader: Reader, source: Source) -> Iterator[list[Row]]:
                 row = Row(row_id, None)
                 row.fail(f"line {lineno} is not valid JSON: {_json_problem(e)}")
             else:
-                row = _jsonl_row(record, row_id, lineno, prompt_col, id_col, keep, templated)
+                # A conversation has no prompt but messages: read like a prompt, then moved.
+                chat = (
+                    templated is None
+                    and isinstance(record, dict)
+                    and record.get(prompt_col) is None
+                    and chat_col in record
+                )
+                column = chat_col if chat else prompt_col
+                if batch_file:
+                    row = _batch_row(record, row_id, lineno, keep)
+                else:
+                    row = _jsonl_row(record, row_id, lineno, column, id_col, keep, templated)
+                if chat and not batch_file:
+                    row.messages, row.prompt = row.prompt, None
+                    if row.messages is None and row.error is None:
+                        row.fail("messages is null")
             batch.append(row)
             if len(batch) >= reader.batch_rows:
                 yield batch
                 batch = []
     if batch:
         yield batch
+
+
+def _is_batch_file(source: Source) -> bool:
+    """An OpenAI Batch input file: its first parsable line has custom_id and body."""
+    if source.kind != "jsonl":
+        return False
+
+    def first_record():
+        with _open_jsonl(source.paths[0]) as f:
+            for line in f:
+                try:
+                    return json.loads(line)
+                except ValueError:
+                    continue
+        return None
+
+    return is_batch_record(_with_file_errors(source, first_record))
+
+
+def _batch_row(record, row_id, lineno, keep) -> Row:
+    if not is_batch_record(record):
+        row = Row(row_id, None)
+        row.fail(f"line {lineno} is not an OpenAI batch request (it needs custom_id and body)")
+        return row
+    row = batch_row(record, lineno)
+    if keep:
+        row.extra = {name: record.get(name) for name in keep}
+    return row
 
 
 def _json_problem(e: ValueError) -> str:
@@ -206,9 +261,12 @@ def _read_arrow(reader: Reader, source: Source) -> Iterator[list[Row]]:
     has_id = reader.id_column in names
     params = [name for name in PARAM_COLUMNS if name in names]
     templated = [c for c in reader.template_columns or () if c in names]
-    has_prompt = reader.template_columns is None or reader.prompt_column in names
+    has_prompt = reader.prompt_column in names
     columns = [reader.prompt_column] if has_prompt else []
     columns += [*reader.keep_columns, *params, *templated]
+    has_messages = reader.template_columns is None and reader.messages_column in names
+    if has_messages:
+        columns.append(reader.messages_column)
     if has_id:
         columns.append(reader.id_column)
     columns = list(dict.fromkeys(columns))
@@ -234,6 +292,11 @@ def _read_arrow(reader: Reader, source: Source) -> Iterator[list[Row]]:
             used = {name: batch.column(name).to_pylist() for name in templated}
             for i, row in enumerate(rows):
                 row.columns = {name: values[i] for name, values in used.items()}
+        if has_messages:
+            chats = batch.column(reader.messages_column).to_pylist()
+            for row, messages in zip(rows, chats, strict=True):
+                if row.prompt is None:
+                    row.messages = messages
         index += n
         yield rows
 

@@ -2,24 +2,32 @@
 
 A shard is first written as `.part-NNNNN.<fmt>.tmp`, fsynced, renamed to `part-NNNNN.<fmt>` and
 the folder fsynced, so after a crash a `part-*` file is either complete or absent.
+
+With --format openai a shard line is a whole input row: the samples of a row are held back until
+all of them have arrived, then written as the choices of one line (a row is done or not done).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from bulkgen.io.job import TEMP_PREFIX, fsync_dir, shard_name
+from bulkgen.io.openai import output_line
 from bulkgen.row import Row
 from bulkgen.run_config import OUTPUT_COLUMNS
 
 _SCHEMA = pa.schema(
     [(name, pa.string()) for name in OUTPUT_COLUMNS[:5]]
     + [("prompt_tokens", pa.int64()), ("completion_tokens", pa.int64())]
+)
+_TOP_LOGPROB = pa.struct(
+    [("token_id", pa.int64()), ("token", pa.string()), ("logprob", pa.float64())]
 )
 
 
@@ -31,9 +39,19 @@ class ShardWriter:
         shard_size: int,
         first_index: int = 0,
         keep_columns: tuple[str, ...] = (),
+        samples: bool = False,
+        logprobs: bool = False,
+        model: str = "",
     ) -> None:
+        """samples: write a `sample` column; logprobs: `logprobs` and `top_logprobs` columns;
+        model: the model name of --format openai lines."""
         self.out = Path(out)
         self.fmt = fmt
+        self.samples = samples
+        self.logprobs = logprobs
+        self.model = model
+        self._created = int(time.time())
+        self._groups: dict[int, list[Row]] = {}  # --format openai: a row's samples so far
         self.shard_size = shard_size
         self.keep_columns = keep_columns
         self.next_index = first_index
@@ -44,23 +62,38 @@ class ShardWriter:
         self._keep_types: dict[str, pa.DataType] = {}
 
     def add(self, rows: list[Row]) -> None:
+        if self.fmt == "openai":
+            rows = self._whole_groups(rows)
         self._buffer.extend(rows)
         while len(self._buffer) >= self.shard_size:
             self._write(self._buffer[: self.shard_size])
             del self._buffer[: self.shard_size]
 
+    def _whole_groups(self, rows: list[Row]) -> list:
+        """The rows whose samples have now all arrived, each as the list of its samples."""
+        whole = []
+        for row in rows:
+            group = self._groups.setdefault(row.group, [])
+            group.append(row)
+            if len(group) == row.group_size:
+                whole.append(self._groups.pop(row.group))
+        return whole
+
     def flush(self) -> None:
-        """Write the buffered rows as a last, shorter shard."""
+        """Write the buffered rows as a last, shorter shard (rows missing samples are not
+        written with --format openai: a rerun generates them whole)."""
         if self._buffer:
             self._write(self._buffer)
             self._buffer = []
 
     def _write(self, rows: list[Row]) -> None:
-        name = shard_name(self.next_index, self.fmt)
+        name = shard_name(self.next_index, "jsonl" if self.fmt == "openai" else self.fmt)
         tmp = self.out / f"{TEMP_PREFIX}{name[len('part-') :]}.tmp"
         with open(tmp, "wb") as f:
             if self.fmt == "parquet":
                 pq.write_table(self._table(rows), f, compression="zstd")
+            elif self.fmt == "openai":
+                f.write(self._openai(rows))
             else:
                 f.write(self._jsonl(rows))
             f.flush()
@@ -81,6 +114,14 @@ class ShardWriter:
             pa.array([r.completion_tokens for r in rows], pa.int64()),
         ]
         names = list(_SCHEMA.names)
+        if self.samples:
+            columns.append(pa.array([r.sample for r in rows], pa.int64()))
+            names.append("sample")
+        if self.logprobs:
+            columns.append(pa.array([r.logprobs for r in rows], pa.list_(pa.float64())))
+            top = [r.top_logprobs for r in rows]
+            columns.append(pa.array(top, pa.list_(pa.list_(_TOP_LOGPROB))))
+            names += ["logprobs", "top_logprobs"]
         for name in self.keep_columns:
             columns.append(self._kept(name, [r.extra.get(name) if r.extra else None for r in rows]))
             names.append(name)
@@ -110,8 +151,16 @@ class ShardWriter:
                 "prompt_tokens": r.prompt_tokens,
                 "completion_tokens": r.completion_tokens,
             }
+            if self.samples:
+                record["sample"] = r.sample
+            if self.logprobs:
+                record["logprobs"], record["top_logprobs"] = r.logprobs, r.top_logprobs
             for name in self.keep_columns:
                 record[name] = r.extra.get(name) if r.extra else None
             lines.append(json.dumps(record, ensure_ascii=False, default=str))
         lines.append("")
         return "\n".join(lines).encode()
+
+    def _openai(self, groups: list[list[Row]]) -> bytes:
+        lines = [output_line(g, self.model, self._created) for g in groups]
+        return "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines).encode()

@@ -32,6 +32,10 @@ class PromptEncoder:
         # A chat template writes its own special tokens (BOS and the like).
         return self._encode(self._template.render(prompts), add_special=False)
 
+    def encode_rendered(self, texts: list[str]) -> list[list[int]]:
+        """Ids of texts a chat template rendered: they hold their own special tokens."""
+        return self._encode(texts, add_special=False)
+
     def _encode(self, texts: list[str], add_special: bool) -> list[list[int]]:
         if self._backend is None:
             return self._tokenizer(texts, add_special_tokens=add_special)["input_ids"]

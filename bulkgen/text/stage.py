@@ -7,7 +7,9 @@ they run beside the other stages instead of taking turns with them.
 from __future__ import annotations
 
 from bulkgen.row import Row
+from bulkgen.text.chat import Conversations, checked_messages
 from bulkgen.text.encoder import PromptEncoder
+from bulkgen.text.stop import cut_at_stop
 from bulkgen.text.template import ChatTemplate
 
 
@@ -23,17 +25,34 @@ def _backend(tokenizer):
 class Tokenize:
     """Fills each row's prompt_ids, or marks the row as an error saying what is wrong with it."""
 
-    def __init__(self, tokenizer, chat_template: bool, vocab_size: int) -> None:
-        template = ChatTemplate(tokenizer) if chat_template else None
-        self.encode = PromptEncoder(tokenizer, template).encode
+    def __init__(
+        self, tokenizer, chat_template: bool, vocab_size: int, system: str | None = None
+    ) -> None:
+        """system: with the chat template, a system message before each prompt (--system)."""
+        template = ChatTemplate(tokenizer, system) if chat_template else None
+        self.encoder = PromptEncoder(tokenizer, template)
+        self.encode = self.encoder.encode
         self.vocab_size = vocab_size
+        self.chat_template = chat_template
+        self.conversations = Conversations(tokenizer, system)
 
     def __call__(self, rows: list[Row]) -> None:
         texts: list[str] = []
         text_rows: list[Row] = []
+        chats: list[Row] = []
         for row in rows:
             if row.error is not None:
                 continue
+            if row.messages is not None:
+                try:
+                    row.prompt_text = self.conversations.render(checked_messages(row.messages))
+                    row.api = row.api or "chat"
+                    chats.append(row)
+                except ValueError as e:
+                    row.fail(str(e))
+                continue
+            if row.api is None:
+                row.api = "chat" if self.chat_template else "text"
             prompt = row.prompt
             if isinstance(prompt, str):
                 row.prompt_text = prompt
@@ -52,6 +71,10 @@ class Tokenize:
                     row.prompt_ids = ids
                 else:  # e.g. only whitespace, which some tokenizers drop
                     row.fail("prompt has no tokens")
+        if chats:
+            encoded = self.encoder.encode_rendered([r.prompt_text for r in chats])
+            for row, ids in zip(chats, encoded, strict=True):
+                row.prompt_ids = ids
 
     def _check_ids(self, row: Row, ids: list[int]) -> None:
         low, high = min(ids), max(ids)
@@ -85,11 +108,31 @@ class Detokenize:
         done = [r for r in rows if r.token_ids is not None]
         for row, text in zip(done, self.decode([r.token_ids for r in done]), strict=True):
             row.text = text
+            stops = row.params.stop if row.params is not None else ()
+            # The authoritative cut: the earliest stop string and all after it leave the text.
+            if stops and (cut := cut_at_stop(text, stops)) is not None:
+                row.text, row.finish_reason = cut, "stop"
+        with_logprobs = [r for r in done if r.logprobs is not None]
+        if with_logprobs:
+            self._name_tokens(with_logprobs)
         pretokenized = [r for r in rows if r.prompt_text is None and r.prompt_ids is not None]
         if pretokenized:
             texts = self.decode([r.prompt_ids for r in pretokenized], skip_special=False)
             for row, text in zip(pretokenized, texts, strict=True):
                 row.prompt_text = text
+
+    def _name_tokens(self, rows: list[Row]) -> None:
+        """Each sampled and top-logprob token as its own text, decoded once per distinct id."""
+        distinct = {t for r in rows for t in r.token_ids}
+        distinct.update(i for r in rows for top in r.top_logprobs or () for i, _ in top)
+        order = sorted(distinct)
+        text = dict(zip(order, self.decode([[i] for i in order], False), strict=True))
+        for row in rows:
+            row.token_texts = [text[t] for t in row.token_ids]
+            row.top_logprobs = [
+                [{"token_id": i, "token": text[i], "logprob": lp} for i, lp in top]
+                for top in row.top_logprobs or [[] for _ in row.logprobs]
+            ]
 
     def decode(self, ids: list[list[int]], skip_special: bool = True) -> list[str]:
         if not ids:

@@ -15,8 +15,9 @@ PROBES = ("hello", "  two  spaces  ", "\nnew\nlines\n", "{{ x }} {% y %}", "Ã¼nÃ
 
 
 class ChatTemplate:
-    def __init__(self, tokenizer) -> None:
+    def __init__(self, tokenizer, system: str | None = None) -> None:
         self._tokenizer = tokenizer
+        self._system = system  # --system: a system message before each prompt
         try:
             rendered = self._render_one(_SENTINEL)
         except Exception as e:  # a template may raise anything; the user can only opt out
@@ -32,8 +33,11 @@ class ChatTemplate:
                 self.affix = (prefix, suffix)
 
     def _render_one(self, content: str) -> str:
+        messages = [{"role": "user", "content": content}]
+        if self._system is not None:
+            messages.insert(0, {"role": "system", "content": self._system})
         return self._tokenizer.apply_chat_template(
-            [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
+            messages, tokenize=False, add_generation_prompt=True
         )
 
     def render(self, prompts: list[str]) -> list[str]:

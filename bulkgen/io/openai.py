@@ -1,0 +1,183 @@
+"""OpenAI Batch API files: input lines mapped onto rows, rows written back as output lines.
+
+An input line is `{"custom_id", "method", "url", "body"}`; the body is a chat or completions
+request (`messages` or `prompt`, and sampling fields). An output line is what the Batch API
+writes: `{"id", "custom_id", "response": {"status_code", "request_id", "body"}, "error"}`, with
+all n samples of a request as the choices of one line, so existing readers of batch results
+read bulkgen's too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pyarrow as pa
+
+from bulkgen.row import Row
+
+_URLS = {"/v1/chat/completions": "chat", "/v1/completions": "text"}
+# Body fields that map onto per-row sampling parameters, as bulkgen names them.
+_SAME = ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "n")
+
+
+def is_batch_record(record: object) -> bool:
+    return isinstance(record, dict) and "custom_id" in record and "body" in record
+
+
+def batch_row(record: dict, lineno: int) -> Row:
+    """The row for one input line: id = custom_id, messages or prompt, per-row parameters."""
+    row = Row(str(record["custom_id"]), None)
+    body, url = record["body"], record.get("url")
+    if not isinstance(body, dict):
+        row.fail(f"line {lineno}: body is not an object")
+        return row
+    row.api = _URLS.get(url) if url is not None else ("chat" if "messages" in body else "text")
+    if row.api is None:
+        row.fail(f"line {lineno}: url {url!r} is not supported; use {' or '.join(_URLS)}")
+        return row
+    if row.api == "chat":
+        row.messages = body.get("messages")
+        if row.messages is None:
+            row.fail(f"line {lineno}: a chat request needs body.messages")
+    else:
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            prompt = prompt[0]
+        row.prompt = prompt
+        if prompt is None:
+            row.fail(f"line {lineno}: a completions request needs body.prompt")
+    overrides = {name: body[name] for name in _SAME if body.get(name) is not None}
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    if max_tokens is not None:
+        overrides["max_tokens"] = max_tokens
+    logprobs = body.get("logprobs")
+    if row.api == "chat" and logprobs is True:
+        overrides["logprobs"] = body.get("top_logprobs") or 0
+    elif row.api == "text" and logprobs is not None and logprobs is not False:
+        overrides["logprobs"] = logprobs
+    row.overrides = overrides or None
+    return row
+
+
+# ---- output ------------------------------------------------------------------------------
+
+
+def _hex(*parts: object) -> str:
+    return hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=12).hexdigest()
+
+
+def output_line(samples: list[Row], model: str, created: int) -> dict:
+    """The Batch API output line of one input row, from all of its samples."""
+    first = samples[0]
+    line = {"id": f"batch_req_{_hex('req', first.id)}", "custom_id": first.id}
+    failed = next((r for r in samples if r.error is not None), None)
+    if failed is not None:
+        line["response"] = None
+        line["error"] = {"code": "invalid_request", "message": failed.error}
+        return line
+    chat = first.api != "text"
+    choices = [_choice(r, chat) for r in sorted(samples, key=lambda r: r.sample)]
+    completion = sum(r.completion_tokens for r in samples)
+    body = {
+        "id": ("chatcmpl-" if chat else "cmpl-") + _hex("body", first.id),
+        "object": "chat.completion" if chat else "text_completion",
+        "created": created,
+        "model": model,
+        "choices": choices,
+        "usage": {
+            "prompt_tokens": first.prompt_tokens,
+            "completion_tokens": completion,
+            "total_tokens": first.prompt_tokens + completion,
+        },
+    }
+    line["response"] = {"status_code": 200, "request_id": _hex("id", first.id), "body": body}
+    line["error"] = None
+    return line
+
+
+def _choice(row: Row, chat: bool) -> dict:
+    choice: dict = {"index": row.sample}
+    if chat:
+        choice["message"] = {"role": "assistant", "content": row.text}
+    else:
+        choice["text"] = row.text
+    choice["logprobs"] = _logprobs(row, chat) if row.logprobs is not None else None
+    choice["finish_reason"] = row.finish_reason
+    return choice
+
+
+def _logprobs(row: Row, chat: bool) -> dict:
+    tokens = row.token_texts or [""] * len(row.logprobs)
+    tops = row.top_logprobs or [[] for _ in row.logprobs]
+    if chat:
+        content = []
+        for token, logprob, top in zip(tokens, row.logprobs, tops, strict=True):
+            alternatives = [_token(t["token"], t["logprob"]) for t in top]
+            content.append({**_token(token, logprob), "top_logprobs": alternatives})
+        return {"content": content}
+    offsets, at = [], len(row.prompt_text or "")
+    for token in tokens:
+        offsets.append(at)
+        at += len(token)
+    return {
+        "tokens": tokens,
+        "token_logprobs": row.logprobs,
+        "top_logprobs": [{t["token"]: t["logprob"] for t in top} for top in tops],
+        "text_offset": offsets,
+    }
+
+
+def _token(token: str, logprob: float) -> dict:
+    return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+
+
+# ---- resume ------------------------------------------------------------------------------
+
+
+def is_openai_output(path: Path) -> bool:
+    """Whether a .jsonl shard holds Batch API output lines (judged by its first line)."""
+    with open(path, "rb") as f:
+        first = f.readline()
+    try:
+        record = json.loads(first)
+    except ValueError:
+        return False
+    return isinstance(record, dict) and "custom_id" in record and "response" in record
+
+
+def openai_summary(path: Path) -> pa.Table:
+    """id, finish_reason, token counts and sample per choice of each line; sample -1 for an
+    error line, which stands for all of its row's samples."""
+    ids, reasons, prompt, completion, samples = [], [], [], [], []
+    with open(path, "rb") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            record = json.loads(line)
+            response = record.get("response") or {}
+            body = response.get("body") if response.get("status_code") == 200 else None
+            if record.get("error") is not None or not body:
+                ids.append(record["custom_id"])
+                reasons.append("error")
+                prompt.append(0)
+                completion.append(0)
+                samples.append(-1)
+                continue
+            usage = body.get("usage") or {}
+            for i, choice in enumerate(body["choices"]):
+                ids.append(record["custom_id"])
+                reasons.append(choice.get("finish_reason"))
+                prompt.append(usage.get("prompt_tokens", 0) if i == 0 else 0)
+                completion.append(usage.get("completion_tokens", 0) if i == 0 else 0)
+                samples.append(choice.get("index", i))
+    return pa.table(
+        {
+            "id": pa.array(ids, pa.string()),
+            "finish_reason": pa.array(reasons, pa.string()),
+            "prompt_tokens": pa.array(prompt, pa.int64()),
+            "completion_tokens": pa.array(completion, pa.int64()),
+            "sample": pa.array(samples, pa.int64()),
+        }
+    )

@@ -1,0 +1,57 @@
+"""Conversations: a row's `messages` checked and rendered with the model's chat template.
+
+A messages value is a list of {role, content} objects (content a string, or OpenAI-style text
+parts). It is rendered with add_generation_prompt, so the model answers as the assistant; with
+--system, a system message goes first unless the conversation starts with one.
+"""
+
+from __future__ import annotations
+
+
+def checked_messages(value: object) -> list[dict]:
+    """The messages as plain {role, content} dicts; ValueError saying what is wrong otherwise."""
+    if not isinstance(value, list) or not value:
+        kind = "an empty list" if value == [] else type(value).__name__
+        raise ValueError(
+            f"messages must be a non-empty list of {{role, content}} objects, not {kind}"
+        )
+    out = []
+    for i, message in enumerate(value):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise ValueError(f"message {i} is not a {{role, content}} object with a string role")
+        content = message.get("content")
+        if isinstance(content, list):  # OpenAI content parts: the text ones, joined
+            texts = [p.get("text") for p in content if isinstance(p, dict)]
+            if len(texts) != len(content) or not all(isinstance(t, str) for t in texts):
+                raise ValueError(f"message {i}: only text content parts are supported")
+            content = "".join(texts)
+        if not isinstance(content, str):
+            raise ValueError(f"message {i} has no string content")
+        out.append({"role": message["role"], "content": content})
+    return out
+
+
+def with_system(messages: list[dict], system: str | None) -> list[dict]:
+    if system is None or messages[0]["role"] == "system":
+        return messages
+    return [{"role": "system", "content": system}, *messages]
+
+
+class Conversations:
+    """Renders checked conversations to the text the model reads."""
+
+    def __init__(self, tokenizer, system: str | None) -> None:
+        self._tokenizer = tokenizer
+        self.system = system
+        self.has_template = bool(getattr(tokenizer, "chat_template", None))
+
+    def render(self, messages: list[dict]) -> str:
+        """ValueError if there is no template or it fails on these messages."""
+        if not self.has_template:
+            raise ValueError("the model has no chat template to render messages with")
+        try:
+            return self._tokenizer.apply_chat_template(
+                with_system(messages, self.system), tokenize=False, add_generation_prompt=True
+            )
+        except Exception as e:  # a template may raise anything (e.g. on role order)
+            raise ValueError(f"the chat template fails on these messages: {e}") from e
