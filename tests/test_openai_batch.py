@@ -1,0 +1,139 @@
+"""OpenAI Batch files: batch input lines are recognised; --format openai writes batch output."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_pipeline import RecordingEngine, factory, make_config, output, write_jsonl
+
+from bulkgen.config import SamplingParams
+from bulkgen.pipeline import run
+
+# Input lines exactly as the Batch API documents them.
+BATCH = [
+    {"custom_id": "request-1", "method": "POST", "url": "/v1/chat/completions",
+     "body": {"model": "gpt-3.5-turbo-0125", "messages": [
+         {"role": "system", "content": "You are a helpful assistant."},
+         {"role": "user", "content": "Hello world!"}], "max_tokens": 5}},
+    {"custom_id": "request-2", "method": "POST", "url": "/v1/chat/completions",
+     "body": {"model": "gpt-3.5-turbo-0125", "messages": [
+         {"role": "user", "content": "What is the capital of France?"}],
+         "max_completion_tokens": 4, "n": 2, "temperature": 0.8, "seed": 3,
+         "logprobs": True, "top_logprobs": 2}},
+    {"custom_id": "request-3", "method": "POST", "url": "/v1/completions",
+     "body": {"model": "gpt-3.5-turbo-instruct", "prompt": "The quick brown fox",
+              "max_tokens": 3, "stop": ["\n"]}},
+]  # fmt: skip
+
+
+def read_batch_output(folder) -> dict[str, dict]:
+    """How existing tooling reads Batch API results: one JSON object per line, by custom_id."""
+    results = {}
+    for path in sorted(folder.glob("part-*.jsonl")):
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            results[record["custom_id"]] = record
+    return results
+
+
+def test_a_batch_file_round_trips(tmp_path, tiny_model_dir, tiny_tokenizer):
+    path = write_jsonl(tmp_path / "batch.jsonl", BATCH)
+    config = make_config(tmp_path, tiny_model_dir, [path], format="openai", device="cpu")
+    run(config)
+    results = read_batch_output(tmp_path / "out")
+    assert sorted(results) == ["request-1", "request-2", "request-3"]
+    for record in results.values():
+        assert record["id"].startswith("batch_req_") and record["error"] is None
+        assert record["response"]["status_code"] == 200
+    chat = results["request-1"]["response"]["body"]
+    assert chat["object"] == "chat.completion" and chat["model"] == str(tiny_model_dir)
+    [choice] = chat["choices"]
+    assert choice["index"] == 0 and choice["message"]["role"] == "assistant"
+    assert choice["finish_reason"] in ("stop", "length") and choice["logprobs"] is None
+    ids = tiny_tokenizer.apply_chat_template(BATCH[0]["body"]["messages"], tokenize=True,
+                                             add_generation_prompt=True)["input_ids"]  # fmt: skip
+    usage = chat["usage"]
+    assert usage["prompt_tokens"] == len(ids)
+    assert 0 < usage["completion_tokens"] <= 5
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+
+    sampled = results["request-2"]["response"]["body"]
+    assert [c["index"] for c in sampled["choices"]] == [0, 1]
+    assert sampled["usage"]["completion_tokens"] <= 2 * 4
+    for c in sampled["choices"]:
+        content = c["logprobs"]["content"]
+        assert len(content) >= 1 and all(len(t["top_logprobs"]) == 2 for t in content)
+        assert all(t["logprob"] <= 0 and t["bytes"] == list(t["token"].encode()) for t in content)
+
+    text = results["request-3"]["response"]["body"]
+    assert text["object"] == "text_completion" and "\n" not in text["choices"][0]["text"]
+
+
+def test_batch_output_holds_what_a_plain_run_generates(tmp_path, tiny_model_dir):
+    path = write_jsonl(tmp_path / "batch.jsonl", BATCH)
+    run(make_config(tmp_path, tiny_model_dir, [path], format="jsonl", device="cpu"))
+    plain = {(r["id"], r["sample"]): r for r in output(tmp_path / "out")}
+    run(make_config(tmp_path, tiny_model_dir, [path], format="openai", device="cpu",
+                    overwrite=True))  # fmt: skip
+    results = read_batch_output(tmp_path / "out")
+    for (custom_id, sample), row in plain.items():
+        choice = results[custom_id]["response"]["body"]["choices"][sample]
+        assert choice.get("message", {}).get("content", choice.get("text")) == row["text"]
+        assert choice["finish_reason"] == row["finish_reason"]
+
+
+def test_batch_fields_become_row_parameters(tmp_path, tiny_model_dir):
+    path = write_jsonl(tmp_path / "batch.jsonl", BATCH)
+    run(make_config(tmp_path, tiny_model_dir, [path]), factory())
+    params = [p for _, p in RecordingEngine.instances[0].added.values()]
+    assert params[0].max_tokens == 5 and params[0].greedy
+    two = params[1:3]  # request-2's n=2 samples
+    assert [(p.max_tokens, p.temperature, p.logprobs) for p in two] == [(4, 0.8, 2)] * 2
+    assert two[0].seed == 3 and two[1].seed != 3
+    assert (params[3].max_tokens, params[3].stop) == (3, ("\n",))
+    rows = {(r["id"], r["sample"]) for r in output(tmp_path / "out")}
+    assert rows == {("request-1", 0), ("request-2", 0), ("request-2", 1), ("request-3", 0)}
+
+
+def test_a_bad_request_gets_an_error_line(tmp_path, tiny_model_dir):
+    lines = [
+        BATCH[0],
+        {"custom_id": "embed", "method": "POST", "url": "/v1/embeddings", "body": {"input": "x"}},
+        {"custom_id": "bad-messages", "method": "POST", "url": "/v1/chat/completions",
+         "body": {"messages": "hello"}},
+        {"custom_id": "bad-n", "url": "/v1/chat/completions",
+         "body": {"messages": BATCH[0]["body"]["messages"], "n": 0}},
+        {"prompt": "a plain row in a batch file"},
+    ]  # fmt: skip
+    path = write_jsonl(tmp_path / "batch.jsonl", lines)
+    stats = run(make_config(tmp_path, tiny_model_dir, [path], format="openai"), factory())
+    results = read_batch_output(tmp_path / "out")
+    assert results["request-1"]["error"] is None
+    for custom_id, words in [("embed", "/v1/embeddings"), ("bad-messages", "messages"),
+                             ("bad-n", "'n'"), ("batch:4", "custom_id")]:  # fmt: skip
+        record = results[custom_id]
+        assert record["response"] is None and record["error"]["code"] == "invalid_request"
+        assert words in record["error"]["message"]
+    assert stats["errors"] == 4
+
+
+def test_an_interrupted_openai_job_resumes_whole_requests(tmp_path, tiny_model_dir):
+    records = [{"custom_id": f"r{i}", "method": "POST", "url": "/v1/completions",
+                "body": {"prompt": f"p {i}", "n": 3}} for i in range(200)]  # fmt: skip
+    path = write_jsonl(tmp_path / "batch.jsonl", records)
+    sampling = SamplingParams(temperature=0.5, max_tokens=4)
+    config = make_config(tmp_path, tiny_model_dir, [path], format="openai", shard_size=4,
+                         max_num_seqs=8, sampling=sampling)  # fmt: skip
+    with pytest.raises(RuntimeError, match="failed on purpose"):
+        run(config, factory(steps=1, fail_after_steps=60, step_delay=0.003))
+    first = read_batch_output(tmp_path / "out")
+    assert 0 < len(first) < 200
+    run(config, factory(steps=1))
+    lines = [json.loads(line) for p in sorted((tmp_path / "out").glob("part-*.jsonl"))
+             for line in p.read_text().splitlines()]  # fmt: skip
+    assert sorted(r["custom_id"] for r in lines) == sorted(f"r{i}" for i in range(200))
+    for record in lines:
+        assert [c["index"] for c in record["response"]["body"]["choices"]] == [0, 1, 2]
+    # Only the requests with no line were generated again, all three samples of each.
+    assert len(RecordingEngine.instances[0].added) == 3 * (200 - len(first))
