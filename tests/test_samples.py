@@ -14,6 +14,7 @@ from bulkgen.row import Row
 from bulkgen.samples import Samples
 
 SAMPLING = SamplingParams(max_tokens=8, temperature=1.0)
+SEEDED = SamplingParams(max_tokens=8, temperature=1.0, seed=5)
 
 
 def by_pair(rows):
@@ -81,3 +82,26 @@ def test_resume_generates_only_the_pairs_of_a_lost_shard(tmp_path, tiny_model_di
     regenerated = {(r["id"], r["sample"]) for r in map(json.loads, newest.read_text().splitlines())}
     assert regenerated == lost and stats["this_run"]["rows"] == len(lost) == 7
     assert len(RecordingEngine.instances[0].added) == 7
+
+
+def test_samples_share_their_prompt_through_the_prefix_cache(tmp_path, tiny_model_dir):
+    prompt = "Summarise the following text in one sentence, then list three keywords. " * 3
+    path = write_jsonl(tmp_path / "in.jsonl", [{"id": i, "prompt": prompt + i} for i in "abc"])
+    texts, cached = {}, {}
+    for on in (True, False):
+        config = make_config(tmp_path, tiny_model_dir, [path], n=3, device="cpu", overwrite=True,
+                             sampling=SEEDED, prefix_cache=on, max_num_seqs=2)  # fmt: skip
+        run(config)
+        texts[on] = {(r["id"], r["sample"]): r["text"] for r in output(tmp_path / "out")}
+        cached[on] = json.loads((tmp_path / "out" / "stats.json").read_text())
+    assert texts[True] == texts[False]
+    assert cached[True]["cached_prompt_tokens"] > 0 and cached[False]["cached_prompt_tokens"] == 0
+
+
+def test_run_help_lists_the_generation_flags():
+    from test_cli import bulkgen
+
+    help_text = bulkgen("run", "--help").output
+    for flag in ["--n ", "--messages-column", "--system", "--chat", "--stop ", "--stop-token-id",
+                 "--logprobs", "--no-prefix-cache", "openai"]:  # fmt: skip
+        assert flag in help_text
