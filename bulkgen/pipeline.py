@@ -103,6 +103,8 @@ class _Run:
             # rows are counted meanwhile.
             self._spawn("engine", self._engine_thread, engine_factory, requests, results)
             total = self.reader.count()
+            if total is not None:
+                total *= self.config.n  # progress counts samples
             self._wait_for_engine()
             load_time = time.perf_counter() - load_start
             self.job.lock()
