@@ -89,3 +89,12 @@ def test_async_and_sync_agree_on_llama3_8b_shape_bf16():
         results.append([outs[f"{async_loop}-{i}"] for i in range(len(prompts))])
     assert all(len(t) == 64 for t in results[0])
     assert results[0] == results[1]
+
+
+def test_cuda_stats_report_gpu_busy_and_decode_bandwidth(tiny_model_dir):
+    llm = LLM(str(tiny_model_dir), device="cuda", dtype="float32")
+    llm.generate(["Hello"] * 4, SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True))
+    stats = llm.engine.stats
+    assert stats["copy_bandwidth_gbs"] > 100
+    assert 0 < stats["decode_bandwidth_efficiency"] < 1.5
+    assert "gpu_busy_pct" in stats  # NVML present on the GPU machine

@@ -83,19 +83,14 @@ class Engine:
         backend = get_backend(cfg.attention, self.device)
         load_format = cfg.load_format if self.model_dir is not None else "dummy"
         model = load_model(self.model_dir, mcfg, backend, self.dtype, self.device, load_format)
+        # The monitor measures copy bandwidth with buffers of its own: before the cache takes
+        # the memory.
+        self.monitor = self._monitor(model, mcfg) if self.device.type == "cuda" else None
         num_blocks = cfg.num_blocks or self._auto_num_blocks(model, mcfg)
         self.runner = ModelRunner(model, mcfg, cfg, self.device, num_blocks, self.max_model_len)
         if self.device.type == "cuda":
             self.runner.warm_up(warmup_plans(cfg, self.max_model_len))
         self.runner.capture_graphs()
-        self.monitor = None
-        if self.device.type == "cuda":
-            weights = sum(p.numel() * p.element_size() for p in model.parameters())
-            weights -= model.model.embed_tokens.weight.numel() * self.dtype.itemsize
-            if model.lm_head is None:  # tied: the embedding table is read as the lm_head
-                weights += model.model.embed_tokens.weight.numel() * self.dtype.itemsize
-            kv_per_token = kv_bytes_per_block(mcfg, 1, self.dtype)
-            self.monitor = GpuMonitor(self.device, weights, kv_per_token)
         blocks = BlockManager(num_blocks, cfg.block_size, cfg.prefix_cache)
         self.scheduler = Scheduler(cfg, blocks, self.max_model_len, self.eos_token_ids)
         self._requests: dict[str, Request] = {}  # unfinished requests by id, for abort()
@@ -106,6 +101,13 @@ class Engine:
         self.async_loop = cfg.async_loop  # settable, so one loaded engine can run both loops
         self.num_steps = 0
         self.startup_s = time.perf_counter() - t0
+
+    def _monitor(self, model, mcfg: ModelConfig) -> GpuMonitor:
+        embed = model.model.embed_tokens.weight.numel() * self.dtype.itemsize
+        weights = sum(p.numel() * p.element_size() for p in model.parameters())
+        # Decode gathers a few embedding rows, but reads the table in full when it is the head.
+        weights -= 0 if model.lm_head is None else embed
+        return GpuMonitor(self.device, weights, kv_bytes_per_block(mcfg, 1, self.dtype))
 
     def _auto_num_blocks(self, model, mcfg: ModelConfig) -> int:
         """KV blocks that fit: on CUDA, measured after a warm-up pass of the largest steps."""

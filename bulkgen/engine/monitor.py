@@ -15,7 +15,7 @@ import time
 import torch
 
 
-def measure_copy_bandwidth(device: torch.device, nbytes: int = 1 << 30) -> float:
+def measure_copy_bandwidth(device: torch.device, nbytes: int = 256 << 20) -> float:
     """Bytes per second of a large device-to-device copy, counting bytes read and written."""
     src = torch.empty(nbytes, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
@@ -28,7 +28,10 @@ def measure_copy_bandwidth(device: torch.device, nbytes: int = 1 << 30) -> float
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) / 1e3)
-    return 2 * nbytes / sorted(times)[len(times) // 2]
+    bandwidth = 2 * nbytes / sorted(times)[len(times) // 2]
+    del src, dst
+    torch.cuda.empty_cache()  # give the buffers back before the KV cache is sized
+    return bandwidth
 
 
 class GpuMonitor:
