@@ -204,3 +204,42 @@ def test_the_shipped_recipes_load(name):
         assert os.path.isfile(source)
     template = recipe.options["prompt_template"]
     assert not template.startswith("@") or os.path.isfile(template[1:])
+
+
+def shipped_rows(name, ids, tmp_path):
+    """A few rows of a shipped data file, as a file of their own."""
+    lines = open(os.path.join(SHIPPED, "data", name)).read().splitlines()
+    path = tmp_path / name
+    path.write_text("".join(line + "\n" for line in lines if json.loads(line)["id"] in ids))
+    return path
+
+
+@pytest.mark.slow
+def test_the_nightly_eval_recipe_scores_the_default_model(tmp_path):
+    ids = ["capital-france", "red-planet", "spider-legs", "add-2-2"]
+    questions = shipped_rows("eval-questions.jsonl", ids, tmp_path)
+    out = tmp_path / "eval"
+    recipe = os.path.join(SHIPPED, "nightly-eval.yaml")
+    result = bulkgen("run", "--recipe", recipe, questions, "-o", out)
+    assert result.exit_code == 0, result.output
+    score = json.loads((out / "stats.json").read_text())["score"]
+    assert score["n"] == 4 and score["correct"] >= 3  # the model knows these
+    assert f"accuracy {score['accuracy']:.1%}" in result.stderr
+
+
+@pytest.mark.slow
+def test_the_synthetic_instructions_recipe_loads_as_a_dataset(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    topics = shipped_rows("topics.jsonl", ["topic-00", "topic-03"], tmp_path)
+    out = tmp_path / "synthetic"
+    recipe = os.path.join(SHIPPED, "synthetic-instructions.yaml")
+    result = bulkgen("run", "--recipe", recipe, topics, "-o", out, "--max-tokens", "48", "-q")
+    assert result.exit_code == 0, result.output
+    files = str(out / "part-*.parquet")
+    ds = datasets.load_dataset("parquet", data_files=files, split="train")
+    assert ds.num_rows == 4 and {"prompt", "text", "sample", "topic", "task"} <= set(ds.features)
+    pairs = {(r["id"], r["sample"]) for r in ds}
+    assert pairs == {("topic-00", 0), ("topic-00", 1), ("topic-03", 0), ("topic-03", 1)}
+    by_id = {r["id"]: r for r in ds}
+    assert by_id["topic-03"]["prompt"] == "Give three practical tips about budgeting for students."
+    assert all(r["error"] is None and r["text"] for r in ds)
