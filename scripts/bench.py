@@ -22,30 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-LLAMA3_8B = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "vocab_size": 128256,
-    "hidden_size": 4096,
-    "intermediate_size": 14336,
-    "num_hidden_layers": 32,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "rms_norm_eps": 1e-5,
-    "rope_theta": 500000.0,
-    "max_position_embeddings": 131072,
-    "rope_scaling": {
-        "rope_type": "llama3",
-        "factor": 8.0,
-        "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 8192,
-    },
-    "bos_token_id": 128000,
-    "eos_token_id": 128001,
-    "tie_word_embeddings": False,
-    "torch_dtype": "bfloat16",
-}
+from bulkgen.model.shapes import LLAMA3_8B as _LLAMA3_8B
+
+LLAMA3_8B = dict(_LLAMA3_8B)
 KV_BYTES_PER_TOKEN = 2 * 32 * 8 * 128 * 2  # K and V, 32 layers, 8 kv heads, head_dim 128, bf16
 
 

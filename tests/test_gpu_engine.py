@@ -8,26 +8,12 @@ import torch
 from bulkgen import LLM, SamplingParams
 from bulkgen.config import EngineConfig
 from bulkgen.engine.engine import Engine
+from bulkgen.model.shapes import LLAMA3_8B
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
-
-LLAMA3_8B = {
-    "architectures": ["LlamaForCausalLM"],
-    "vocab_size": 128256,
-    "hidden_size": 4096,
-    "intermediate_size": 14336,
-    "num_hidden_layers": 32,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "rms_norm_eps": 1e-5,
-    "rope_theta": 500000.0,
-    "max_position_embeddings": 8192,
-    "eos_token_id": 128001,
-    "tie_word_embeddings": False,
-}
 
 
 @pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "qwen3"])
@@ -71,7 +57,7 @@ def test_async_and_sync_agree_on_llama3_8b_shape_bf16():
     cfg = EngineConfig(
         model="llama3-8b-dummy", load_format="dummy", max_model_len=4096, prefix_cache=False
     )
-    engine = Engine(cfg, model_config=LLAMA3_8B)
+    engine = Engine(cfg, model_config=dict(LLAMA3_8B))
     gen = torch.Generator().manual_seed(0)
     prompts = [
         torch.randint(1000, 120000, (int(n),), generator=gen).tolist()

@@ -1,0 +1,33 @@
+"""Model shapes for benchmarks and tests with dummy weights (no checkpoint needed)."""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+
+# Llama-3.1-8B: what DESIGN.md's roofline figures and scripts/bench.py are measured on.
+LLAMA3_8B = MappingProxyType(
+    {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": 128256,
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0,
+        "max_position_embeddings": 131072,
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+        "bos_token_id": 128000,
+        "eos_token_id": 128001,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+    }
+)
