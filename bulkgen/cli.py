@@ -247,6 +247,28 @@ def _use_recipe(ctx: click.Context, param: click.Parameter, value: str | None) -
     help="Delete the shards of an earlier job in --out "
     "and start over, even if its settings differ.",
 )
+# ---- scaling out (issue 6) ----
+@click.option(
+    "--data-parallel",
+    "--gpus",
+    "data_parallel",
+    metavar="N|all",
+    default=None,
+    help="Run N engine workers, one per GPU (all: every GPU; without GPUs, N CPU workers). Rows "
+    "are shared out by a hash of their id; each worker writes its own part-wII-* shards, and a "
+    "rerun resumes with any N.",
+)
+@click.option(
+    "--ray",
+    "ray_address",
+    metavar="[ADDRESS]",
+    is_flag=False,
+    flag_value="",
+    default=None,
+    help="Run the workers as Ray actors (pip install 'bulkgen[ray]') on the cluster at ADDRESS "
+    "(auto, ray://HOST:10001); with no ADDRESS, RAY_ADDRESS's cluster or a local Ray. --out "
+    "must be a folder every node shares.",
+)
 def run(inputs, model, out, prompt_column, prompt_template, id_column, keep_columns, fmt,
         shard_size, max_tokens, temperature, top_p, top_k, min_p, seed, chat_template,
         dtype, device, max_num_seqs, max_batch_tokens, kv_memory, sync, quiet,
@@ -264,7 +286,11 @@ def run(inputs, model, out, prompt_column, prompt_template, id_column, keep_colu
     from bulkgen.run_config import RunConfig
     from bulkgen.text.prompt_template import template_source
 
+    ray_address = generation.pop("ray_address")  # scaling out (issue 6)
     try:
+        from bulkgen.parallel import parse_workers
+
+        workers = parse_workers(generation.pop("data_parallel"))
         config = RunConfig(
             inputs=inputs,
             out=out,
@@ -303,7 +329,12 @@ def run(inputs, model, out, prompt_column, prompt_template, id_column, keep_colu
         click.echo(f"error: {e}", err=True)
         sys.exit(1)
     try:
-        stats = run_pipeline(config)
+        if workers is None and ray_address is None:
+            stats = run_pipeline(config)
+        else:
+            from bulkgen.parallel import run_parallel
+
+            stats = run_parallel(config, workers, ray_address)
     except UserError as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(1)

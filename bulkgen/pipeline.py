@@ -40,10 +40,27 @@ _READ_QUEUE, _TOKEN_QUEUE, _RESULT_QUEUE, _WRITE_QUEUE = 4, 8, 256, 16
 _ENGINE_START_TIMEOUT_S = 3600.0
 
 
-def run(config: RunConfig, engine_factory: EngineFactory | None = None) -> dict:
-    """Run the job in config; return the stats also written to DIR/stats.json."""
+def run(config: RunConfig, engine_factory: EngineFactory | None = None, worker=None) -> dict:
+    """Run the job in config; return the stats also written to DIR/stats.json.
+
+    worker: a data-parallel worker's Share of the job (bulkgen/parallel.py); its parent checks,
+    locks and prepares the folder and writes stats.json.
+    """
     job = JobDir(config.out)
-    job.check(config.job_settings(), config.overwrite)
+    if worker is None:
+        job.check(config.job_settings(), config.overwrite)
+    reader, model_dir, tokenizer, tokenize = checked_parts(config)
+    try:
+        return _Run(config, job, reader, model_dir, tokenizer, tokenize, worker).go(
+            engine_factory or _default_engine_factory()
+        )
+    finally:
+        job.unlock()
+
+
+def checked_parts(config: RunConfig) -> tuple:
+    """What a user can get wrong about the inputs and the model, checked before any work: the
+    reader, the model folder, its tokenizer and the tokenizer stage."""
     template = None if config.prompt_template is None else PromptTemplate(config.prompt_template)
     reader = Reader(
         find_sources(config.inputs, exclude=config.out),
@@ -64,19 +81,15 @@ def run(config: RunConfig, engine_factory: EngineFactory | None = None) -> dict:
     )
     if template is not None:
         tokenize = RenderPrompts(template, tokenize)
-    try:
-        return _Run(config, job, reader, model_dir, tokenizer, tokenize).go(
-            engine_factory or _default_engine_factory()
-        )
-    finally:
-        job.unlock()
+    return reader, model_dir, tokenizer, tokenize
 
 
 class _Run:
     """The threads of one run and what they share: the stop event and the first failure."""
 
-    def __init__(self, config, job, reader, model_dir, tokenizer, tokenize) -> None:
+    def __init__(self, config, job, reader, model_dir, tokenizer, tokenize, worker=None) -> None:
         self.config: RunConfig = config
+        self.worker = worker  # a data-parallel worker's Share, or None for the whole job
         self.job: JobDir = job
         self.reader: Reader = reader
         self.model_dir: Path = model_dir
@@ -102,14 +115,18 @@ class _Run:
             # The engine loads first: a bad model must fail before anything is written. The
             # rows are counted meanwhile.
             self._spawn("engine", self._engine_thread, engine_factory, requests, results)
-            total = self.reader.count()
+            total = self.reader.count() if self.worker is None else None
             if total is not None:
                 total *= self.config.n  # progress counts samples
             self._wait_for_engine()
             load_time = time.perf_counter() - load_start
-            self.job.lock()
-            done = self.job.prepare(self._record(), self.config.overwrite)
-            progress = Progress(total, done.rows, done.errors, self.config.quiet)
+            if self.worker is None:
+                self.job.lock()
+                done = self.job.prepare(self._record(), self.config.overwrite)
+            else:  # the parent has prepared the folder; the worker scans it for its share
+                done = self.worker.start(self.job)
+            report = None if self.worker is None else self.worker.report
+            progress = Progress(total, done.rows, done.errors, self.config.quiet, report)
             batch_files = self.reader.has_batch_files()  # their rows may ask for n, logprobs
             writer = ShardWriter(
                 Path(self.config.out),
@@ -120,9 +137,12 @@ class _Run:
                 samples=self.config.n > 1 or batch_files,
                 logprobs=self.config.sampling.logprobs is not None or batch_files,
                 model=self.config.model,
+                prefix="" if self.worker is None else self.worker.prefix,
             )
             samples = Samples(self.config.sampling, self.config.n, self.job.job_seed())
             resume = Resume(done, self.config.n)
+            if self.worker is not None:
+                resume = self.worker.keep(resume)
             self._spawn("reader", stages.read, self.reader, resume, rows_in)
             self._spawn("tokenizer", stages.tokenize, self.tokenize, samples, rows_in, requests)
             self._spawn("stop-watcher", self.watcher.run)
@@ -141,7 +161,8 @@ class _Run:
         if self.failure is not None:
             raise self.failure
         stats = self._stats(done, progress, writer, load_time)
-        write_json_atomic(Path(self.config.out) / STATS_FILE, stats)
+        if self.worker is None:
+            write_json_atomic(Path(self.config.out) / STATS_FILE, stats)
         return stats
 
     def _spawn(self, name: str, fn, *args) -> threading.Event:
@@ -191,15 +212,7 @@ class _Run:
     # Records.
 
     def _record(self) -> dict:
-        return {
-            "settings": self.config.job_settings(),
-            "inputs": list(self.config.inputs),
-            "model_path": str(self.model_dir),
-            "bulkgen_version": bulkgen_version(),
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            # Seeds sampled rows without --seed: a rerun into this folder samples the same.
-            "job_seed": random.getrandbits(62),
-        }
+        return job_record(self.config, self.model_dir)
 
     def _stats(self, done: Done, progress: Progress, writer: ShardWriter, load_time: float) -> dict:
         run = progress.counts
@@ -228,6 +241,19 @@ class _Run:
         }
         # Engine-side figures (GPU busy and the like) join in, without replacing ours.
         return {**{k: v for k, v in self.engine_stats.items() if k not in stats}, **stats}
+
+
+def job_record(config: RunConfig, model_dir: Path) -> dict:
+    """What job.json records of a job when it starts."""
+    return {
+        "settings": config.job_settings(),
+        "inputs": list(config.inputs),
+        "model_path": str(model_dir),
+        "bulkgen_version": bulkgen_version(),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        # Seeds sampled rows without --seed: a rerun into this folder samples the same.
+        "job_seed": random.getrandbits(62),
+    }
 
 
 def bulkgen_version() -> str:

@@ -27,12 +27,13 @@ SETTINGS_FILE = "job.json"
 STATS_FILE = "stats.json"
 LOCK_FILE = ".lock"
 TEMP_PREFIX = ".part-"  # a shard being written; never matches part-*
-_SHARD = re.compile(r"part-(\d+)\.(parquet|jsonl)")
+# part-NNNNN, or part-wII-NNNNN: a data-parallel worker's own numbering (bulkgen/parallel.py).
+_SHARD = re.compile(r"part-((?:w\d+-)?)(\d+)\.(parquet|jsonl)")
 _SUMMARY_COLUMNS = ["id", "finish_reason", "prompt_tokens", "completion_tokens"]
 
 
-def shard_name(index: int, fmt: str) -> str:
-    return f"part-{index:05d}.{fmt}"
+def shard_name(index: int, fmt: str, prefix: str = "") -> str:
+    return f"part-{prefix}{index:05d}.{fmt}"
 
 
 @dataclass
@@ -110,7 +111,9 @@ class JobDir:
             write_json_atomic(self.path / SETTINGS_FILE, record)
         return self.scan()
 
-    def scan(self) -> Done:
+    def scan(self, prefix: str = "") -> Done:
+        """What all complete shards hold, whoever wrote them; next_index numbers the shards
+        named with prefix (a data-parallel worker's), so each writer continues its own."""
         done = Done()
         masks: dict[str, int] = {}
         for path in self._shards():
@@ -126,7 +129,9 @@ class JobDir:
             done.prompt_tokens += pc.sum(table.column("prompt_tokens")).as_py() or 0
             done.completion_tokens += pc.sum(table.column("completion_tokens")).as_py() or 0
             done.shards.append(path.name)
-            done.next_index = max(done.next_index, int(_SHARD.fullmatch(path.name)[1]) + 1)
+            match = _SHARD.fullmatch(path.name)
+            if match[1] == prefix:
+                done.next_index = max(done.next_index, int(match[2]) + 1)
         done.samples = {row_id: mask for row_id, mask in masks.items() if mask != 1}
         return done
 

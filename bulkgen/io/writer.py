@@ -42,9 +42,12 @@ class ShardWriter:
         samples: bool = False,
         logprobs: bool = False,
         model: str = "",
+        prefix: str = "",
     ) -> None:
         """samples: write a `sample` column; logprobs: `logprobs` and `top_logprobs` columns;
-        model: the model name of --format openai lines."""
+        model: the model name of --format openai lines; prefix: in shard names after `part-`
+        (a data-parallel worker's `wII-`)."""
+        self.prefix = prefix
         self.out = Path(out)
         self.fmt = fmt
         self.samples = samples
@@ -87,7 +90,8 @@ class ShardWriter:
             self._buffer = []
 
     def _write(self, rows: list[Row]) -> None:
-        name = shard_name(self.next_index, "jsonl" if self.fmt == "openai" else self.fmt)
+        fmt = "jsonl" if self.fmt == "openai" else self.fmt
+        name = shard_name(self.next_index, fmt, self.prefix)
         tmp = self.out / f"{TEMP_PREFIX}{name[len('part-') :]}.tmp"
         with open(tmp, "wb") as f:
             if self.fmt == "parquet":

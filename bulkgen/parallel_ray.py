@@ -1,0 +1,137 @@
+"""Data-parallel workers as Ray actors: `bulkgen run ... --ray [ADDRESS]` (bulkgen[ray]).
+
+Ray starts, places and restarts the workers; bulkgen adds no cluster manager. Each actor (one GPU,
+or one CPU on a cluster without GPUs) runs the pipeline on its share of the rows, as a worker
+process does (parallel.py), writing part-wII-* shards into --out, which every node must share.
+When an actor or its node dies, Ray restarts it (max_restarts) and calls its run again
+(max_task_retries): the new attempt discards the half-written shards of the dead one and skips the
+rows of complete shards, so each row ends up in exactly one shard. The driver (this process)
+checks, locks and prepares the folder, shows the progress bar and writes stats.json.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from pathlib import Path
+
+from bulkgen.engine.fake import FAKE_ENGINE_ENV
+from bulkgen.errors import UserError
+from bulkgen.io.job import STATS_FILE, JobDir, write_json_atomic
+from bulkgen.parallel import Share, job_stats, worker_count, worker_list
+from bulkgen.progress import Progress
+from bulkgen.run_config import RunConfig
+
+# Ray retries a worker this many times; each retry resumes from the complete shards.
+MAX_RESTARTS = 4
+_POLL_S = 0.1
+
+
+def actor_name(out: str, index: int) -> str:
+    """The Ray name of a job's worker actor (one job per folder: the folder is locked)."""
+    return f"bulkgen:{Path(out).resolve()}:w{index:02d}"
+
+
+class RayWorker:
+    """A worker actor. Made with ray.remote(RayWorker) only when --ray is used."""
+
+    def run(self, index: int, count: int, config: RunConfig, progress) -> dict:
+        from bulkgen import pipeline
+
+        share = Share(index, count, report=lambda counts: progress.put((index, counts)))
+        return pipeline.run(config, worker=share)
+
+
+def run_ray(config: RunConfig, workers: int | str | None, address: str | None) -> dict:
+    try:
+        import ray
+        from ray.util.queue import Queue
+    except ImportError:
+        raise UserError("--ray needs Ray: pip install 'bulkgen[ray]'") from None
+    from bulkgen import pipeline
+
+    job = JobDir(config.out)
+    job.check(config.job_settings(), config.overwrite)
+    reader, model_dir, _, _ = pipeline.checked_parts(config)
+    total = reader.count()
+    connected = ray.is_initialized()
+    if not connected:
+        try:
+            ray.init(address=address, logging_level=logging.WARNING)
+        except ConnectionError as e:
+            raise UserError(f"--ray {address or ''}: cannot reach a Ray cluster: {e}") from e
+    actors: list = []
+    try:
+        resources = ray.cluster_resources()
+        gpus = int(resources.get("GPU", 0)) if config.device != "cpu" else 0
+        count = worker_count(workers, gpus, "the Ray cluster")
+        slots = gpus or int(resources.get("CPU", 0))
+        if count > slots:  # an autoscaling cluster may add nodes; a fixed one never starts them
+            print(f"bulkgen: {count} workers, the Ray cluster has {slots} now", flush=True)
+        job.lock()
+        start = job.prepare(pipeline.job_record(config, model_dir), config.overwrite)
+        progress_queue = Queue(actor_options={"num_cpus": 0})
+        worker_config = dataclasses.replace(
+            config, quiet=True, overwrite=False, device="cuda" if gpus else config.device
+        )
+        options = {
+            "num_cpus": 1,
+            "num_gpus": 1 if gpus else 0,
+            "max_restarts": MAX_RESTARTS,
+            "max_task_retries": MAX_RESTARTS,
+        }
+        if os.environ.get(FAKE_ENGINE_ENV):  # tests: the actors use the FakeEngine too
+            options["runtime_env"] = {"env_vars": {FAKE_ENGINE_ENV: os.environ[FAKE_ENGINE_ENV]}}
+        remote = ray.remote(RayWorker)
+        calls = {}
+        for i in range(count):
+            actor = remote.options(name=actor_name(config.out, i), **options).remote()
+            actors.append(actor)
+            calls[actor.run.remote(i, count, worker_config, progress_queue)] = i
+        progress = Progress(total and total * config.n, start.rows, start.errors, config.quiet)
+        worker_stats = _wait(ray, calls, progress_queue, progress, config.out)
+        wall = progress.counts.elapsed
+        progress.close()
+        stats = job_stats(config, model_dir, job, start, progress.counts, wall, 0.0)
+    finally:
+        for actor in actors:
+            ray.kill(actor, no_restart=True)
+        if not connected:
+            ray.shutdown()
+        job.unlock()
+    # The actors load their engines while the progress bar's clock runs: wall_time_s has it.
+    stats["load_time_s"] = round(max(s["load_time_s"] for s in worker_stats.values()), 3)
+    stats["workers"] = worker_list(worker_stats)
+    stats["data_parallel"] = {"workers": count, "backend": "ray", "gpus": gpus}
+    write_json_atomic(Path(config.out) / STATS_FILE, stats)
+    return stats
+
+
+def _wait(ray, calls: dict, progress_queue, progress: Progress, out: str) -> dict[int, dict]:
+    """Until every actor's run has returned, feeding the progress bar; a UserError if one fails
+    for good (its own error, or Ray's restarts ran out)."""
+    pending = list(calls)
+    results: dict[int, dict] = {}
+    while pending:
+        finished, pending = ray.wait(pending, num_returns=len(pending), timeout=_POLL_S)
+        for ref in finished:
+            i = calls[ref]
+            try:
+                results[i] = ray.get(ref)
+            except ray.exceptions.RayTaskError as e:
+                cause = e.cause
+                if isinstance(cause, UserError):
+                    raise UserError(f"data-parallel worker {i}: {cause}") from None
+                raise UserError(
+                    f"data-parallel worker {i} failed: {type(cause).__name__}: {cause}; "
+                    f"rerun the same command to resume into {out}"
+                ) from None
+            except ray.exceptions.RayActorError as e:
+                raise UserError(
+                    f"data-parallel worker {i}: its actor died {MAX_RESTARTS + 1} times "
+                    f"({e.__class__.__name__}); rerun the same command to resume into {out}"
+                ) from None
+        for _, counts in progress_queue.get_nowait_batch(progress_queue.qsize()):
+            progress.add_counts(counts)
+    return results
