@@ -166,7 +166,7 @@ def score_folder(
     }
     if baseline is not None:
         base = score_rows(read_results(baseline), reference_column, str(baseline))
-        both = [key for key in score.correct if key in base.correct]
+        both = sorted(key for key in score.correct if key in base.correct)
         section["baseline"] = {
             "path": str(baseline),
             "accuracy": round(base.accuracy, 4),
