@@ -83,10 +83,13 @@ def test_batch_output_holds_what_a_plain_run_generates(tmp_path, tiny_model_dir)
         assert choice["finish_reason"] == row["finish_reason"]
 
 
-def test_batch_fields_become_row_parameters(tmp_path, tiny_model_dir):
+def test_batch_fields_become_row_parameters(tmp_path, tiny_model_dir, tiny_tokenizer):
     path = write_jsonl(tmp_path / "batch.jsonl", BATCH)
     run(make_config(tmp_path, tiny_model_dir, [path]), factory())
     params = [p for _, p in RecordingEngine.instances[0].added.values()]
+    prompts = [ids for ids, _ in RecordingEngine.instances[0].added.values()]
+    # A completions request is a raw text completion: no chat template around its prompt.
+    assert prompts[3] == tiny_tokenizer("The quick brown fox")["input_ids"]
     assert params[0].max_tokens == 5 and params[0].greedy
     two = params[1:3]  # request-2's n=2 samples
     assert [(p.max_tokens, p.temperature, p.logprobs) for p in two] == [(4, 0.8, 2)] * 2

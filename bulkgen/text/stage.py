@@ -32,6 +32,8 @@ class Tokenize:
         template = ChatTemplate(tokenizer, system) if chat_template else None
         self.encoder = PromptEncoder(tokenizer, template)
         self.encode = self.encoder.encode
+        # OpenAI /v1/completions rows are raw text completions: never templated.
+        self.encode_plain = PromptEncoder(tokenizer, None).encode
         self.vocab_size = vocab_size
         self.chat_template = chat_template
         self.conversations = Conversations(tokenizer, system)
@@ -40,6 +42,7 @@ class Tokenize:
         texts: list[str] = []
         text_rows: list[Row] = []
         chats: list[Row] = []
+        plain: list[Row] = []
         for row in rows:
             if row.error is not None:
                 continue
@@ -56,7 +59,9 @@ class Tokenize:
             prompt = row.prompt
             if isinstance(prompt, str):
                 row.prompt_text = prompt
-                if prompt:
+                if prompt and row.api == "text" and self.chat_template:
+                    plain.append(row)
+                elif prompt:
                     texts.append(prompt)
                     text_rows.append(row)
                 else:
@@ -65,12 +70,16 @@ class Tokenize:
                 self._check_ids(row, prompt)
             else:
                 row.fail(_problem(prompt))
+        pairs = []
         if texts:
-            for row, ids in zip(text_rows, self.encode(texts), strict=True):
-                if ids:
-                    row.prompt_ids = ids
-                else:  # e.g. only whitespace, which some tokenizers drop
-                    row.fail("prompt has no tokens")
+            pairs += zip(text_rows, self.encode(texts), strict=True)
+        if plain:
+            pairs += zip(plain, self.encode_plain([r.prompt for r in plain]), strict=True)
+        for row, ids in pairs:
+            if ids:
+                row.prompt_ids = ids
+            else:  # e.g. only whitespace, which some tokenizers drop
+                row.fail("prompt has no tokens")
         if chats:
             encoded = self.encoder.encode_rendered([r.prompt_text for r in chats])
             for row, ids in zip(chats, encoded, strict=True):
