@@ -14,7 +14,7 @@ from bulkgen.pipeline import run
 from bulkgen.text.stage import Detokenize
 from bulkgen.text.stop import StopWatcher, cut_at_stop
 
-LONG = 200
+LONG = 100
 
 
 def greedy(max_tokens, **kw):
