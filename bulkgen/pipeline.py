@@ -117,7 +117,8 @@ class _Run:
             self._spawn("engine", self._engine_thread, engine_factory, requests, results)
             total = self.reader.count() if self.worker is None else None
             if total is not None:
-                total *= self.config.n  # progress counts samples
+                # Progress counts samples; a batch file's rows may each ask for their own n.
+                total = None if self.reader.has_batch_files() else total * self.config.n
             self._wait_for_engine()
             load_time = time.perf_counter() - load_start
             if self.worker is None:
