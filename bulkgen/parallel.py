@@ -308,6 +308,11 @@ def _worker_main(index, count, config, gpu, threads, messages, go) -> None:
     # Ctrl-C reaches the parent alone, which passes it on once (see _Parent.interrupt).
     os.setpgrp()
     _exit_with(multiprocessing.parent_process())
+    # tqdm would make a multiprocessing lock, which a killed worker leaves to the resource
+    # tracker's "leaked semaphore" warning; this process's bar is off anyway.
+    from tqdm import tqdm
+
+    tqdm.set_lock(threading.RLock())
 
     def ready() -> None:
         messages.put(("ready", index, None))

@@ -1,0 +1,216 @@
+"""--data-parallel N and --ray: N workers share the rows by a hash of their id, each row once.
+
+Without GPUs the workers run on the CPU, which is how these tests run them. The runs that must
+last long enough to be killed use the FakeEngine (BULKGEN_FAKE_ENGINE, a switch for tests) with a
+delay per step; the tokenizer, reader, writer and job folder are the real ones.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from bulkgen.cli import main
+from bulkgen.engine.fake import FAKE_ENGINE_ENV
+from bulkgen.parallel import owner
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def write_prompts(path: Path, count: int) -> Path:
+    path.write_text(
+        "".join(json.dumps({"prompt": f"Question number {i}?"}) + "\n" for i in range(count))
+    )
+    return path
+
+
+def shard_rows(out: Path) -> list[dict]:
+    return [r for p in sorted(out.glob("part-*.parquet")) for r in pq.read_table(p).to_pylist()]
+
+
+def rows_done(out: Path, pattern: str = "part-*.parquet") -> int:
+    return sum(pq.read_metadata(p).num_rows for p in out.glob(pattern))
+
+
+def wait_until(condition, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def test_rows_go_to_workers_by_a_stable_hash_of_their_id():
+    assert [owner(f"in:{i}", 2) for i in range(8)] == [owner(f"in:{i}", 2) for i in range(8)]
+    assert (
+        owner("in:0", 3)
+        == int.from_bytes(__import__("hashlib").blake2b(b"in:0", digest_size=8).digest(), "little")
+        % 3
+    )
+    shares = [owner(f"in:{i}", 4) for i in range(4000)]
+    assert all(800 < shares.count(k) < 1200 for k in range(4))
+
+
+def test_two_workers_give_the_greedy_outputs_of_one(tmp_path, tiny_model_dir):
+    prompts = write_prompts(tmp_path / "in.jsonl", 12)
+    common = [prompts, "-m", tiny_model_dir, "--max-tokens", "8", "--device", "cpu", "-q",
+              "--shard-size", "4"]  # fmt: skip
+    runner = CliRunner()
+    one = runner.invoke(main, ["run", *map(str, common), "-o", str(tmp_path / "one")])
+    assert one.exit_code == 0, one.output
+    two = runner.invoke(
+        main, ["run", *map(str, common), "-o", str(tmp_path / "two"), "--data-parallel", "2"]
+    )
+    assert two.exit_code == 0, two.output
+    single = {r["id"]: r for r in shard_rows(tmp_path / "one")}
+    rows = shard_rows(tmp_path / "two")
+    assert sorted(r["id"] for r in rows) == sorted(single) == sorted(f"in:{i}" for i in range(12))
+    for row in rows:
+        assert row["text"] == single[row["id"]]["text"]
+        assert row["completion_tokens"] == single[row["id"]]["completion_tokens"]
+    # Each worker wrote its own rows into shards of its own.
+    for k in (0, 1):
+        ids = [r["id"] for p in (tmp_path / "two").glob(f"part-w0{k}-*.parquet")
+               for r in pq.read_table(p).to_pylist()]  # fmt: skip
+        assert ids and all(owner(row_id, 2) == k for row_id in ids)
+    stats = json.loads((tmp_path / "two" / "stats.json").read_text())
+    assert stats["rows"] == 12 and stats["this_run"]["rows"] == 12
+    assert [w["worker"] for w in stats["workers"]] == [0, 1]
+    assert sum(w["this_run"]["rows"] for w in stats["workers"]) == 12
+
+
+def test_gpus_all_without_a_gpu_asks_for_a_number(tmp_path, tiny_model_dir):
+    prompts = write_prompts(tmp_path / "in.jsonl", 2)
+    result = CliRunner().invoke(
+        main,
+        [
+            "run",
+            str(prompts),
+            "-m",
+            str(tiny_model_dir),
+            "-o",
+            str(tmp_path / "out"),
+            "--gpus",
+            "all",
+            "--device",
+            "cpu",
+        ],  # fmt: skip
+    )
+    assert result.exit_code == 1
+    assert result.stderr.strip().splitlines() == [
+        "error: --gpus all: this machine has no GPU; pass the number of workers, e.g. "
+        "--data-parallel 2"
+    ]
+    bad = CliRunner().invoke(main, ["run", str(prompts), "-o", "x", "--data-parallel", "two"])
+    assert bad.exit_code == 2 and "number of workers or 'all'" in bad.output
+
+
+def worker_pids(parent: int) -> list[int]:
+    """The spawned worker processes of a parent (its multiprocessing children, not the
+    resource tracker), from /proc."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == parent and b"spawn_main" in cmdline:
+            pids.append(int(entry.name))
+    return pids
+
+
+def test_a_killed_worker_fails_the_job_and_a_rerun_with_another_n_completes_it(
+    tmp_path, tiny_model_dir
+):
+    rows = 3000
+    prompts = write_prompts(tmp_path / "in.jsonl", rows)
+    out = tmp_path / "out"
+    args = [sys.executable, "-m", "bulkgen.cli", "run", str(prompts), "-m", str(tiny_model_dir),
+            "-o", str(out), "-q", "--shard-size", "50", "--max-num-seqs", "16"]  # fmt: skip
+    env = {**os.environ, FAKE_ENGINE_ENV: json.dumps({"steps": 2, "step_delay": 0.02})}
+    proc = subprocess.Popen(
+        [*args, "--data-parallel", "2"], env=env, cwd=REPO, stderr=subprocess.PIPE
+    )
+    try:
+        wait_until(lambda: out.is_dir() and rows_done(out, "part-w*") > 0, timeout=120)
+        workers = worker_pids(proc.pid)
+        assert len(workers) == 2 and 0 < rows_done(out) < rows
+        os.kill(workers[0], signal.SIGKILL)
+        killed_at = time.monotonic()
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert time.monotonic() - killed_at < 10, "the job fails promptly"
+    assert proc.returncode == 1
+    lines = stderr.decode().strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: data-parallel worker "), lines
+    assert f"worker process {workers[0]} was killed by SIGKILL" in lines[0]
+    assert "rerun the same command to resume" in lines[0].lower()
+    assert not worker_pids(proc.pid) and not Path(f"/proc/{workers[1]}").exists()
+    done = rows_done(out)
+    assert done < rows
+
+    rerun = subprocess.run(
+        [*args, "--data-parallel", "3"], env={**env, FAKE_ENGINE_ENV: '{"steps": 1}'},
+        cwd=REPO, capture_output=True, timeout=120,
+    )  # fmt: skip
+    assert rerun.returncode == 0, rerun.stderr.decode()
+    ids = [r["id"] for r in shard_rows(out)]
+    assert len(ids) == len(set(ids)) == rows
+    assert not list(out.glob(".part-*"))
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["rows"] == rows and stats["this_run"]["resumed_after_rows"] == done
+    assert stats["this_run"]["rows"] == rows - done
+
+
+def test_a_ray_actor_killed_mid_way_is_restarted_and_every_row_is_written_once(
+    tmp_path, tiny_model_dir, monkeypatch
+):
+    ray = pytest.importorskip("ray")
+    from bulkgen.parallel import run_parallel
+    from bulkgen.parallel_ray import actor_name
+    from bulkgen.run_config import RunConfig
+
+    rows = 2000
+    prompts = write_prompts(tmp_path / "in.jsonl", rows)
+    out = tmp_path / "out"
+    monkeypatch.setenv(FAKE_ENGINE_ENV, json.dumps({"steps": 2, "step_delay": 0.02}))
+    config = RunConfig(inputs=(str(prompts),), out=str(out), model=str(tiny_model_dir),
+                       shard_size=50, max_num_seqs=16, quiet=True)  # fmt: skip
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    try:
+        result: dict = {}
+
+        def driver() -> None:
+            try:
+                result["stats"] = run_parallel(config, 2, "")
+            except BaseException as e:
+                result["error"] = e
+
+        thread = threading.Thread(target=driver)
+        thread.start()
+        wait_until(lambda: out.is_dir() and rows_done(out, "part-w01-*") > 0, timeout=120)
+        assert 0 < rows_done(out) < rows
+        ray.kill(ray.get_actor(actor_name(str(out), 1)), no_restart=False)
+        thread.join(timeout=120)
+    finally:
+        ray.shutdown()
+    assert "error" not in result, result.get("error")
+    ids = [r["id"] for r in shard_rows(out)]
+    assert len(ids) == len(set(ids)) == rows
+    stats = result["stats"]
+    assert stats["rows"] == rows
+    # The restarted actor resumed after the shards its killed attempt had completed.
+    assert stats["workers"][1]["this_run"]["resumed_after_rows"] > 0
