@@ -64,8 +64,12 @@ def test_relative_paths_resolve_against_the_recipes_folder(tmp_path):
     path = write_recipe(folder, {
         "inputs": ["data/a.jsonl", "/abs/b.jsonl"], "out": "../results/x",
         "prompt_template": "@templates/t.j2", "model": "models/m",
+        "score": {"baseline": "../results/yesterday"},
     })  # fmt: skip
-    options = load_recipe(path, run_command).options
+    recipe = load_recipe(path, run_command)
+    options = recipe.options
+    assert recipe.score == {"reference_column": "answer",
+                            "baseline": str(tmp_path / "results" / "yesterday")}  # fmt: skip
     assert options["inputs"] == [str(folder / "data" / "a.jsonl"), "/abs/b.jsonl"]
     assert options["out"] == str(tmp_path / "results" / "x")
     assert options["prompt_template"] == "@" + str(folder / "templates" / "t.j2")
