@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from bulkgen.config import SamplingParams
+
 
 @dataclass(slots=True, eq=False)
 class Row:
@@ -30,7 +32,7 @@ class Row:
     samples_done: int = 0  # bit k set: sample k is in a complete shard already (resume)
     group: int = 0  # the input row's number in this run: the samples of a row share it
     group_size: int = 1  # how many samples of the row this run generates
-    params: object = None  # its SamplingParams, set before the engine
+    params: SamplingParams | None = None  # set before the engine (samples.py)
     logprobs: list[float] | None = None
     top_logprobs: list | None = None  # per position: (token_id, logprob) pairs, then dicts
     token_texts: list[str] | None = None  # each generated token as text, with logprobs
