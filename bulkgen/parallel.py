@@ -107,13 +107,10 @@ def worker_count(workers: int | str | None, gpus: int, where: str) -> int:
 def run_parallel(config: RunConfig, workers: int | str | None, ray_address: str | None) -> dict:
     """Run the job with data-parallel workers: Ray actors if ray_address is not None (""
     means Ray's default: RAY_ADDRESS, else a local Ray), else processes on this machine."""
-    if config.device.startswith("cuda:"):
-        raise UserError(
-            f"--device {config.device} picks one GPU; leave it out to give each worker its own"
-        )
     if ray_address is not None:
         from bulkgen.parallel_ray import run_ray
 
+        _no_device_index(config)
         return run_ray(config, workers, ray_address or None)
     gpus = _visible_gpus(config)
     count = worker_count(workers, len(gpus), "this machine")
@@ -123,6 +120,7 @@ def run_parallel(config: RunConfig, workers: int | str | None, ray_address: str 
 
     if count == 1:
         return pipeline.run(config)
+    _no_device_index(config)
     job = JobDir(config.out)
     job.check(config.job_settings(), config.overwrite)
     reader, model_dir, _, _ = pipeline.checked_parts(config)
@@ -156,7 +154,7 @@ def run_parallel(config: RunConfig, workers: int | str | None, ray_address: str 
         worker_stats = parent.wait_for("done")
         wall = progress.counts.elapsed
         progress.close()
-        stats = job_stats(config, model_dir, job, start, progress.counts, wall, load_time)
+        stats = job_stats(config, model_dir, job, start, wall, load_time)
         stats["workers"] = worker_list(worker_stats)
     except KeyboardInterrupt:
         parent.interrupt()
@@ -167,6 +165,13 @@ def run_parallel(config: RunConfig, workers: int | str | None, ray_address: str 
     stats["data_parallel"] = {"workers": count, "backend": "processes", "gpus": gpus}
     write_json_atomic(Path(config.out) / STATS_FILE, stats)
     return stats
+
+
+def _no_device_index(config: RunConfig) -> None:
+    if config.device.startswith("cuda:"):
+        raise UserError(
+            f"--device {config.device} picks one GPU; leave it out to give each worker its own"
+        )
 
 
 def _visible_gpus(config: RunConfig) -> list[str]:
@@ -182,12 +187,18 @@ def _visible_gpus(config: RunConfig) -> list[str]:
     return [str(i) for i in range(count)]
 
 
-def job_stats(config, model_dir, job, start: Done, run: Counts, wall: float, load_time) -> dict:
-    """stats.json of a data-parallel job: totals from the complete shards, this run's from
-    the counts the workers sent."""
+def job_stats(config, model_dir, job: JobDir, start: Done, wall: float, load_time) -> dict:
+    """stats.json of a data-parallel job, from what complete shards held at its start and hold
+    now: exact, though a restarted Ray actor sends the progress bar some rows twice."""
     end = job.scan()
     from bulkgen.pipeline import bulkgen_version
 
+    run = Counts(
+        end.rows - start.rows,
+        end.errors - start.errors,
+        end.prompt_tokens - start.prompt_tokens,
+        end.completion_tokens - start.completion_tokens,
+    )
     return {
         "rows": end.rows,
         "errors": end.errors,

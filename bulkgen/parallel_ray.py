@@ -93,7 +93,7 @@ def run_ray(config: RunConfig, workers: int | str | None, address: str | None) -
         worker_stats = _wait(ray, calls, progress_queue, progress, config.out)
         wall = progress.counts.elapsed
         progress.close()
-        stats = job_stats(config, model_dir, job, start, progress.counts, wall, 0.0)
+        stats = job_stats(config, model_dir, job, start, wall, 0.0)
     finally:
         for actor in actors:
             ray.kill(actor, no_restart=True)

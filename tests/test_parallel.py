@@ -152,7 +152,7 @@ def test_a_killed_worker_fails_the_job_and_a_rerun_with_another_n_completes_it(
         _, stderr = proc.communicate(timeout=60)
     finally:
         proc.kill()
-    assert time.monotonic() - killed_at < 10, "the job fails promptly"
+    assert time.monotonic() - killed_at < 15, "the job fails promptly"
     assert proc.returncode == 1
     lines = stderr.decode().strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: data-parallel worker "), lines
@@ -186,7 +186,7 @@ def test_a_ray_actor_killed_mid_way_is_restarted_and_every_row_is_written_once(
     rows = 2000
     prompts = write_prompts(tmp_path / "in.jsonl", rows)
     out = tmp_path / "out"
-    monkeypatch.setenv(FAKE_ENGINE_ENV, json.dumps({"steps": 2, "step_delay": 0.02}))
+    monkeypatch.setenv(FAKE_ENGINE_ENV, json.dumps({"steps": 2, "step_delay": 0.04}))
     config = RunConfig(inputs=(str(prompts),), out=str(out), model=str(tiny_model_dir),
                        shard_size=50, max_num_seqs=16, quiet=True)  # fmt: skip
     ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
@@ -211,6 +211,6 @@ def test_a_ray_actor_killed_mid_way_is_restarted_and_every_row_is_written_once(
     ids = [r["id"] for r in shard_rows(out)]
     assert len(ids) == len(set(ids)) == rows
     stats = result["stats"]
-    assert stats["rows"] == rows
+    assert stats["rows"] == stats["this_run"]["rows"] == rows
     # The restarted actor resumed after the shards its killed attempt had completed.
     assert stats["workers"][1]["this_run"]["resumed_after_rows"] > 0
