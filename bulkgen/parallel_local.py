@@ -1,0 +1,227 @@
+"""Data-parallel workers as processes on this machine: `bulkgen run ... --data-parallel N`.
+
+The parent spawns N workers (never forks: it may have imported torch), worker i on GPU i alone
+(CUDA_VISIBLE_DEVICES, set before it imports torch) or on the CPU. Each loads its engine and says
+so; only then does the parent lock and prepare the folder and let them start, so a bad model fails
+before anything is written. The workers send the counts of the rows they write through a queue to
+the parent's progress bar. A worker that dies or fails ends the job: the parent stops the others
+and raises its error. A worker ends at once if the parent dies, so a rerun never meets one still
+writing. Ctrl-C reaches the parent alone, which passes it on to each worker once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+from bulkgen.errors import UserError
+from bulkgen.io.job import STATS_FILE, JobDir, write_json_atomic
+from bulkgen.parallel import Share, job_stats, no_device_index, worker_count, worker_list
+from bulkgen.progress import Progress
+from bulkgen.run_config import RunConfig
+
+_POLL_S = 0.1
+_INTERRUPT_WAIT_S = 60.0  # for the workers to write out their finished rows after Ctrl-C
+
+
+def run_local(config: RunConfig, workers: int | str | None) -> dict:
+    gpus = _visible_gpus(config)
+    count = worker_count(workers, len(gpus), "this machine")
+    if gpus and count > len(gpus):
+        raise UserError(f"--data-parallel {count}: this machine has {len(gpus)} GPUs")
+    from bulkgen import pipeline
+
+    if count == 1:
+        return pipeline.run(config)
+    no_device_index(config)
+    job = JobDir(config.out)
+    job.check(config.job_settings(), config.overwrite)
+    reader, model_dir, _, _ = pipeline.checked_parts(config)
+    total = reader.count()
+    started = time.perf_counter()
+    # CPU workers share the cores instead of each taking all of them.
+    threads = None if gpus else max(1, (os.cpu_count() or 1) // count)
+    context = multiprocessing.get_context("spawn")  # never fork a process that may hold CUDA
+    messages = context.Queue()
+    go = context.Event()
+    worker_config = dataclasses.replace(
+        config, quiet=True, overwrite=False, device="cuda" if gpus else config.device
+    )
+    procs = []
+    for i in range(count):
+        args = (i, count, worker_config, gpus[i] if gpus else None, threads, messages, go)
+        # daemon: a worker never outlives the parent's normal exit (_exit_with: nor its death).
+        name = f"bulkgen-w{i:02d}"
+        procs.append(context.Process(target=_worker_main, args=args, name=name, daemon=True))
+    parent = _Parent(procs, messages, config.out)
+    try:
+        for proc in procs:
+            proc.start()
+        parent.wait_for("ready")  # every engine loaded: a bad model fails before any write
+        load_time = time.perf_counter() - started
+        job.lock()
+        start = job.prepare(pipeline.job_record(config, model_dir), config.overwrite)
+        go.set()
+        progress = Progress(total and total * config.n, start.rows, start.errors, config.quiet)
+        parent.progress = progress
+        worker_stats = parent.wait_for("done")
+        wall = progress.counts.elapsed
+        progress.close()
+        stats = job_stats(config, model_dir, job, start, wall, load_time)
+        stats["workers"] = worker_list(worker_stats)
+    except KeyboardInterrupt:
+        parent.interrupt()
+        raise
+    finally:
+        parent.stop()
+        job.unlock()
+    stats["data_parallel"] = {"workers": count, "backend": "processes", "gpus": gpus}
+    write_json_atomic(Path(config.out) / STATS_FILE, stats)
+    return stats
+
+
+def _visible_gpus(config: RunConfig) -> list[str]:
+    """The CUDA_VISIBLE_DEVICES value of each GPU a worker may take; none when on the CPU."""
+    if config.device == "cpu":
+        return []
+    import torch
+
+    count = torch.cuda.device_count()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        return [d.strip() for d in visible.split(",")][:count]
+    return [str(i) for i in range(count)]
+
+
+class _Parent:
+    """The parent's side of the worker processes: their messages and their deaths."""
+
+    def __init__(self, procs, messages, out: str) -> None:
+        self.procs: list = procs
+        self.messages = messages
+        self.out = out
+        self.progress: Progress | None = None
+        self.seen: dict[str, dict[int, object]] = {"ready": {}, "done": {}}
+        self.errors: dict[int, str] = {}
+        self.user_errors: dict[int, str] = {}
+
+    def wait_for(self, kind: str) -> dict[int, object]:
+        """Until every worker has sent a message of this kind; a UserError if one fails."""
+        while len(self.seen[kind]) < len(self.procs):
+            self._receive(timeout=_POLL_S)
+            for i, proc in enumerate(self.procs):
+                if proc.exitcode is not None and i not in self.seen["done"]:
+                    self._drain()  # its last words may still be in the queue
+                    if i not in self.seen["done"]:
+                        raise UserError(self._failure(i, proc))
+        return self.seen[kind]
+
+    def _receive(self, timeout: float) -> bool:
+        try:
+            kind, i, value = self.messages.get(timeout=timeout)
+        except queue.Empty:
+            return False
+        if kind == "rows":
+            if self.progress is not None:
+                self.progress.add_counts(value)
+        elif kind == "error":
+            self.errors[i] = value
+        elif kind == "user-error":
+            self.user_errors[i] = value
+        else:
+            self.seen[kind][i] = value
+        return True
+
+    def _drain(self) -> None:
+        while self._receive(timeout=0.2):
+            pass
+
+    def _failure(self, i: int, proc) -> str:
+        code = proc.exitcode
+        if i in self.user_errors:  # the worker's own one-line message (a bad model, say)
+            return f"data-parallel worker {i}: {self.user_errors[i]}"
+        if i in self.errors:
+            what = self.errors[i]
+        elif code < 0:
+            what = f"worker process {proc.pid} was killed by {signal.Signals(-code).name}"
+        else:
+            what = f"worker process {proc.pid} exited with status {code}"
+        return (
+            f"data-parallel worker {i} failed: {what}; the other workers were stopped. "
+            f"Rerun the same command to resume into {self.out}"
+        )
+
+    def interrupt(self) -> None:
+        """Ctrl-C: each worker writes out its finished rows as on Ctrl-C alone, then ends."""
+        for proc in self.procs:
+            if proc.exitcode is None and proc.pid is not None:
+                os.kill(proc.pid, signal.SIGINT)
+        deadline = time.monotonic() + _INTERRUPT_WAIT_S
+        while any(p.exitcode is None for p in self.procs if p.pid) and time.monotonic() < deadline:
+            self._receive(timeout=_POLL_S)
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.exitcode is None and proc.pid is not None:
+                proc.terminate()
+        for proc in self.procs:
+            if proc.pid is not None:
+                proc.join(timeout=10)
+                if proc.exitcode is None:
+                    proc.kill()
+                    proc.join()
+
+
+def _worker_main(index, count, config, gpu, threads, messages, go) -> None:
+    """A worker process: the pipeline on its share. Runs before anything imports torch."""
+    if gpu is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpu
+    if threads is not None:
+        os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    # Ctrl-C reaches the parent alone, which passes it on once (see _Parent.interrupt).
+    os.setpgrp()
+    _exit_with(multiprocessing.parent_process())
+    # tqdm would make a multiprocessing lock, which a killed worker leaves to the resource
+    # tracker's "leaked semaphore" warning; this process's bar is off anyway.
+    from tqdm import tqdm
+
+    tqdm.set_lock(threading.RLock())
+
+    def ready() -> None:
+        messages.put(("ready", index, None))
+        go.wait()
+
+    share = Share(index, count, lambda counts: messages.put(("rows", index, counts)), ready)
+    from bulkgen import pipeline
+
+    try:
+        stats = pipeline.run(config, worker=share)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except UserError as e:
+        messages.put(("user-error", index, str(e)))
+        sys.exit(1)
+    except BaseException as e:
+        traceback.print_exc()  # a bug: its trace goes to stderr
+        messages.put(("error", index, f"{type(e).__name__}: {e}"))
+        sys.exit(1)
+    messages.put(("done", index, stats))
+
+
+def _exit_with(parent) -> None:
+    """End this process at once if the parent dies: it holds the folder's lock, and a rerun
+    must not meet a worker still writing."""
+
+    def watch() -> None:
+        parent.join()
+        os._exit(1)
+
+    threading.Thread(target=watch, name="bulkgen-parent-watch", daemon=True).start()
