@@ -247,3 +247,12 @@ def test_the_synthetic_instructions_recipe_loads_as_a_dataset(tmp_path):
     by_id = {r["id"]: r for r in ds}
     assert by_id["topic-03"]["prompt"] == "Give three practical tips about budgeting for students."
     assert all(r["error"] is None and r["text"] for r in ds)
+
+
+def test_options_added_to_run_are_fields_too(tmp_path):
+    """Fields come from the command's own parameters: the generation flags need no code here."""
+    path = write_recipe(tmp_path, {"n": 3, "stop": "###", "system": "Be brief."})
+    options = load_recipe(path, run_command).options
+    assert options["n"] == 3 and options["stop"] == ["###"] and options["system"] == "Be brief."
+    path = write_recipe(tmp_path, {"stop": ["###", "\n\n"]})
+    assert load_recipe(path, run_command).options["stop"] == ["###", "\n\n"]
