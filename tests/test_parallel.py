@@ -210,6 +210,7 @@ def test_a_ray_actor_killed_mid_way_is_restarted_and_every_row_is_written_once(
     assert "error" not in result, result.get("error")
     ids = [r["id"] for r in shard_rows(out)]
     assert len(ids) == len(set(ids)) == rows
+    assert not list(out.glob(".part-*")), "the killed attempt's temporary shard is gone"
     stats = result["stats"]
     assert stats["rows"] == stats["this_run"]["rows"] == rows
     # The restarted actor resumed after the shards its killed attempt had completed.
