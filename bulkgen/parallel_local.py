@@ -11,6 +11,7 @@ writing. Ctrl-C reaches the parent alone, which passes it on to each worker once
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import multiprocessing
 import os
@@ -47,8 +48,6 @@ def run_local(config: RunConfig, workers: int | str | None) -> dict:
     reader, model_dir, _, _ = pipeline.checked_parts(config)
     total = reader.count()
     started = time.perf_counter()
-    # CPU workers share the cores instead of each taking all of them.
-    threads = None if gpus else max(1, (os.cpu_count() or 1) // count)
     context = multiprocessing.get_context("spawn")  # never fork a process that may hold CUDA
     messages = context.Queue()
     go = context.Event()
@@ -57,14 +56,15 @@ def run_local(config: RunConfig, workers: int | str | None) -> dict:
     )
     procs = []
     for i in range(count):
-        args = (i, count, worker_config, gpus[i] if gpus else None, threads, messages, go)
+        args = (i, count, worker_config, messages, go)
         # daemon: a worker never outlives the parent's normal exit (_exit_with: nor its death).
         name = f"bulkgen-w{i:02d}"
         procs.append(context.Process(target=_worker_main, args=args, name=name, daemon=True))
     parent = _Parent(procs, messages, config.out)
     try:
-        for proc in procs:
-            proc.start()
+        for i, proc in enumerate(procs):
+            with _environ(_worker_env(gpus[i] if gpus else None, count)):
+                proc.start()
         parent.wait_for("ready")  # every engine loaded: a bad model fails before any write
         load_time = time.perf_counter() - started
         job.lock()
@@ -180,12 +180,32 @@ class _Parent:
                     proc.join()
 
 
-def _worker_main(index, count, config, gpu, threads, messages, go) -> None:
-    """A worker process: the pipeline on its share. Runs before anything imports torch."""
+def _worker_env(gpu: str | None, count: int) -> dict[str, str]:
+    """What a worker's environment has from its first instruction, before it imports torch: its
+    one GPU; on the CPU, its part of the cores (unless OMP_NUM_THREADS is set already)."""
     if gpu is not None:
-        os.environ["CUDA_VISIBLE_DEVICES"] = gpu
-    if threads is not None:
-        os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+        return {"CUDA_VISIBLE_DEVICES": gpu}
+    threads = str(max(1, (os.cpu_count() or 1) // count))
+    return {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", threads)}
+
+
+@contextlib.contextmanager
+def _environ(values: dict[str, str]):
+    """os.environ with these values while a process is spawned (it inherits it), then as before."""
+    before = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _worker_main(index, count, config, messages, go) -> None:
+    """A worker process: the pipeline on its share."""
     # Ctrl-C reaches the parent alone, which passes it on once (see _Parent.interrupt).
     os.setpgrp()
     _exit_with(multiprocessing.parent_process())
@@ -213,6 +233,8 @@ def _worker_main(index, count, config, gpu, threads, messages, go) -> None:
         traceback.print_exc()  # a bug: its trace goes to stderr
         messages.put(("error", index, f"{type(e).__name__}: {e}"))
         sys.exit(1)
+    if "CUDA_VISIBLE_DEVICES" in os.environ:  # which GPU it was, for stats.json's "workers"
+        stats["cuda_visible_devices"] = os.environ["CUDA_VISIBLE_DEVICES"]
     messages.put(("done", index, stats))
 
 

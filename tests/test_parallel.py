@@ -87,6 +87,35 @@ def test_two_workers_give_the_greedy_outputs_of_one(tmp_path, tiny_model_dir):
     assert sum(w["this_run"]["rows"] for w in stats["workers"]) == 12
 
 
+def test_worker_i_sees_only_the_ith_gpu_from_its_start(tmp_path, tiny_model_dir, monkeypatch):
+    """GPU ids are faked (the FakeEngine touches no device): what matters is each worker's
+    CUDA_VISIBLE_DEVICES, which it has from its first instruction."""
+    import bulkgen.parallel_local
+
+    monkeypatch.setattr(bulkgen.parallel_local, "_visible_gpus", lambda config: ["3", "5"])
+    monkeypatch.setenv(FAKE_ENGINE_ENV, json.dumps({"steps": 1}))
+    prompts = write_prompts(tmp_path / "in.jsonl", 20)
+    result = CliRunner().invoke(
+        main,
+        [
+            "run",
+            str(prompts),
+            "-m",
+            str(tiny_model_dir),
+            "-o",
+            str(tmp_path / "out"),
+            "--gpus",
+            "all",
+            "-q",
+        ],  # fmt: skip
+    )
+    assert result.exit_code == 0, result.output
+    stats = json.loads((tmp_path / "out" / "stats.json").read_text())
+    assert [w["cuda_visible_devices"] for w in stats["workers"]] == ["3", "5"]
+    assert stats["data_parallel"] == {"workers": 2, "backend": "processes", "gpus": ["3", "5"]}
+    assert "CUDA_VISIBLE_DEVICES" not in os.environ or os.environ["CUDA_VISIBLE_DEVICES"] != "5"
+
+
 def test_gpus_all_without_a_gpu_asks_for_a_number(tmp_path, tiny_model_dir):
     prompts = write_prompts(tmp_path / "in.jsonl", 2)
     result = CliRunner().invoke(
