@@ -73,7 +73,15 @@ def run_ray(config: RunConfig, workers: int | str | None, address: str | None) -
         start = job.prepare(pipeline.job_record(config, model_dir), config.overwrite)
         progress_queue = Queue(actor_options={"num_cpus": 0})
         worker_config = dataclasses.replace(
-            config, quiet=True, overwrite=False, device="cuda" if gpus else config.device
+            config,
+            quiet=True,
+            overwrite=False,
+            device="cuda" if gpus else config.device,
+            # Actors run in folders of Ray's: paths relative to ours would miss. Row ids do not
+            # change (a source is named after the file, or its path below a folder or glob).
+            inputs=tuple(os.path.abspath(path) for path in config.inputs),
+            out=os.path.abspath(config.out),
+            model=str(model_dir.resolve()) if Path(config.model).is_dir() else config.model,
         )
         options = {
             "num_cpus": 1,
