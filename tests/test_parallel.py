@@ -190,6 +190,36 @@ def test_a_killed_worker_fails_the_job_and_a_rerun_with_another_n_completes_it(
     assert stats["this_run"]["rows"] == rows - done
 
 
+def test_workers_end_at_once_when_their_parent_is_killed(tmp_path, tiny_model_dir):
+    """The parent holds the folder's lock: a worker left writing would race a rerun."""
+    prompts = write_prompts(tmp_path / "in.jsonl", 2000)
+    out = tmp_path / "out"
+    args = [sys.executable, "-m", "bulkgen.cli", "run", prompts, "-m", tiny_model_dir, "-o", out,
+            "-q", "--shard-size", "50", "--max-num-seqs", "16", "--data-parallel", "2"]  # fmt: skip
+    env = {**os.environ, FAKE_ENGINE_ENV: json.dumps({"steps": 2, "step_delay": 0.02})}
+    proc = subprocess.Popen([str(a) for a in args], env=env, cwd=REPO)
+    try:
+        wait_until(lambda: out.is_dir() and rows_done(out, "part-w*") > 0, timeout=120)
+        workers = worker_pids(proc.pid)
+        assert len(workers) == 2
+    finally:
+        proc.kill()
+        proc.wait()
+
+    def gone(pid: int) -> bool:
+        try:
+            return (Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]) == "Z"
+        except OSError:
+            return True
+
+    wait_until(lambda: all(gone(pid) for pid in workers), timeout=5)
+    assert all(gone(pid) for pid in workers)
+    written = sorted(p.name for p in out.glob("part-*"))
+    time.sleep(0.5)
+    assert sorted(p.name for p in out.glob("part-*")) == written
+    assert rows_done(out) < 2000
+
+
 def test_a_ray_actor_killed_mid_way_is_restarted_and_every_row_is_written_once(
     tmp_path, tiny_model_dir, monkeypatch
 ):
