@@ -169,7 +169,11 @@ class InputPacker:
         i = self.turn
         self.turn ^= 1
         if self.copied[i] is not None:
-            self.copied[i].synchronize()  # the copy two steps ago has long finished; cheap
+            # This buffer's copy belongs to step N-2, whose done event the engine has already
+            # waited for (it launches N, then waits for N-1), so the copy is complete and this
+            # never waits in the step loop; the check guards callers that launch without waiting.
+            if not self.copied[i].query():
+                self.copied[i].synchronize()
         host_i = self.ints[i][: len(ints)]
         host_f = self.floats[i][: len(floats)]
         host_i.numpy()[:] = ints
