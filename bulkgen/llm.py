@@ -8,6 +8,9 @@ from dataclasses import fields
 from bulkgen.config import EngineConfig, SamplingParams
 from bulkgen.engine.engine import Engine
 from bulkgen.engine.request import RequestOutput
+from bulkgen.text.stop import cut_at_stop
+
+_STOP_CONTEXT = 16  # earlier tokens re-decoded with each step's new ones when watching stops
 
 
 class LLM:
@@ -52,11 +55,49 @@ class LLM:
             ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
             self.engine.add(str(i), ids, params)
         outputs: dict[str, RequestOutput] = {}
+        seen: dict[str, list[int]] = {}  # output so far of requests with stop strings
+        stops = {str(i): p.stop for i, p in enumerate(sampling_params) if p.stop}
         while self.engine.has_unfinished():
             for out in self.engine.step():
                 outputs[out.request_id] = out
+            if stops and self.tokenizer is not None:
+                self._end_at_stops(stops, seen)
         ordered = [outputs[str(i)] for i in range(len(prompts))]
         if self.tokenizer is not None:
-            for out in ordered:
+            for out, params in zip(ordered, sampling_params, strict=True):
                 out.text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+                cut = cut_at_stop(out.text, params.stop) if params.stop else None
+                if cut is not None:  # the authoritative cut, on the whole text
+                    out.text, out.finish_reason = cut, "stop"
         return ordered
+
+    def _end_at_stops(self, stops: dict[str, tuple[str, ...]], seen: dict[str, list[int]]) -> None:
+        """Abort requests whose new text holds a stop string (the window re-decodes a few
+        earlier tokens, so a stop string spanning the last steps is seen too)."""
+        for request_id, new in self.engine.take_progress():
+            ids = seen.setdefault(request_id, [])
+            ids += new
+            tail = self.tokenizer.decode(ids[-(len(new) + _STOP_CONTEXT) :])
+            if cut_at_stop(tail, stops[request_id]) is not None:
+                self.engine.abort(request_id)
+
+    def chat(
+        self,
+        conversations: Sequence[dict] | Sequence[Sequence[dict]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        system: str | None = None,
+    ) -> list[RequestOutput]:
+        """Generate the assistant's next turn of each conversation ([{role, content}, ...])
+        with the model's chat template; `system` adds a system message where none leads."""
+        if conversations and isinstance(conversations[0], dict):
+            conversations = [conversations]
+        prompts = []
+        for messages in conversations:
+            messages = list(messages)
+            if system is not None and (not messages or messages[0].get("role") != "system"):
+                messages = [{"role": "system", "content": system}, *messages]
+            ids = self.tokenizer.apply_chat_template(
+                messages, tokenize=True, add_generation_prompt=True
+            )
+            prompts.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
+        return self.generate(prompts, sampling_params)

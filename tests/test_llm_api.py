@@ -1,0 +1,31 @@
+"""The Python API: stop strings and chat through LLM, like bulkgen run does them."""
+
+from __future__ import annotations
+
+from bulkgen import LLM, SamplingParams
+
+
+def test_generate_cuts_at_a_stop_string_and_ends_early(tiny_model_dir):
+    llm = LLM(str(tiny_model_dir), device="cpu")
+    free = llm.generate(["The quick brown fox"], SamplingParams(max_tokens=60, temperature=0.0,
+                                                                ignore_eos=True))[0]  # fmt: skip
+    stop = free.text[len(free.text) // 3 : len(free.text) // 3 + 3]
+    assert stop.strip() and free.text.index(stop) > 0
+    params = SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True, stop=[stop])
+    out = llm.generate(["The quick brown fox"], params)[0]
+    assert out.text == free.text[: free.text.index(stop)]
+    assert out.finish_reason == "stop"
+    assert len(out.token_ids) < 60, "the request was aborted, not run to max_tokens"
+    assert out.token_ids == free.token_ids[: len(out.token_ids)]
+
+
+def test_chat_renders_the_template_like_transformers(tiny_model_dir, tiny_tokenizer):
+    llm = LLM(str(tiny_model_dir), device="cpu")
+    params = SamplingParams(max_tokens=8, temperature=0.0)
+    conversation = [{"role": "user", "content": "What is the capital of France?"}]
+    out = llm.chat(conversation, params, system="Answer briefly.")[0]
+    messages = [{"role": "system", "content": "Answer briefly."}, *conversation]
+    ids = tiny_tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+    ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    assert out.prompt_token_ids == ids
+    assert out.token_ids == llm.generate([ids], params)[0].token_ids
