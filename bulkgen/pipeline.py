@@ -127,7 +127,9 @@ class _Run:
             else:  # the parent has prepared the folder; the worker scans it for its share
                 done = self.worker.start(self.job)
             report = None if self.worker is None else self.worker.report
-            progress = Progress(total, done.rows, done.errors, self.config.quiet, report)
+            progress = Progress(
+                total, done.rows, done.errors, self.config.quiet, report, self._live_tokens
+            )
             batch_files = self.reader.has_batch_files()  # their rows may ask for n, logprobs
             writer = ShardWriter(
                 Path(self.config.out),
@@ -198,10 +200,15 @@ class _Run:
                     raise UserError(f"cannot load model {self.config.model}: {self.failure}")
                 raise self.failure or TimeoutError("the engine did not start")
 
+    def _live_tokens(self) -> int | None:
+        """The engine's generated-token count (an int read across threads; None if unknown)."""
+        return getattr(getattr(self, "engine", None), "generated_tokens", None)
+
     def _engine_thread(self, factory: EngineFactory, inp: Channel, out: Channel) -> None:
         # The engine is made here: only the thread that made it may call it (it owns the device).
         engine_config = self.config.engine_config(str(self.model_dir))
         engine = factory(engine_config)
+        self.engine = engine
         try:
             self.engine_ready.set()
             bound = 2 * engine_config.max_num_seqs

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -53,12 +54,16 @@ class Progress:
         errors: int,
         quiet: bool,
         report: Callable[[Counts], None] | None = None,
+        live_tokens: Callable[[], int | None] | None = None,
     ) -> None:
         """report: also called with the counts of each batch of rows (a data-parallel worker
-        sends them to its parent's bar)."""
+        sends them to its parent's bar). live_tokens: the engine's count of generated tokens,
+        so tokens/s moves while long completions are still running (rows finish in bursts)."""
         self.counts = Counts()
         self._report = report
         self._errors_before = errors
+        self._live_tokens = live_tokens
+        self._closed = threading.Event()
         self._bar = tqdm(
             total=total,
             initial=done,
@@ -68,6 +73,23 @@ class Progress:
             dynamic_ncols=True,
             smoothing=0.05,
         )
+        if live_tokens is not None and not quiet:
+            threading.Thread(target=self._refresh_loop, daemon=True, name="progress").start()
+
+    def _tokens_per_s(self) -> float:
+        if self._live_tokens is not None:
+            n = self._live_tokens()  # counted from 0 by the engine this run made
+            if n is not None:
+                return n / max(self.counts.elapsed, 1e-9)
+        return self.counts.tokens_per_s
+
+    def _postfix(self) -> str:
+        errors = self._errors_before + self.counts.errors
+        return f"{self._tokens_per_s():,.0f} tok/s, {errors} errors"
+
+    def _refresh_loop(self) -> None:
+        while not self._closed.wait(1.0):
+            self._bar.set_postfix_str(self._postfix(), refresh=True)
 
     def add(self, rows: list[Row]) -> None:
         batch = Counts()
@@ -78,10 +100,9 @@ class Progress:
 
     def add_counts(self, batch: Counts) -> None:
         self.counts.merge(batch)
-        c = self.counts
-        errors = self._errors_before + c.errors
-        self._bar.set_postfix_str(f"{c.tokens_per_s:,.0f} tok/s, {errors} errors", refresh=False)
+        self._bar.set_postfix_str(self._postfix(), refresh=False)
         self._bar.update(batch.rows)
 
     def close(self) -> None:
+        self._closed.set()
         self._bar.close()

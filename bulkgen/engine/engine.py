@@ -172,6 +172,11 @@ class Engine:
         return progress
 
     @property
+    def generated_tokens(self) -> int:
+        """Tokens generated so far (read by the progress bar from its own thread)."""
+        return self.scheduler.num_generated
+
+    @property
     def num_unfinished(self) -> int:
         return len(self._requests)
 
