@@ -1,7 +1,8 @@
 """Reference attention over the paged KV cache in plain torch.
 
-The CPU path and the correctness oracle for the Triton kernels. Loops over sequences (never over
-tokens) using host-side lengths from the plan, so it never syncs with the device.
+The CPU path and the correctness oracle for the Triton kernels. One-token rows (decode) are done
+together over contexts padded to the longest; longer rows loop per sequence (never per token).
+Lengths come from the plan's host-side lists, so it never syncs with the device.
 """
 
 from __future__ import annotations
@@ -44,8 +45,18 @@ def paged_attention(
     if q_lens is None or seq_lens is None:
         raise ValueError("the torch attention backend needs host-side lengths in AttnMetadata")
     out = torch.empty_like(q)
-    start = 0
+    starts = [0]
+    for n in q_lens:
+        starts.append(starts[-1] + n)
+    decode = [b for b, n in enumerate(q_lens) if n == 1]
+    if decode:  # all one-token rows at once: the common case, and per-row loops are slow
+        rows = torch.tensor([starts[b] for b in decode], device=q.device)
+        lens = [seq_lens[b] for b in decode]
+        out[rows] = _decode_rows(q[rows], k_cache, v_cache, meta.block_tables[decode], lens, scale)
     for b, (q_len, seq_len) in enumerate(zip(q_lens, seq_lens, strict=True)):
+        if q_len == 1:
+            continue
+        start = starts[b]
         num_blocks = -(-seq_len // block_size)
         blocks = meta.block_tables[b, :num_blocks].long()
         k = k_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:seq_len].float()
@@ -58,5 +69,37 @@ def paged_attention(
         probs = scores.softmax(dim=-1)
         ob = torch.einsum("hgqk,khd->qhgd", probs, v).reshape(q_len, num_q_heads, head_dim)
         out[start : start + q_len] = ob.to(q.dtype)
-        start += q_len
     return out
+
+
+def _decode_rows(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: list[int],
+    scale: float,
+) -> torch.Tensor:
+    """One query row per sequence, q [B, Hq, D], over contexts padded to the longest."""
+    batch, num_q_heads, head_dim = q.shape
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    width = -(-max(seq_lens) // block_size)
+    lens = torch.tensor(seq_lens, device=q.device)
+    # Table entries past a sequence's own blocks are arbitrary: read block 0 there (masked).
+    owned = (
+        torch.arange(width, device=q.device)[None, :]
+        < (lens[:, None] + block_size - 1) // block_size
+    )
+    blocks = torch.where(owned, block_tables[:, :width].long(), 0)
+    pad = torch.arange(width * block_size, device=q.device)[None, :] >= lens[:, None]
+    # Padding slots may hold anything (NaN included): zero them, since 0 * NaN is NaN.
+    keep = ~pad[:, :, None, None]
+    k = k_cache[blocks].reshape(batch, width * block_size, num_kv_heads, head_dim).float()
+    v = v_cache[blocks].reshape(batch, width * block_size, num_kv_heads, head_dim).float()
+    k, v = torch.where(keep, k, 0.0), torch.where(keep, v, 0.0)
+    qg = q.float().view(batch, num_kv_heads, num_q_heads // num_kv_heads, head_dim)
+    scores = torch.einsum("bhgd,bkhd->bhgk", qg, k) * scale
+    scores.masked_fill_(pad[:, None, None, :], float("-inf"))
+    probs = scores.softmax(dim=-1)
+    out = torch.einsum("bhgk,bkhd->bhgd", probs, v)
+    return out.reshape(batch, num_q_heads, head_dim).to(q.dtype)
