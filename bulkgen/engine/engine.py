@@ -134,9 +134,10 @@ class Engine:
         del probe
         torch.cuda.empty_cache()
         free, _ = torch.cuda.mem_get_info(self.device)
-        # Headroom: the warm-up's peak again (prefill steps allocate as they run), plus 1 GiB
-        # for decode graphs, cuBLAS workspaces and the pinned/device step buffers.
-        budget = int((free - activations - (1 << 30)) * cfg.kv_memory)
+        # Headroom: the warm-up's peak again (prefill steps allocate as they run), plus 2 GiB
+        # for the decode graphs' pool (the sampling variant holds [batch, vocab] temporaries),
+        # cuBLAS workspaces and the step buffers.
+        budget = int((free - activations - (2 << 30)) * cfg.kv_memory)
         if budget < per_block:
             raise ValueError("no device memory left for the KV cache: lower --max-batch-tokens")
         return budget // per_block
