@@ -96,7 +96,6 @@ class Engine:
         self._requests: dict[str, Request] = {}  # unfinished requests by id, for abort()
         self._watched: dict[str, Request] = {}  # the unfinished ones with stop strings
         self._rng = random.Random(cfg.seed)
-        self._arrivals = 0
         self._prev: Step | None = None
         self.async_loop = cfg.async_loop  # settable, so one loaded engine can run both loops
         self.num_steps = 0
@@ -146,8 +145,7 @@ class Engine:
 
     def add(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
         seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
-        req = Request(str(request_id), list(prompt_ids), params, seed, self._arrivals)
-        self._arrivals += 1
+        req = Request(str(request_id), list(prompt_ids), params, seed)
         self._requests[req.request_id] = req
         if params.stop:
             self._watched[req.request_id] = req

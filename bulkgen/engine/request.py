@@ -37,7 +37,6 @@ class Request:
     prompt_ids: list[int]
     params: SamplingParams
     seed: int  # params.seed, or one drawn by the engine when the request was added
-    arrival: int  # admission order; preemption evicts the latest arrival first
     output_ids: list[int] = field(default_factory=list)
     status: Status = Status.WAITING
     block_ids: list[int] = field(default_factory=list)
@@ -52,7 +51,6 @@ class Request:
     last_hash: int | None = None  # chain hash of the last of them
     finish_reason: str | None = None
     error: str | None = None
-    aborted: bool = False
     num_streamed: int = 0  # output tokens already handed out by Engine.take_progress()
     logprobs: list[float] | None = None
     top_logprobs: list[list[tuple[int, float]]] | None = None

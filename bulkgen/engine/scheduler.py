@@ -99,7 +99,6 @@ class Scheduler:
     def abort(self, req: Request) -> None:
         """End a request now with what it has (a stop string was found off the engine thread)."""
         if not req.is_finished:
-            req.aborted = True
             self._finish(req, "stop")
 
     def _finish(self, req: Request, reason: str) -> None:

@@ -38,7 +38,7 @@ def warmup_blocks(cfg: EngineConfig, max_model_len: int) -> int:
 def _plan(lengths: list[int], block_size: int) -> Plan:
     plan, next_block = Plan(), 0
     for i, n in enumerate(lengths):
-        req = Request(f"warmup-{i}", [1] * n, _FILTERED, seed=i, arrival=i)
+        req = Request(f"warmup-{i}", [1] * n, _FILTERED, seed=i)
         count = -(-n // block_size)
         req.block_ids = list(range(next_block, next_block + count))
         next_block += count

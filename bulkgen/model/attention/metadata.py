@@ -26,7 +26,3 @@ class AttnMetadata:
     # from the scheduler's plan, so reading them never waits on the device. None in graphs.
     query_lens_host: list[int] | None = None
     seq_lens_host: list[int] | None = None
-
-    @property
-    def num_seqs(self) -> int:
-        return self.seq_lens.shape[0]
