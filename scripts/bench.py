@@ -16,11 +16,12 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
+from bench_measure import Sampler, measure_ceilings
+from bench_transformers import run_transformers
 
 from bulkgen.model.shapes import LLAMA3_8B as _LLAMA3_8B
 
@@ -76,111 +77,6 @@ def roofline_s(work, bandwidth: float, flops_rate: float, max_num_seqs: int) -> 
 
 
 # ---- measurement helpers ---------------------------------------------------------------------
-
-
-def measure_ceilings() -> dict:
-    import torch
-
-    x = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
-    y = torch.empty_like(x)
-    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-
-    def timed(fn, n):
-        for _ in range(3):
-            fn()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        times = []
-        for _ in range(n):
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        return float(np.median(times))
-
-    copy_s = timed(lambda: y.copy_(x), 20)
-    mm_s = timed(lambda: a @ b, 20)
-    return {
-        "copy_bw_gbs": round(2 * x.numel() / copy_s / 1e9, 1),
-        "bf16_tflops": round(2 * 8192**3 / mm_s / 1e12, 1),
-    }
-
-
-class Sampler:
-    """NVML utilisation and generated-token count every 50 ms, in a background thread."""
-
-    def __init__(self, count_tokens, profile_at: float | None = None) -> None:
-        import pynvml
-
-        pynvml.nvmlInit()
-        self.nvml = pynvml
-        self.handle = pynvml.nvmlDeviceGetHandleByIndex(int(os.environ.get("BENCH_GPU", "0")))
-        self.count_tokens = count_tokens
-        self.series: list[tuple[float, int, int]] = []
-        self.profile_at = profile_at
-        self.profile: dict = {}
-        self.done = threading.Event()
-        self.thread = threading.Thread(target=self._loop, daemon=True)
-
-    def _loop(self) -> None:
-        t0 = time.perf_counter()
-        while not self.done.wait(0.05):
-            util = self.nvml.nvmlDeviceGetUtilizationRates(self.handle).gpu
-            self.series.append((time.perf_counter() - t0, util, self.count_tokens()))
-            if self.profile_at is not None and time.perf_counter() - t0 > self.profile_at:
-                self.profile_at = None
-                self.profile = profile_window(0.4)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.done.set()
-        self.thread.join()
-
-    @property
-    def busy(self) -> float:
-        return float(np.mean([u for _, u, _ in self.series])) if self.series else float("nan")
-
-
-def profile_window(seconds: float) -> dict:
-    """Kernel-level GPU busy (union of kernel intervals) and the top kernels over a short window.
-
-    Run from the sampler thread: CUPTI records every kernel of the process, whichever thread
-    launched it.
-    """
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    try:
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            time.sleep(seconds)
-        spans = sorted(
-            (e.time_range.start, e.time_range.end)
-            for e in prof.events()
-            if e.device_type == torch.autograd.DeviceType.CUDA
-        )
-        busy, cur_start, cur_end = 0.0, None, None
-        for start, end in spans:
-            if cur_end is None or start > cur_end:
-                busy += (cur_end - cur_start) if cur_end is not None else 0.0
-                cur_start, cur_end = start, end
-            else:
-                cur_end = max(cur_end, end)
-        if cur_end is not None:
-            busy += cur_end - cur_start
-        window = (spans[-1][1] - spans[0][0]) if spans else 0.0
-        table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
-        return {
-            "kernel_busy": round(100 * busy / window, 2) if window else None,
-            "kernels": len(spans),
-            "window_us": window,
-            "table": table,
-        }
-    except Exception as e:  # the profile is an extra; never lose the benchmark over it
-        return {"error": repr(e)}
 
 
 def git_commit() -> str:
@@ -277,63 +173,6 @@ def run_bulkgen(args, work, sync: bool, prefix_cache: bool = True) -> dict:
         "profile": holder["sampler"].profile,
         "cached_prompt_tokens": stats.get("cached_prompt_tokens"),
         "prefix_cache": prefix_cache,
-    }
-
-
-def run_transformers(args, work, use_async: bool, device: str = "cuda", shape=None) -> dict:
-    import torch
-    from transformers import AutoModelForCausalLM, GenerationConfig, LlamaConfig
-    from transformers.generation.configuration_utils import ContinuousBatchingConfig
-
-    t0 = time.perf_counter()
-    shape = shape or LLAMA3_8B
-    config = LlamaConfig(**{k: v for k, v in shape.items() if k != "architectures"})
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(
-            config, dtype=torch.bfloat16, attn_implementation="paged|sdpa"
-        ).eval()
-    gen = GenerationConfig(
-        max_new_tokens=max(o for _, o in work), do_sample=False, eos_token_id=None, pad_token_id=0
-    )
-    cb = ContinuousBatchingConfig(use_cuda_graph=device == "cuda", use_async_batching=use_async)
-    produced = [0]
-    try:  # sizes the cache for the workload, as generate_batch does
-        from transformers.generation.continuous_batching.utils import WorkloadHints
-
-        hints = WorkloadHints(
-            max_prompt_length=max(len(p) for p, _ in work),
-            max_generated_length=max(o for _, o in work),
-            num_requests=len(work),
-        )
-    except (ImportError, TypeError):
-        hints = None
-    # Entering the context warms up (captures graphs) before the timer starts.
-    with model.continuous_batching_context_manager(
-        generation_config=gen,
-        continuous_batching_config=cb,
-        block=True,
-        timeout=30,
-        workload_hints=hints,
-    ) as manager:
-        startup = time.perf_counter() - t0
-        with Sampler(lambda: produced[0]) as sampler:
-            t1 = time.perf_counter()
-            for i, (p, o) in enumerate(work):
-                manager.add_request(p, request_id=str(i), max_new_tokens=o)
-            for _ in range(len(work)):
-                res = manager.get_result(timeout=600)
-                if res is None:
-                    break
-                produced[0] += len(res.generated_tokens)
-        wall = time.perf_counter() - t1
-    return {
-        "wall_s": round(wall, 2),
-        "out_tokens": produced[0],
-        "gpu_busy": sampler.busy,
-        "startup_s": round(startup, 1),
-        "peak_mem_gb": round(torch.cuda.max_memory_allocated() / 1e9, 1) if device == "cuda" else 0,
-        "series": sampler.series,
-        "attention": "paged|sdpa (no flash-attn on this machine)",
     }
 
 

@@ -1,0 +1,114 @@
+"""How scripts/bench.py measures the device: ceilings, NVML sampling, a kernel profile window."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import numpy as np
+
+
+def measure_ceilings() -> dict:
+    import torch
+
+    x = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+
+    def timed(fn, n):
+        for _ in range(3):
+            fn()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        times = []
+        for _ in range(n):
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        return float(np.median(times))
+
+    copy_s = timed(lambda: y.copy_(x), 20)
+    mm_s = timed(lambda: a @ b, 20)
+    return {
+        "copy_bw_gbs": round(2 * x.numel() / copy_s / 1e9, 1),
+        "bf16_tflops": round(2 * 8192**3 / mm_s / 1e12, 1),
+    }
+
+
+class Sampler:
+    """NVML utilisation and generated-token count every 50 ms, in a background thread."""
+
+    def __init__(self, count_tokens, profile_at: float | None = None) -> None:
+        import pynvml
+
+        pynvml.nvmlInit()
+        self.nvml = pynvml
+        self.handle = pynvml.nvmlDeviceGetHandleByIndex(int(os.environ.get("BENCH_GPU", "0")))
+        self.count_tokens = count_tokens
+        self.series: list[tuple[float, int, int]] = []
+        self.profile_at = profile_at
+        self.profile: dict = {}
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        t0 = time.perf_counter()
+        while not self.done.wait(0.05):
+            util = self.nvml.nvmlDeviceGetUtilizationRates(self.handle).gpu
+            self.series.append((time.perf_counter() - t0, util, self.count_tokens()))
+            if self.profile_at is not None and time.perf_counter() - t0 > self.profile_at:
+                self.profile_at = None
+                self.profile = profile_window(0.4)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.done.set()
+        self.thread.join()
+
+    @property
+    def busy(self) -> float:
+        return float(np.mean([u for _, u, _ in self.series])) if self.series else float("nan")
+
+
+def profile_window(seconds: float) -> dict:
+    """Kernel-level GPU busy (union of kernel intervals) and the top kernels over a short window.
+
+    Run from the sampler thread: CUPTI records every kernel of the process, whichever thread
+    launched it.
+    """
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    try:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            time.sleep(seconds)
+        spans = sorted(
+            (e.time_range.start, e.time_range.end)
+            for e in prof.events()
+            if e.device_type == torch.autograd.DeviceType.CUDA
+        )
+        busy, cur_start, cur_end = 0.0, None, None
+        for start, end in spans:
+            if cur_end is None or start > cur_end:
+                busy += (cur_end - cur_start) if cur_end is not None else 0.0
+                cur_start, cur_end = start, end
+            else:
+                cur_end = max(cur_end, end)
+        if cur_end is not None:
+            busy += cur_end - cur_start
+        window = (spans[-1][1] - spans[0][0]) if spans else 0.0
+        table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
+        return {
+            "kernel_busy": round(100 * busy / window, 2) if window else None,
+            "kernels": len(spans),
+            "window_us": window,
+            "table": table,
+        }
+    except Exception as e:  # the profile is an extra; never lose the benchmark over it
+        return {"error": repr(e)}
