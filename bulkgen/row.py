@@ -6,6 +6,15 @@ from dataclasses import dataclass
 
 from bulkgen.config import SamplingParams
 
+# Optional input columns that override the job's sampling parameters for their row.
+PARAM_COLUMNS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop")
+
+
+def param_overrides(values: dict) -> dict | None:
+    """The parameter columns a row gives (null means not given), or None."""
+    given = {k: v for k, v in values.items() if v is not None}
+    return given or None
+
 
 @dataclass(slots=True, eq=False)
 class Row:

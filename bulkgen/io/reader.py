@@ -7,33 +7,19 @@ however large the input: only one batch per source is held at a time.
 
 from __future__ import annotations
 
-import gzip
-import json
 from collections.abc import Callable, Collection, Iterator
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from bulkgen.errors import UserError
 from bulkgen.io.inputs import Source
-from bulkgen.io.openai import batch_row, is_batch_record
-from bulkgen.row import Row
+from bulkgen.io.jsonl import count_lines, is_batch_file, jsonl_fields, read_jsonl
+from bulkgen.row import PARAM_COLUMNS, Row, param_overrides
 
 BATCH_ROWS = 1024
-# A JSONL field is taken as missing from the file only if none of its first rows has it.
-_JSONL_PROBE_ROWS = 100
 # Counting newlines costs a read of the file: do it only up to this size.
 _COUNT_JSONL_BYTES = 4 << 30
-
-
-# Optional input columns that override the job's sampling parameters for their row.
-PARAM_COLUMNS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop")
-
-
-def _overrides(values: dict) -> dict | None:
-    given = {k: v for k, v in values.items() if v is not None}
-    return given or None
 
 
 class Reader:
@@ -65,7 +51,7 @@ class Reader:
             if names is None:  # a JSONL file with no parsable row: its rows become errors
                 continue
             needed = [] if self.template_columns is not None else [self.prompt_column]
-            if self.messages_column in names or _is_batch_file(source):
+            if self.messages_column in names or self._is_batch_file(source):
                 needed = []
             for column, flag in [(c, "--prompt-column") for c in needed] + [
                 (c, "--keep-columns") for c in self.keep_columns
@@ -79,7 +65,11 @@ class Reader:
 
     def has_batch_files(self) -> bool:
         """Whether any source is an OpenAI Batch input file (its rows may ask for n, logprobs)."""
-        return any(_is_batch_file(source) for source in self.sources)
+        return any(self._is_batch_file(source) for source in self.sources)
+
+    @staticmethod
+    def _is_batch_file(source: Source) -> bool:
+        return _with_file_errors(source, lambda: is_batch_file(source))
 
     def count(self) -> int | None:
         """Total rows in all sources if cheap to know, else None."""
@@ -94,7 +84,7 @@ class Reader:
     def batches(self, skip: Collection[str] = ()) -> Iterator[list[Row]]:
         """Lists of Rows (at most batch_rows each), leaving out rows whose id is in skip."""
         for source in self.sources:
-            read = _read_jsonl if source.kind == "jsonl" else _read_arrow
+            read = read_jsonl if source.kind == "jsonl" else _read_arrow
             rows = read(self, source)
             while True:
                 batch = _with_file_errors(source, lambda rows=rows: next(rows, None))
@@ -107,7 +97,7 @@ class Reader:
 
     def _columns(self, source: Source) -> set[str] | None:
         if source.kind == "jsonl":
-            return _with_file_errors(source, lambda: _jsonl_fields(source.paths[0]))
+            return _with_file_errors(source, lambda: jsonl_fields(source.paths[0]))
         return set(_with_file_errors(source, lambda: _arrow_schema(source).names))
 
 
@@ -117,124 +107,6 @@ def _with_file_errors(source: Source, fn: Callable):
         return fn()
     except (OSError, EOFError, pa.ArrowException, UnicodeDecodeError) as e:
         raise UserError(f"cannot read input {source.label}: {e}") from e
-
-
-def _open_jsonl(path: Path):
-    if path.name.lower().endswith(".gz"):
-        return gzip.open(path, "rb")
-    return open(path, "rb", buffering=1 << 20)
-
-
-def _jsonl_fields(path: Path) -> set[str] | None:
-    fields: set[str] = set()
-    parsed = 0
-    with _open_jsonl(path) as f:
-        for line in f:
-            if parsed >= _JSONL_PROBE_ROWS:
-                break
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(record, dict):
-                fields.update(record)
-                parsed += 1
-    return fields if parsed else None
-
-
-def _read_jsonl(reader: Reader, source: Source) -> Iterator[list[Row]]:
-    prompt_col, id_col, keep = reader.prompt_column, reader.id_column, reader.keep_columns
-    templated = reader.template_columns
-    chat_col = reader.messages_column
-    batch_file = _is_batch_file(source)
-    prefix = source.name + ":"
-    batch: list[Row] = []
-    index = 0
-    with _open_jsonl(source.paths[0]) as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            row_id = prefix + str(index)
-            index += 1
-            try:
-                record = json.loads(line)
-            except ValueError as e:
-                row = Row(row_id, None)
-                row.fail(f"line {lineno} is not valid JSON: {_json_problem(e)}")
-            else:
-                # A conversation has no prompt but messages: read like a prompt, then moved.
-                chat = (
-                    templated is None
-                    and isinstance(record, dict)
-                    and record.get(prompt_col) is None
-                    and chat_col in record
-                )
-                column = chat_col if chat else prompt_col
-                if batch_file:
-                    row = _batch_row(record, row_id, lineno, keep)
-                else:
-                    row = _jsonl_row(record, row_id, lineno, column, id_col, keep, templated)
-                if chat and not batch_file:
-                    row.messages, row.prompt = row.prompt, None
-                    if row.messages is None and row.error is None:
-                        row.fail("messages is null")
-            batch.append(row)
-            if len(batch) >= reader.batch_rows:
-                yield batch
-                batch = []
-    if batch:
-        yield batch
-
-
-def _is_batch_file(source: Source) -> bool:
-    """An OpenAI Batch input file: its first parsable line has custom_id and body."""
-    if source.kind != "jsonl":
-        return False
-
-    def first_record():
-        with _open_jsonl(source.paths[0]) as f:
-            for line in f:
-                try:
-                    return json.loads(line)
-                except ValueError:
-                    continue
-        return None
-
-    return is_batch_record(_with_file_errors(source, first_record))
-
-
-def _batch_row(record, row_id, lineno, keep) -> Row:
-    if not is_batch_record(record):
-        row = Row(row_id, None)
-        row.fail(f"line {lineno} is not an OpenAI batch request (it needs custom_id and body)")
-        return row
-    row = batch_row(record, lineno)
-    if keep:
-        row.extra = {name: record.get(name) for name in keep}
-    return row
-
-
-def _json_problem(e: ValueError) -> str:
-    return e.msg if isinstance(e, json.JSONDecodeError) else str(e)
-
-
-def _jsonl_row(record, row_id, lineno, prompt_col, id_col, keep, templated=None) -> Row:
-    if not isinstance(record, dict):
-        row = Row(row_id, None)
-        row.fail(f"line {lineno} is a JSON {type(record).__name__}, not an object")
-        return row
-    given_id = record.get(id_col)
-    row = Row(row_id if given_id is None else str(given_id), record.get(prompt_col))
-    if keep:
-        row.extra = {name: record.get(name) for name in keep}
-    row.overrides = _overrides({name: record.get(name) for name in PARAM_COLUMNS})
-    if templated is not None:  # --prompt-template: the template makes the prompt
-        row.columns = {name: record[name] for name in templated if name in record}
-    elif prompt_col not in record:
-        row.fail(f"line {lineno} has no {prompt_col!r} field")
-    return row
 
 
 def _arrow_schema(source: Source) -> pa.Schema:
@@ -287,7 +159,7 @@ def _read_arrow(reader: Reader, source: Source) -> Iterator[list[Row]]:
         if params:
             given = {name: batch.column(name).to_pylist() for name in params}
             for i, row in enumerate(rows):
-                row.overrides = _overrides({name: values[i] for name, values in given.items()})
+                row.overrides = param_overrides({name: values[i] for name, values in given.items()})
         if reader.template_columns is not None:
             used = {name: batch.column(name).to_pylist() for name in templated}
             for i, row in enumerate(rows):
@@ -313,16 +185,4 @@ def _count(source: Source) -> int | None:
     path = source.paths[0]
     if path.name.lower().endswith(".gz") or path.stat().st_size > _COUNT_JSONL_BYTES:
         return None
-    return _count_lines(path)
-
-
-def _count_lines(path: Path) -> int:
-    """Non-blank lines. A big file is only scanned for newlines: blank lines there are rare."""
-    with open(path, "rb", buffering=1 << 20) as f:
-        if path.stat().st_size < 1 << 26:
-            return sum(1 for line in f if line.strip())
-        count, tail = 0, b"\n"
-        while chunk := f.read(1 << 22):
-            count += chunk.count(b"\n")
-            tail = chunk[-1:]
-        return count + (tail != b"\n")
+    return count_lines(path)
