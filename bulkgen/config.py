@@ -45,6 +45,11 @@ class SamplingParams:
         object.__setattr__(self, "stop", stop)
 
     @property
+    def filtered(self) -> bool:
+        """Sampling restricted by top-k, top-p or min-p (moot when greedy)."""
+        return not self.greedy and (self.top_k > 0 or self.top_p < 1.0 or self.min_p > 0.0)
+
+    @property
     def greedy(self) -> bool:
         return self.temperature == 0.0 or self.top_k == 1
 

@@ -53,8 +53,7 @@ class Step:
 
 
 def _plain_sampling(p: SamplingParams) -> bool:
-    filters = p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0
-    return p.logprobs is None and (p.greedy or not filters)
+    return p.logprobs is None and not p.filtered
 
 
 def kv_bytes_per_block(mcfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
@@ -180,9 +179,7 @@ class ModelRunner:
             seed=inp.seeds,
             position=inp.sample_positions,
             all_greedy=all(p.greedy for p in params),
-            any_filter=any(
-                not p.greedy and (p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0) for p in params
-            ),
+            any_filter=any(p.filtered for p in params),
         )
         ids = sample(logits, st)
         want = [p.logprobs for p in params if p.logprobs is not None]
