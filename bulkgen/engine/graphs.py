@@ -3,8 +3,7 @@
 Captured for padded batch-size buckets into one shared memory pool. A step is padded up to its
 bucket: padding rows write no KV (slot -1), attend to one token of block 0 and their samples are
 never read. Greedy steps replay the greedy variant; steps with temperature sampling (no top-k/p,
-min-p filters, no logprobs) replay a sampling variant captured on first use. Anything else runs
-eagerly.
+min-p filters, no logprobs) replay the sampling variant. Anything else runs eagerly.
 """
 
 from __future__ import annotations

@@ -140,8 +140,11 @@ class ModelRunner:
         self.prev_samples, self.prev_rows = None, {}
 
     def capture_graphs(self) -> None:
+        """Both variants up front: a sampling variant captured on first use would stall the
+        step loop once per batch bucket (the capture synchronises the stream)."""
         if self.graphs is not None:
             self.graphs.capture(greedy=True)
+            self.graphs.capture(greedy=False)
 
     def _gather_inputs(self, plan: Plan, inp: StepInputs) -> torch.Tensor:
         """Decode inputs whose token is the previous step's sample are taken on the device."""
