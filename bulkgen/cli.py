@@ -235,6 +235,20 @@ def _use_recipe(ctx: click.Context, param: click.Parameter, value: str | None) -
     help="Fraction of free GPU memory for the KV cache [engine default: 0.9].",
 )
 @click.option(
+    "--max-model-len",
+    type=int,
+    default=None,
+    help="Longest prompt plus completion, in tokens [default: the model's context]; a smaller "
+    "one leaves the KV cache room for more requests at once.",
+)
+@click.option(
+    "--load-format",
+    type=click.Choice(["auto", "safetensors", "dummy"]),
+    default="auto",
+    show_default=True,
+    help="dummy: random weights of the model's shape, to measure speed without the weights.",
+)
+@click.option(
     "--sync",
     is_flag=True,
     help="Run the engine loop without CPU/GPU overlap, to "
@@ -321,7 +335,7 @@ def run(inputs, model, out, prompt_column, prompt_template, id_column, keep_colu
             sync=sync,
             quiet=quiet,
             overwrite=overwrite,
-            **generation,  # messages_column, system, n, prefix_cache
+            **generation,  # messages_column, system, n, prefix_cache, max_model_len, load_format
         )
     except ValueError as e:
         raise click.UsageError(str(e)) from e

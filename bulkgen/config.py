@@ -85,6 +85,8 @@ class EngineConfig:
             raise ValueError(f"max_batch_tokens must be >= 1, got {self.max_batch_tokens}")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"max_model_len must be >= 2 tokens, got {self.max_model_len}")
         if self.attention not in ("auto", "torch", "triton"):
             raise ValueError(f"attention must be auto, torch or triton, got {self.attention!r}")
         if self.load_format not in ("auto", "safetensors", "dummy"):

@@ -71,7 +71,7 @@ def checked_parts(config: RunConfig) -> tuple:
         messages_column=config.messages_column,
     )
     reader.check()
-    model_dir = model_folder(config.model)
+    model_dir = model_folder(config.model, weights=config.load_format != "dummy")
     tokenizer = tokenizer_of(model_dir)
     tokenize = Tokenize(
         tokenizer,
@@ -271,8 +271,9 @@ def bulkgen_version() -> str:
         return "0.1.0"
 
 
-def model_folder(name: str) -> Path:
-    """The local folder of a --model value (folder, alias or Hub id)."""
+def model_folder(name: str, weights: bool = True) -> Path:
+    """The local folder of a --model value (folder, alias or Hub id); weights=False accepts a
+    folder without weights (for --load-format dummy)."""
     try:
         from bulkgen.model.hub import ModelNotFoundError, resolve_model
     except ImportError:  # the hub module is not there: only local folders work
@@ -281,7 +282,7 @@ def model_folder(name: str) -> Path:
             raise UserError(f"model folder {name} does not exist") from None
         return path
     try:
-        return resolve_model(name)
+        return resolve_model(name, weights=weights)
     except ModelNotFoundError as e:
         raise UserError(str(e)) from e
 

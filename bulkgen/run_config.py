@@ -43,6 +43,8 @@ class RunConfig:
     max_num_seqs: int | None = None
     max_batch_tokens: int | None = None
     kv_memory: float | None = None
+    max_model_len: int | None = None  # None: the model's own context length
+    load_format: str = "auto"  # dummy: random weights of the model's shape (benchmarks)
     sync: bool = False
     quiet: bool = False
     overwrite: bool = False
@@ -78,6 +80,7 @@ class RunConfig:
             "max_num_seqs": self.max_num_seqs,
             "max_batch_tokens": self.max_batch_tokens,
             "kv_memory": self.kv_memory,
+            "max_model_len": self.max_model_len,
         }
         given = {k: v for k, v in knobs.items() if v is not None}
         seed = {} if self.sampling.seed is None else {"seed": self.sampling.seed}
@@ -85,6 +88,7 @@ class RunConfig:
             model=model_dir,
             dtype=self.dtype,
             device=self.device,
+            load_format=self.load_format,
             async_loop=not self.sync,
             prefix_cache=self.prefix_cache,
             **given,

@@ -76,6 +76,20 @@ def roofline_s(work, bandwidth: float, flops_rate: float, max_num_seqs: int) -> 
     return (steps * weight_bytes_read() + kv) / bandwidth + prefill_flops / flops_rate
 
 
+def split_roofline_s(work, workers: int, args) -> float:
+    """The roofline of the slowest worker when the rows are shared out as `bulkgen run` does."""
+    from bulkgen.parallel import owner
+
+    shares = [
+        [w for i, w in enumerate(work) if owner(str(i), workers) == k] for k in range(workers)
+    ]
+    return max(
+        roofline_s(share, args.bandwidth, args.flops, args.max_num_seqs)
+        for share in shares
+        if share
+    )
+
+
 # ---- measurement helpers ---------------------------------------------------------------------
 
 
@@ -96,11 +110,6 @@ def model_folder(tokenizer_dir: Path) -> Path:
     folder = Path(tempfile.mkdtemp(prefix="bulkgen-8b-"))
     (folder / "config.json").write_text(json.dumps(LLAMA3_8B))
     (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [128001, 128009]}))
-    # The run pipeline checks that a folder holds weights; dummy loading never reads this one.
-    import torch
-    from safetensors.torch import save_file
-
-    save_file({"placeholder": torch.zeros(1)}, str(folder / "model.safetensors"))
     for name in ("tokenizer.json", "tokenizer_config.json"):
         if (tokenizer_dir / name).is_file():
             (folder / name).write_bytes((tokenizer_dir / name).read_bytes())
@@ -110,10 +119,14 @@ def model_folder(tokenizer_dir: Path) -> Path:
 # ---- engines (each in its own process) -------------------------------------------------------
 
 
-def run_bulkgen(args, work, sync: bool, prefix_cache: bool = True) -> dict:
-    """The whole `bulkgen run` pipeline: Parquet of token-id prompts in, shards out."""
-    import dataclasses
+def data_parallel(engine: str) -> int:
+    """Workers of an engine name: bulkgen-dp2 is `bulkgen run --data-parallel 2`."""
+    return int(engine.rsplit("-dp", 1)[1]) if "-dp" in engine else 1
 
+
+def run_bulkgen(args, work, sync: bool, prefix_cache: bool = True, workers: int = 1) -> dict:
+    """The whole `bulkgen run` pipeline: Parquet of token-id prompts in, shards out. With
+    workers > 1, `--data-parallel` worker processes on GPUs 0..workers-1."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     import torch
@@ -132,19 +145,6 @@ def run_bulkgen(args, work, sync: bool, prefix_cache: bool = True) -> dict:
         }
     )
     pq.write_table(table, tmp / "prompts.parquet")
-    holder: dict = {}
-
-    def factory(cfg):
-        cfg = dataclasses.replace(
-            cfg, load_format="dummy", max_model_len=args.max_model_len, prefix_cache=prefix_cache
-        )
-        engine = Engine(cfg)
-        holder["engine"] = engine
-        holder["startup_s"] = engine.startup_s
-        count = lambda: engine.scheduler.num_generated  # noqa: E731
-        holder["sampler"] = Sampler(count, profile_at=args.profile_at).__enter__()
-        return engine
-
     config = RunConfig(
         inputs=(str(tmp / "prompts.parquet"),),
         out=str(tmp / "out"),
@@ -153,11 +153,44 @@ def run_bulkgen(args, work, sync: bool, prefix_cache: bool = True) -> dict:
             max_tokens=max(o for _, o in work), temperature=0.0, ignore_eos=True
         ),
         max_num_seqs=args.max_num_seqs,
+        max_model_len=args.max_model_len,
+        load_format="dummy",
+        prefix_cache=prefix_cache,
         sync=sync,
         quiet=True,
         device="cuda",
         dtype="bfloat16",
     )
+    if workers > 1:
+        from bulkgen.parallel_local import run_local
+
+        # The workers' engines are in their own processes: NVML busy over all their GPUs,
+        # counted from the moment they had all loaded (load_time_s), as for one engine.
+        with Sampler(lambda: 0, gpus=list(range(workers))) as sampler:
+            stats = run_local(config, workers)
+        startup = stats["load_time_s"]
+        return {
+            "wall_s": stats["wall_time_s"],
+            "out_tokens": stats["completion_tokens"],
+            "gpu_busy": sampler.busy_after(startup),
+            "startup_s": round(startup, 1),
+            "peak_mem_gb": None,
+            "series": [],
+            "rows": stats["rows"],
+            "cached_prompt_tokens": sum(w.get("cached_prompt_tokens", 0) for w in stats["workers"]),
+            "prefix_cache": prefix_cache,
+            "data_parallel": workers,
+        }
+    holder: dict = {}
+
+    def factory(cfg):
+        engine = Engine(cfg)
+        holder["engine"] = engine
+        holder["startup_s"] = engine.startup_s
+        count = lambda: engine.scheduler.num_generated  # noqa: E731
+        holder["sampler"] = Sampler(count, profile_at=args.profile_at).__enter__()
+        return engine
+
     t0 = time.perf_counter()
     stats = run(config, engine_factory=factory)
     total = time.perf_counter() - t0
@@ -187,9 +220,10 @@ def child(args) -> None:
             work,
             sync=args.engine == "bulkgen-sync",
             prefix_cache=args.engine != "bulkgen-noprefix",
+            workers=data_parallel(args.engine),
         )
     result["num_prompts"] = len(work)
-    result["roofline_s"] = roofline_s(work, args.bandwidth, args.flops, args.max_num_seqs)
+    result["roofline_s"] = split_roofline_s(work, data_parallel(args.engine), args)
     Path(args.result).write_text(json.dumps(result))
 
 
@@ -209,6 +243,8 @@ def plot(runs: dict, path: Path) -> None:
         t = np.array([s[0] for s in series])
         util = np.array([s[1] for s in series])
         tok = np.array([s[2] for s in series], dtype=float)
+        if not tok.any():
+            continue
         rate = np.gradient(tok, t)
         ax1.plot(t, rate, label=label)
         ax2.plot(t, util, label=label)
@@ -331,6 +367,9 @@ def main() -> None:
                     line["attention"] = r["attention"]
                 if eng.startswith("transformers"):
                     line["note"] = f"first {r['num_prompts']} prompts of the workload"
+                if r.get("data_parallel"):
+                    line["data_parallel"] = r["data_parallel"]
+                    line["note"] = "roofline: the slowest worker's share on one GPU"
                 if r.get("cached_prompt_tokens") is not None:
                     line["cached_prompt_tokens"] = r["cached_prompt_tokens"]
                 prof = r.get("profile") or {}

@@ -12,6 +12,14 @@ import numpy as np
 def measure_ceilings() -> dict:
     import torch
 
+    ceilings = _ceilings()
+    torch.cuda.empty_cache()  # the engines run in child processes: leave them the memory
+    return ceilings
+
+
+def _ceilings() -> dict:
+    import torch
+
     x = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
     y = torch.empty_like(x)
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
@@ -39,14 +47,16 @@ def measure_ceilings() -> dict:
 
 
 class Sampler:
-    """NVML utilisation and generated-token count every 50 ms, in a background thread."""
+    """NVML utilisation (the mean over `gpus`) and generated-token count every 50 ms, in a
+    background thread."""
 
-    def __init__(self, count_tokens, profile_at: float | None = None) -> None:
+    def __init__(self, count_tokens, profile_at: float | None = None, gpus=None) -> None:
         import pynvml
 
         pynvml.nvmlInit()
         self.nvml = pynvml
-        self.handle = pynvml.nvmlDeviceGetHandleByIndex(int(os.environ.get("BENCH_GPU", "0")))
+        gpus = gpus if gpus is not None else [int(os.environ.get("BENCH_GPU", "0"))]
+        self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in gpus]
         self.count_tokens = count_tokens
         self.series: list[tuple[float, int, int]] = []
         self.profile_at = profile_at
@@ -57,7 +67,8 @@ class Sampler:
     def _loop(self) -> None:
         t0 = time.perf_counter()
         while not self.done.wait(0.05):
-            util = self.nvml.nvmlDeviceGetUtilizationRates(self.handle).gpu
+            rates = [self.nvml.nvmlDeviceGetUtilizationRates(h).gpu for h in self.handles]
+            util = sum(rates) / len(rates)
             self.series.append((time.perf_counter() - t0, util, self.count_tokens()))
             if self.profile_at is not None and time.perf_counter() - t0 > self.profile_at:
                 self.profile_at = None
@@ -73,7 +84,12 @@ class Sampler:
 
     @property
     def busy(self) -> float:
-        return float(np.mean([u for _, u, _ in self.series])) if self.series else float("nan")
+        return self.busy_after(0.0)
+
+    def busy_after(self, start: float) -> float:
+        """Mean utilisation of the samples from `start` seconds on."""
+        rates = [u for t, u, _ in self.series if t >= start]
+        return float(np.mean(rates)) if rates else float("nan")
 
 
 def profile_window(seconds: float) -> dict:

@@ -184,3 +184,24 @@ def test_an_empty_input_finishes_with_no_shards(tmp_path, tiny_model_dir, fake_e
     assert result.exit_code == 0, result.output
     assert not list((tmp_path / "out").glob("part-*"))
     assert json.loads((tmp_path / "out" / "stats.json").read_text())["rows"] == 0
+
+
+def test_max_model_len_bounds_prompts_and_dummy_weights_need_no_weight_files(
+    tmp_path, tiny_model_dir
+):
+    import shutil
+
+    path = tmp_path / "p.jsonl"
+    path.write_text(json.dumps({"prompt": "word " * 20}) + "\n" + json.dumps({"prompt": "hi"}))
+    shape_only = tmp_path / "shape-only"  # config and tokenizer, no safetensors
+    shutil.copytree(tiny_model_dir, shape_only, ignore=shutil.ignore_patterns("*.safetensors"))
+    result = bulkgen("run", path, "-m", shape_only, "-o", tmp_path / "out", "-q",
+                     "--max-tokens", "3", "--device", "cpu", "--max-model-len", "12",
+                     "--load-format", "dummy")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    rows = {r["id"]: r for r in pq.read_table(tmp_path / "out" / "part-00000.parquet").to_pylist()}
+    assert rows["p:0"]["finish_reason"] == "error" and "12 tokens" in rows["p:0"]["error"]
+    assert rows["p:1"]["finish_reason"] == "length" and rows["p:1"]["completion_tokens"] == 3
+    # Without --load-format dummy the same folder is refused for having no weights.
+    result = bulkgen("run", path, "-m", shape_only, "-o", tmp_path / "out2", "--device", "cpu")
+    one_error_line(result)

@@ -260,3 +260,33 @@ def test_a_ray_actor_killed_mid_way_is_restarted_and_every_row_is_written_once(
     assert stats["rows"] == stats["this_run"]["rows"] == rows
     # The restarted actor resumed after the shards its killed attempt had completed.
     assert stats["workers"][1]["this_run"]["resumed_after_rows"] > 0
+
+
+@pytest.mark.gpu
+def test_two_gpu_workers_give_the_greedy_outputs_of_one_gpu(tmp_path, tiny_model_dir):
+    """On a machine with two GPUs: --gpus all puts one worker on each, with the outputs of one
+    engine on one GPU (float32, so that the two runs' batches cannot round differently)."""
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two CUDA devices")
+    prompts = write_prompts(tmp_path / "in.jsonl", 24)
+    common = [prompts, "-m", tiny_model_dir, "--max-tokens", "16", "--device", "cuda", "-q",
+              "--dtype", "float32", "--shard-size", "5"]  # fmt: skip
+    runner = CliRunner()
+    one = runner.invoke(main, ["run", *map(str, common), "-o", str(tmp_path / "one")])
+    assert one.exit_code == 0, one.output
+    two = runner.invoke(
+        main, ["run", *map(str, common), "-o", str(tmp_path / "two"), "--gpus", "all"]
+    )
+    assert two.exit_code == 0, two.output
+    single = {r["id"]: r["text"] for r in shard_rows(tmp_path / "one")}
+    rows = shard_rows(tmp_path / "two")
+    assert sorted(r["id"] for r in rows) == sorted(single)
+    assert all(r["text"] == single[r["id"]] for r in rows)
+    stats = json.loads((tmp_path / "two" / "stats.json").read_text())
+    workers = stats["workers"]
+    assert [w["cuda_visible_devices"] for w in workers] == stats["data_parallel"]["gpus"]
+    assert len(workers) == torch.cuda.device_count() and all(
+        w["device"].startswith("cuda") for w in workers
+    )

@@ -69,17 +69,18 @@ def list_aliases() -> list[tuple[str, str]]:
     return sorted(ALIASES.items())
 
 
-def resolve_model(name: str, cache_dir: str | None = None) -> Path:
+def resolve_model(name: str, cache_dir: str | None = None, weights: bool = True) -> Path:
     """A local folder for `name`: a folder path, an alias, or a Hub id (downloaded if needed).
 
     cache_dir is where downloads and the converted demo model live; by default the Hub's own
-    cache and $BULKGEN_CACHE (else ~/.cache/bulkgen/models) for the demo model.
+    cache and $BULKGEN_CACHE (else ~/.cache/bulkgen/models) for the demo model. weights=False
+    accepts a local folder without weights (random, dummy-loaded ones will do).
     """
     if not name:
         raise ModelNotFoundError("no model given: pass --model with an alias, folder or Hub id")
     path = Path(name).expanduser()
     if path.is_dir():
-        return _checked(path, name)
+        return _checked(path, name, weights)
     if name == DEMO_ALIAS:
         return _demo_model(cache_dir)
     if name in ALIASES:
@@ -94,19 +95,19 @@ def resolve_model(name: str, cache_dir: str | None = None) -> Path:
     )
 
 
-def _checked(folder: Path, name: str) -> Path:
-    """The folder, once it has a config and all its safetensors weights."""
+def _checked(folder: Path, name: str, weights: bool = True) -> Path:
+    """The folder, once it has a config and (unless not wanted) all its safetensors weights."""
     if not (folder / "config.json").is_file():
         raise ModelNotFoundError(f"model folder {folder} has no config.json: {_LOCAL_HINT}")
     index = folder / "model.safetensors.index.json"
-    if index.is_file():
+    if weights and index.is_file():
         shards = set(json.loads(index.read_text())["weight_map"].values())
         missing = sorted(s for s in shards if not (folder / s).is_file())
         if missing:
             raise ModelNotFoundError(
                 f"model {name!r} lacks shard {missing[0]} named in {index.name}: re-download it"
             )
-    elif not any(folder.glob("*.safetensors")):
+    elif weights and not any(folder.glob("*.safetensors")):
         raise ModelNotFoundError(
             f"model {name!r} ({folder}) has no *.safetensors weights: bulkgen does not load "
             "*.bin checkpoints; convert them with transformers' save_pretrained first"
