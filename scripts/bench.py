@@ -206,6 +206,9 @@ def run_bulkgen(args, work, sync: bool, prefix_cache: bool = True, workers: int 
         "profile": holder["sampler"].profile,
         "cached_prompt_tokens": stats.get("cached_prompt_tokens"),
         "prefix_cache": prefix_cache,
+        # what stats.json tells a user: the engine's own NVML busy and decode bandwidth
+        "stats_gpu_busy_pct": stats.get("gpu_busy_pct"),
+        "stats_decode_bw_eff": stats.get("decode_bandwidth_efficiency"),
     }
 
 
@@ -367,6 +370,9 @@ def main() -> None:
                     line["attention"] = r["attention"]
                 if eng.startswith("transformers"):
                     line["note"] = f"first {r['num_prompts']} prompts of the workload"
+                for key in ("stats_gpu_busy_pct", "stats_decode_bw_eff"):
+                    if r.get(key) is not None:
+                        line[key] = r[key]
                 if r.get("data_parallel"):
                     line["data_parallel"] = r["data_parallel"]
                     line["note"] = "roofline: the slowest worker's share on one GPU"

@@ -82,5 +82,8 @@ def test_cuda_stats_report_gpu_busy_and_decode_bandwidth(tiny_model_dir):
     llm.generate(["Hello"] * 4, SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True))
     stats = llm.engine.stats
     assert stats["copy_bandwidth_gbs"] > 100
-    assert 0 < stats["decode_bandwidth_efficiency"] < 1.5
+    # A tiny model reads a few MB a step: its efficiency is real but rounds to about 0.
+    assert stats["decode_bandwidth_gbs"] > 0
+    efficiency = stats["decode_bandwidth_gbs"] / stats["copy_bandwidth_gbs"]
+    assert stats["decode_bandwidth_efficiency"] == pytest.approx(efficiency, abs=1e-3)
     assert "gpu_busy_pct" in stats  # NVML present on the GPU machine
