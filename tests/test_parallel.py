@@ -287,6 +287,7 @@ def test_two_gpu_workers_give_the_greedy_outputs_of_one_gpu(tmp_path, tiny_model
     stats = json.loads((tmp_path / "two" / "stats.json").read_text())
     workers = stats["workers"]
     assert [w["cuda_visible_devices"] for w in workers] == stats["data_parallel"]["gpus"]
+    assert all("gpu_busy_pct" in w for w in workers), "each worker's own GPU, found through NVML"
     assert len(workers) == torch.cuda.device_count() and all(
         w["device"].startswith("cuda") for w in workers
     )

@@ -9,6 +9,7 @@ that time is the device's.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -52,15 +53,27 @@ class GpuMonitor:
             import pynvml
 
             pynvml.nvmlInit()
-            return pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
         except Exception:  # no NVML (or no nvidia-ml-py): busy is simply not reported
             return None
+        # NVML numbers the GPUs as the machine does, whatever CUDA_VISIBLE_DEVICES says (a
+        # data-parallel worker sees its GPU as cuda:0): find ours by its UUID.
+        try:
+            uuid = str(torch.cuda.get_device_properties(device).uuid)
+            return pynvml.nvmlDeviceGetHandleByUUID(
+                uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
+            )
+        except Exception:
+            if os.environ.get("CUDA_VISIBLE_DEVICES"):
+                return None  # an index would be another GPU's
+            return pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
 
     def _sample(self) -> None:
         import pynvml
 
-        while not self._stop.wait(0.05):
+        while True:  # one sample at least, however short the job
             self._samples.append(pynvml.nvmlDeviceGetUtilizationRates(self._nvml_handle).gpu)
+            if self._stop.wait(0.05):
+                return
 
     def step(self, decode_only: bool, context_tokens: int) -> None:
         """Called as each step is launched."""
