@@ -254,7 +254,8 @@ def plot(runs: dict, path: Path) -> None:
     ax1.set_ylabel("generated tokens/s")
     ax2.set_ylabel("GPU busy (NVML %)")
     ax2.set_xlabel("seconds into the timed region")
-    ax1.legend()
+    if ax1.get_legend_handles_labels()[0]:
+        ax1.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
