@@ -11,6 +11,7 @@ busy over time, async against sync.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import subprocess
@@ -188,7 +189,8 @@ def run_bulkgen(args, work, sync: bool, prefix_cache: bool = True, workers: int 
         holder["engine"] = engine
         holder["startup_s"] = engine.startup_s
         count = lambda: engine.scheduler.num_generated  # noqa: E731
-        holder["sampler"] = Sampler(count, profile_at=args.profile_at).__enter__()
+        sampler = Sampler(count, profile_at=args.profile_at, idle_stacks=args.idle_stacks)
+        holder["sampler"] = sampler.__enter__()
         return engine
 
     t0 = time.perf_counter()
@@ -204,6 +206,7 @@ def run_bulkgen(args, work, sync: bool, prefix_cache: bool = True, workers: int 
         "series": holder["sampler"].series,
         "rows": stats["rows"],
         "profile": holder["sampler"].profile,
+        "idle_stacks": (holder["sampler"].idle_stacks or collections.Counter()).most_common(12),
         "cached_prompt_tokens": stats.get("cached_prompt_tokens"),
         "prefix_cache": prefix_cache,
         # what stats.json tells a user: the engine's own NVML busy and decode bandwidth
@@ -283,6 +286,12 @@ def main() -> None:
         help="profile 0.4 s of kernels this many seconds in (diagnostic: starting the profiler "
         "stalls the run for seconds, so that run's wall_s is not a measurement)",
     )
+    ap.add_argument(
+        "--idle-stacks",
+        action="store_true",
+        help="record the engine thread's stack whenever NVML sees the GPU idle mid-run "
+        "(diagnostic; printed to bench.log and kept in the result JSON)",
+    )
     ap.add_argument("--bandwidth", type=float, help=argparse.SUPPRESS)
     ap.add_argument("--flops", type=float, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -330,6 +339,7 @@ def main() -> None:
                     "--hf-sample",
                     str(args.hf_sample),
                     *(["--profile-at", str(args.profile_at)] if args.profile_at else []),
+                    *(["--idle-stacks"] if args.idle_stacks else []),
                     "--bandwidth",
                     str(ceilings["copy_bw_gbs"] * 1e9),
                     "--flops",
@@ -383,6 +393,8 @@ def main() -> None:
                 if prof.get("kernel_busy") is not None:
                     line["kernel_busy"] = prof["kernel_busy"]
                     (out / f"{workload}-{eng}-kernels.txt").write_text(prof["table"])
+                for stack, count in r.get("idle_stacks") or []:
+                    print(f"idle x{count}: {stack}", flush=True)
                 print(json.dumps(line), flush=True)
                 with open(out / "bench.jsonl", "a") as f:
                     f.write(json.dumps(line) + "\n")

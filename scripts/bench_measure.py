@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import collections
 import os
+import sys
 import threading
 import time
+import traceback
 
 import numpy as np
 
@@ -50,7 +53,9 @@ class Sampler:
     """NVML utilisation (the mean over `gpus`) and generated-token count every 50 ms, in a
     background thread."""
 
-    def __init__(self, count_tokens, profile_at: float | None = None, gpus=None) -> None:
+    def __init__(
+        self, count_tokens, profile_at: float | None = None, gpus=None, idle_stacks: bool = False
+    ) -> None:
         import pynvml
 
         pynvml.nvmlInit()
@@ -61,6 +66,10 @@ class Sampler:
         self.series: list[tuple[float, int, int]] = []
         self.profile_at = profile_at
         self.profile: dict = {}
+        # Where the engine thread is whenever NVML says the GPU was idle mid-run (diagnostic).
+        self.idle_stacks: collections.Counter | None = (
+            collections.Counter() if idle_stacks else None
+        )
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._loop, daemon=True)
 
@@ -69,7 +78,10 @@ class Sampler:
         while not self.done.wait(0.05):
             rates = [self.nvml.nvmlDeviceGetUtilizationRates(h).gpu for h in self.handles]
             util = sum(rates) / len(rates)
-            self.series.append((time.perf_counter() - t0, util, self.count_tokens()))
+            tokens = self.count_tokens()
+            self.series.append((time.perf_counter() - t0, util, tokens))
+            if self.idle_stacks is not None and util == 0 and tokens > 0:
+                self.idle_stacks[engine_stack()] += 1
             if self.profile_at is not None and time.perf_counter() - t0 > self.profile_at:
                 self.profile_at = None
                 self.profile = profile_window(0.4)
@@ -90,6 +102,18 @@ class Sampler:
         """Mean utilisation of the samples from `start` seconds on."""
         rates = [u for t, u, _ in self.series if t >= start]
         return float(np.mean(rates)) if rates else float("nan")
+
+
+def engine_stack() -> str:
+    """The engine thread's innermost frames, one line each."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    for ident, frame in sys._current_frames().items():
+        if names.get(ident) == "bulkgen-engine":
+            frames = traceback.extract_stack(frame)[-6:]
+            return " <- ".join(
+                f"{os.path.basename(f.filename)}:{f.lineno} {f.name}" for f in reversed(frames)
+            )
+    return "(no engine thread)"
 
 
 def profile_window(seconds: float) -> dict:
