@@ -7,7 +7,6 @@ import os
 import sys
 import threading
 import time
-import traceback
 
 import numpy as np
 
@@ -105,14 +104,27 @@ class Sampler:
 
 
 def engine_stack() -> str:
-    """The engine thread's innermost frames, one line each."""
+    """The engine thread's innermost frame and its nearest frames outside Triton, one line; for
+    a Triton JIT compile, the kernel and its specialisation key too."""
     names = {t.ident: t.name for t in threading.enumerate()}
     for ident, frame in sys._current_frames().items():
-        if names.get(ident) == "bulkgen-engine":
-            frames = traceback.extract_stack(frame)[-6:]
-            return " <- ".join(
-                f"{os.path.basename(f.filename)}:{f.lineno} {f.name}" for f in reversed(frames)
-            )
+        if names.get(ident) != "bulkgen-engine":
+            continue
+        frames, compiling, f = [], "", frame
+        while f is not None:
+            frames.append(f)
+            if f.f_code.co_name == "_do_compile" and not compiling:
+                kernel = getattr(f.f_locals.get("self"), "__name__", "?")
+                compiling = f"compiling {kernel} key={str(f.f_locals.get('key'))[:600]} | "
+            f = f.f_back
+        shown = [frames[0]] + [
+            x for x in frames[1:] if f"{os.sep}triton{os.sep}" not in x.f_code.co_filename
+        ][:3]
+        where = " <- ".join(
+            f"{os.path.basename(x.f_code.co_filename)}:{x.f_lineno} {x.f_code.co_name}"
+            for x in shown
+        )
+        return compiling + where
     return "(no engine thread)"
 
 
