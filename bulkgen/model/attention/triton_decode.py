@@ -35,9 +35,7 @@ MAX_SPLITS = 64
 CTAS_PER_SM = 2
 
 
-# The block-table stride is the step's widest table: fixed under CUDA graphs, not in eager steps
-# (sampling with filters), where specialising on it would compile variants mid-run.
-@triton.jit(do_not_specialize=["stride_bt"])
+@triton.jit
 def _decode_split_kernel(
     q_ptr,
     k_cache_ptr,

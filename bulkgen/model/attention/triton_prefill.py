@@ -95,10 +95,7 @@ def _attend(
     return acc, l_i, m_i
 
 
-# num_seqs and the block-table stride (the step's widest table) change from step to step; Triton
-# would compile a variant for each "== 1 / divisible by 16 / other" mix of them, in the middle of a
-# run (seconds of idle GPU on the H200 bulk workload). Neither gains from the specialisation.
-@triton.jit(do_not_specialize=["num_seqs", "stride_bt"])
+@triton.jit
 def _prefill_kernel(
     q_ptr,
     k_cache_ptr,
