@@ -111,6 +111,12 @@ class JobDir:
             write_json_atomic(self.path / SETTINGS_FILE, record)
         return self.scan()
 
+    def forget_if_empty(self) -> None:
+        """Undo prepare's record of a job that failed before writing any shard, so that a rerun
+        with other settings (a fixed --model, say) is not refused as a changed job."""
+        if not self._shards():
+            (self.path / SETTINGS_FILE).unlink(missing_ok=True)
+
     def scan(self, prefix: str = "") -> Done:
         """What all complete shards hold, whoever wrote them; next_index numbers the shards
         named with prefix (a data-parallel worker's), so each writer continues its own."""
