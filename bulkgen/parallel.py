@@ -117,7 +117,7 @@ def job_stats(config, model_dir, job: JobDir, start: Done, wall: float, load_tim
     """stats.json of a data-parallel job, from what complete shards held at its start and hold
     now: exact, though a restarted Ray actor sends the progress bar some rows twice."""
     end = job.scan()
-    from bulkgen.pipeline import bulkgen_version
+    from bulkgen.preflight import bulkgen_version
 
     run = Counts(
         end.rows - start.rows,

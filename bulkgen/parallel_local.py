@@ -38,14 +38,14 @@ def run_local(config: RunConfig, workers: int | str | None) -> dict:
     count = worker_count(workers, len(gpus), "this machine")
     if gpus and count > len(gpus):
         raise UserError(f"--data-parallel {count}: this machine has {len(gpus)} GPUs")
-    from bulkgen import pipeline
+    from bulkgen import pipeline, preflight
 
     if count == 1:
         return pipeline.run(config)
     no_device_index(config)
     job = JobDir(config.out)
     job.check(config.job_settings(), config.overwrite)
-    reader, model_dir, _, _ = pipeline.checked_parts(config)
+    reader, model_dir, _, _ = preflight.checked_parts(config)
     total = reader.count()
     started = time.perf_counter()
     context = multiprocessing.get_context("spawn")  # never fork a process that may hold CUDA
@@ -68,7 +68,7 @@ def run_local(config: RunConfig, workers: int | str | None) -> dict:
         parent.wait_for("ready")  # every engine loaded: a bad model fails before any write
         load_time = time.perf_counter() - started
         job.lock()
-        start = job.prepare(pipeline.job_record(config, model_dir), config.overwrite)
+        start = job.prepare(preflight.job_record(config, model_dir), config.overwrite)
         go.set()
         progress = Progress(total and total * config.n, start.rows, start.errors, config.quiet)
         parent.progress = progress

@@ -49,11 +49,11 @@ def run_ray(config: RunConfig, workers: int | str | None, address: str | None) -
         from ray.util.queue import Queue
     except ImportError:
         raise UserError("--ray needs Ray: pip install 'bulkgen[ray]'") from None
-    from bulkgen import pipeline
+    from bulkgen import preflight
 
     job = JobDir(config.out)
     job.check(config.job_settings(), config.overwrite)
-    reader, model_dir, _, _ = pipeline.checked_parts(config)
+    reader, model_dir, _, _ = preflight.checked_parts(config)
     total = reader.count()
     connected = ray.is_initialized()
     if not connected:
@@ -72,7 +72,7 @@ def run_ray(config: RunConfig, workers: int | str | None, address: str | None) -
             print(f"bulkgen: {count} workers, the Ray cluster has {slots} now", flush=True)
         job.lock()
         recorded = not (job.path / SETTINGS_FILE).is_file() or config.overwrite
-        start = job.prepare(pipeline.job_record(config, model_dir), config.overwrite)
+        start = job.prepare(preflight.job_record(config, model_dir), config.overwrite)
         progress_queue = Queue(actor_options={"num_cpus": 0})
         worker_config = dataclasses.replace(
             config,

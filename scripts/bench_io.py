@@ -22,7 +22,8 @@ import pyarrow.parquet as pq
 
 from bulkgen.config import SamplingParams
 from bulkgen.engine.fake import FakeEngine
-from bulkgen.pipeline import model_folder, run, tokenizer_of
+from bulkgen.pipeline import run
+from bulkgen.preflight import model_folder, tokenizer_of
 from bulkgen.run_config import RunConfig
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "prompts.jsonl"

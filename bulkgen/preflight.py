@@ -1,0 +1,110 @@
+"""What a job is checked and recorded with before any work: its inputs, its model folder and
+tokenizer (checked_parts), and the record job.json keeps of it (job_record). A mistake a user can
+make here is a UserError, raised before a thread starts or a shard is written."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import random
+import time
+from pathlib import Path
+
+from bulkgen.errors import UserError
+from bulkgen.io.inputs import find_sources
+from bulkgen.io.reader import Reader
+from bulkgen.run_config import RunConfig
+from bulkgen.text.prompt_template import PromptTemplate, RenderPrompts
+from bulkgen.text.stage import Tokenize
+
+
+def checked_parts(config: RunConfig) -> tuple:
+    """What a user can get wrong about the inputs and the model, checked before any work: the
+    reader, the model folder, its tokenizer and the tokenizer stage."""
+    template = None if config.prompt_template is None else PromptTemplate(config.prompt_template)
+    reader = Reader(
+        find_sources(config.inputs, exclude=config.out),
+        config.prompt_column,
+        config.id_column,
+        config.keep_columns,
+        template_columns=None if template is None else template.variables,
+        messages_column=config.messages_column,
+    )
+    reader.check()
+    model_dir = model_folder(config.model, weights=config.load_format != "dummy")
+    tokenizer = tokenizer_of(model_dir)
+    tokenize = Tokenize(
+        tokenizer,
+        _use_template(config, tokenizer),
+        _vocab_size(model_dir, tokenizer),
+        system=config.system,
+    )
+    if template is not None:
+        tokenize = RenderPrompts(template, tokenize)
+    return reader, model_dir, tokenizer, tokenize
+
+
+def job_record(config: RunConfig, model_dir: Path) -> dict:
+    """What job.json records of a job when it starts."""
+    return {
+        "settings": config.job_settings(),
+        "inputs": list(config.inputs),
+        "model_path": str(model_dir),
+        "bulkgen_version": bulkgen_version(),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        # Seeds sampled rows without --seed: a rerun into this folder samples the same.
+        "job_seed": random.getrandbits(62),
+    }
+
+
+def bulkgen_version() -> str:
+    try:
+        return importlib.metadata.version("bulkgen")
+    except importlib.metadata.PackageNotFoundError:
+        return "0.1.0"
+
+
+def model_folder(name: str, weights: bool = True) -> Path:
+    """The local folder of a --model value (folder, alias or Hub id); weights=False accepts a
+    folder without weights (for --load-format dummy)."""
+    from bulkgen.model.hub import ModelNotFoundError, resolve_model  # the Hub only if needed
+
+    try:
+        return resolve_model(name, weights=weights)
+    except ModelNotFoundError as e:
+        raise UserError(str(e)) from e
+
+
+def tokenizer_of(model_dir: Path):
+    """The tokenizer of a model folder; a UserError if it has none that loads."""
+    from bulkgen.text.tokenizer import load_tokenizer
+
+    try:
+        return load_tokenizer(model_dir)
+    except (OSError, ValueError) as e:
+        raise UserError(f"cannot load the tokenizer of {model_dir}: {e}") from e
+
+
+def _use_template(config: RunConfig, tokenizer) -> bool:
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    if config.chat_template and not has_template:
+        raise UserError(
+            f"model {config.model} has no chat template; leave out --chat-template to send "
+            "prompts as they are"
+        )
+    use = has_template if config.chat_template is None else config.chat_template
+    if config.system is not None and not use:
+        raise UserError(
+            "--system needs the model's chat template"
+            + (", and --no-chat-template turns it off" if has_template else "; this model has none")
+        )
+    return use
+
+
+def _vocab_size(model_dir: Path, tokenizer) -> int:
+    """The model's vocabulary can be larger than the tokenizer's (padded): allow either."""
+    try:
+        vocab = json.loads((model_dir / "config.json").read_text()).get("vocab_size") or 0
+    except (OSError, ValueError):
+        vocab = 0
+    return max(int(vocab), len(tokenizer))

@@ -1,0 +1,276 @@
+"""The options of `bulkgen run`: what each flag means, in the order `bulkgen run --help` lists
+them. cli.py turns their values into a RunConfig."""
+
+from __future__ import annotations
+
+import click
+
+DEFAULT_MODEL = "smollm2-135m"  # the same as bulkgen.model.hub.DEFAULT_MODEL
+
+
+def _use_recipe(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    from bulkgen.recipes import use_recipe
+
+    use_recipe(ctx, param, value)
+
+
+def run_options(command):
+    """Apply the options to the `run` command function (click lists them top to bottom)."""
+    for option in reversed(_OPTIONS):
+        command = option(command)
+    return command
+
+
+_OPTIONS = [
+    click.option(
+        "--recipe",
+        metavar="FILE.yaml",
+        is_eager=True,
+        expose_value=False,
+        callback=_use_recipe,
+        help="Take this run's options from a recipe: a YAML file whose fields are these flags with "
+        "underscores (max_tokens: 64), plus inputs, description and score. Flags given here "
+        "override its fields; its relative paths are relative to its folder.",
+    ),
+    click.option(
+        "--model",
+        "-m",
+        default=DEFAULT_MODEL,
+        show_default=True,
+        help="A local model folder, a Hugging Face Hub id (org/name) or an alias "
+        "(list them with `bulkgen models`).",
+    ),
+    click.option(
+        "--out",
+        "-o",
+        required=True,
+        type=click.Path(file_okay=False),
+        help="Output folder for part-NNNNN shards, job.json and stats.json. Rerunning the same "
+        "command on it resumes the job.",
+    ),
+    click.option(
+        "--prompt-column",
+        default="prompt",
+        show_default=True,
+        help="Input column holding the prompt: a string, or a list of token ids used as they are "
+        "(the output's prompt column then holds their decoded text).",
+    ),
+    click.option(
+        "--prompt-template",
+        metavar="TEMPLATE",
+        default=None,
+        help="Render each row's prompt from its columns with this Jinja template (or @FILE holding "
+        "one), e.g. 'Explain {{ topic }} to {{ audience }}.'; the prompt column is then optional. "
+        "A row the template fails on (a missing column, say) is an error record.",
+    ),
+    click.option(
+        "--id-column",
+        default="id",
+        show_default=True,
+        help="Input column holding row ids. Without one, a row's id is '<file name>:<row number>'.",
+    ),
+    click.option(
+        "--keep-columns",
+        default="",
+        metavar="A,B",
+        help="Input columns to copy into the output, comma-separated.",
+    ),
+    click.option(
+        "--format",
+        "fmt",
+        type=click.Choice(["parquet", "jsonl", "openai"]),
+        default="parquet",
+        show_default=True,
+        help="Shard file format. openai: JSONL lines in the OpenAI Batch API's output shape, all "
+        "samples of a row as the choices of one line.",
+    ),
+    click.option(
+        "--shard-size",
+        type=int,
+        default=1000,
+        show_default=True,
+        help="Rows per output shard. A killed run loses at most the rows of its unfinished shard.",
+    ),
+    click.option(
+        "--max-tokens",
+        type=int,
+        default=256,
+        show_default=True,
+        help="Most tokens to generate per row.",
+    ),
+    click.option(
+        "--temperature",
+        type=float,
+        default=0.0,
+        show_default=True,
+        help="Sampling temperature; 0 is greedy decoding, the default.",
+    ),
+    click.option(
+        "--top-p",
+        type=float,
+        default=1.0,
+        show_default=True,
+        help="Nucleus sampling: keep the most likely tokens up to this total probability "
+        "(1.0: off).",
+    ),
+    click.option(
+        "--top-k",
+        type=int,
+        default=0,
+        show_default=True,
+        help="Keep only the k most likely tokens (0: off).",
+    ),
+    click.option(
+        "--min-p",
+        type=float,
+        default=0.0,
+        show_default=True,
+        help="Drop tokens less likely than min-p times the most likely one (0.0: off).",
+    ),
+    click.option(
+        "--seed",
+        type=int,
+        default=None,
+        help="Seed for sampling. Each row's seed comes "
+        "from it and the row's id, so a row samples the same text on a rerun.",
+    ),
+    click.option(
+        "--chat-template/--no-chat-template",
+        "--chat",
+        default=None,
+        help="Wrap each text prompt as "
+        "a user message with the model's chat template. Default: when the model has one. "
+        "A messages column is always rendered with the template.",
+    ),
+    # ---- chat, samples, stop strings, logprobs, prefix cache (issue 5) ----
+    click.option(
+        "--messages-column",
+        default="messages",
+        show_default=True,
+        help="Input column holding a conversation (a list of {role, content}), rendered with the "
+        "model's chat template; used for rows whose prompt column is missing or null.",
+    ),
+    click.option(
+        "--system",
+        metavar="TEXT",
+        default=None,
+        help="A system message before each conversation or templated prompt (unless a "
+        "conversation starts with its own).",
+    ),
+    click.option(
+        "--n",
+        type=int,
+        default=1,
+        show_default=True,
+        help="Completions per row; output rows carry a sample column (0..n-1) and the row's id.",
+    ),
+    click.option(
+        "--stop",
+        multiple=True,
+        metavar="STR",
+        help="End a completion at this string, which is left out of the text (finish_reason "
+        "stop). Repeatable; a row's stop column replaces them for that row.",
+    ),
+    click.option(
+        "--stop-token-id",
+        type=int,
+        multiple=True,
+        metavar="N",
+        help="End a completion at this token id (kept in token counts). Repeatable.",
+    ),
+    click.option(
+        "--logprobs",
+        type=int,
+        default=None,
+        metavar="K",
+        help="Store each generated token's logprob (logprobs column) and the K most likely "
+        "alternatives per position (top_logprobs); 0 stores the sampled token's only.",
+    ),
+    click.option(
+        "--prefix-cache/--no-prefix-cache",
+        default=True,
+        show_default=True,
+        help="Reuse the KV cache of prompt prefixes shared between rows (a system prompt, "
+        "few-shot examples, the n samples of a row); outputs are the same either way.",
+    ),
+    click.option(
+        "--dtype",
+        type=click.Choice(["auto", "bfloat16", "float16", "float32"]),
+        default="auto",
+        show_default=True,
+        help="Weight and activation type; auto is bfloat16 on CUDA, float32 on CPU.",
+    ),
+    click.option(
+        "--device",
+        default="auto",
+        show_default=True,
+        help="cuda, cuda:N, cpu, or auto (CUDA when available).",
+    ),
+    click.option(
+        "--max-num-seqs",
+        type=int,
+        default=None,
+        help="Most requests the engine runs at once [engine default: 256].",
+    ),
+    click.option(
+        "--max-batch-tokens",
+        type=int,
+        default=None,
+        help="Most tokens in one engine step, prefill chunks included [engine default: 2048].",
+    ),
+    click.option(
+        "--kv-memory",
+        type=float,
+        default=None,
+        help="Fraction of free GPU memory for the KV cache [engine default: 0.9].",
+    ),
+    click.option(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help="Longest prompt plus completion, in tokens [default: the model's context]; a smaller "
+        "one leaves the KV cache room for more requests at once.",
+    ),
+    click.option(
+        "--load-format",
+        type=click.Choice(["auto", "safetensors", "dummy"]),
+        default="auto",
+        show_default=True,
+        help="dummy: random weights of the model's shape, to measure speed without the weights.",
+    ),
+    click.option(
+        "--sync",
+        is_flag=True,
+        help="Run the engine loop without CPU/GPU overlap, to "
+        "compare against the default asynchronous loop.",
+    ),
+    click.option("--quiet", "-q", is_flag=True, help="No progress bar or summary."),
+    click.option(
+        "--overwrite",
+        is_flag=True,
+        help="Delete the shards of an earlier job in --out "
+        "and start over, even if its settings differ.",
+    ),
+    # ---- scaling out (issue 6) ----
+    click.option(
+        "--data-parallel",
+        "--gpus",
+        "data_parallel",
+        metavar="N|all",
+        default=None,
+        help="Run N engine workers, one per GPU (all: every GPU; without GPUs, N CPU workers). "
+        "Rows are shared out by a hash of their id; each worker writes its own part-wII-* "
+        "shards, and a rerun resumes with any N.",
+    ),
+    click.option(
+        "--ray",
+        "ray_address",
+        metavar="[ADDRESS]",
+        is_flag=False,
+        flag_value="",
+        default=None,
+        help="Run the workers as Ray actors (pip install 'bulkgen[ray]') on the cluster at ADDRESS "
+        "(auto, ray://HOST:10001); with no ADDRESS, RAY_ADDRESS's cluster or a local Ray. --out "
+        "must be a folder every node shares.",
+    ),
+]
