@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import fields
+from dataclasses import fields, replace
 
 from bulkgen.config import EngineConfig, SamplingParams
 from bulkgen.engine.engine import Engine
 from bulkgen.engine.request import RequestOutput
+from bulkgen.samples import derive_seed
 from bulkgen.text.stop import cut_at_stop
 
 _STOP_CONTEXT = 16  # earlier tokens re-decoded with each step's new ones when watching stops
@@ -40,7 +41,14 @@ class LLM:
         self,
         prompts: Sequence[str] | Sequence[Sequence[int]] | str,
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        n: int = 1,
     ) -> list[RequestOutput]:
+        """One output per prompt in input order; with n > 1, n per prompt: outs[i * n + k] is
+        completion k (its `sample`) of prompt i. With a seed, completion 0 uses it and
+        completion k a seed derived from (seed, k), as `bulkgen run --n` does for a row's seed
+        column, so every completion is reproducible."""
+        if n < 1:
+            raise ValueError(f"n (completions per prompt) must be >= 1, got {n}")
         if isinstance(prompts, str):
             prompts = [prompts]
         if sampling_params is None:
@@ -51,9 +59,11 @@ class LLM:
             raise ValueError(
                 f"{len(sampling_params)} SamplingParams given for {len(prompts)} prompts"
             )
-        for i, (prompt, params) in enumerate(zip(prompts, sampling_params, strict=True)):
+        sampling_params = [_sample_params(p, k) for p in sampling_params for k in range(n)]
+        for i, prompt in enumerate(prompts):
             ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-            self.engine.add(str(i), ids, params)
+            for k in range(n):
+                self.engine.add(str(i * n + k), ids, sampling_params[i * n + k])
         outputs: dict[str, RequestOutput] = {}
         seen: dict[str, list[int]] = {}  # output so far of requests with stop strings
         stops = {str(i): p.stop for i, p in enumerate(sampling_params) if p.stop}
@@ -62,7 +72,9 @@ class LLM:
                 outputs[out.request_id] = out
             if stops and self.tokenizer is not None:
                 self._end_at_stops(stops, seen)
-        ordered = [outputs[str(i)] for i in range(len(prompts))]
+        ordered = [outputs[str(i)] for i in range(len(sampling_params))]
+        for i, out in enumerate(ordered):
+            out.sample = i % n
         if self.tokenizer is not None:
             for out, params in zip(ordered, sampling_params, strict=True):
                 out.text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
@@ -86,6 +98,7 @@ class LLM:
         conversations: Sequence[dict] | Sequence[Sequence[dict]],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         system: str | None = None,
+        n: int = 1,
     ) -> list[RequestOutput]:
         """Generate the assistant's next turn of each conversation ([{role, content}, ...])
         with the model's chat template; `system` adds a system message where none leads."""
@@ -100,4 +113,11 @@ class LLM:
                 messages, tokenize=True, add_generation_prompt=True
             )
             prompts.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
-        return self.generate(prompts, sampling_params)
+        return self.generate(prompts, sampling_params, n=n)
+
+
+def _sample_params(params: SamplingParams, k: int) -> SamplingParams:
+    """Completion k's parameters: its own seed when seeded (the same for every rerun)."""
+    if k == 0 or params.seed is None or params.greedy:
+        return params
+    return replace(params, seed=derive_seed(params.seed, k))

@@ -137,13 +137,14 @@ class RowParams:
             if row.overrides.get("seed") is not None:
                 if row.sample == 0:
                     return params
-                return dataclasses.replace(params, seed=_seed(params.seed, row.sample))
+                return dataclasses.replace(params, seed=derive_seed(params.seed, row.sample))
         if self.seed is None or params.greedy:
             return params
         parts = (self.seed, row.id) if row.sample == 0 else (self.seed, row.id, row.sample)
-        return dataclasses.replace(params, seed=_seed(*parts))
+        return dataclasses.replace(params, seed=derive_seed(*parts))
 
 
-def _seed(*parts: object) -> int:
+def derive_seed(*parts: object) -> int:
+    """A 63-bit seed from its parts (the job seed, a row id, a sample index)."""
     digest = hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1

@@ -29,6 +29,7 @@ class RequestOutput:
     logprobs: list[float] | None = None
     top_logprobs: list[list[tuple[int, float]]] | None = None
     text: str | None = None
+    sample: int = 0  # which of LLM.generate's n completions of its prompt this is
 
 
 @dataclass(eq=False)
