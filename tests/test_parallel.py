@@ -61,19 +61,21 @@ def test_rows_go_to_workers_by_a_stable_hash_of_their_id():
     assert all(800 < shares.count(k) < 1200 for k in range(4))
 
 
+def one_and_two(tmp_path, common: list, *two_flags: str) -> tuple[dict, list[dict]]:
+    """The rows of one run (by id) and of the same run with two_flags, into one/ and two/."""
+    runner = CliRunner()
+    one = runner.invoke(main, ["run", *map(str, common), "-o", str(tmp_path / "one")])
+    assert one.exit_code == 0, one.output
+    two = runner.invoke(main, ["run", *map(str, common), "-o", str(tmp_path / "two"), *two_flags])
+    assert two.exit_code == 0, two.output
+    return {r["id"]: r for r in shard_rows(tmp_path / "one")}, shard_rows(tmp_path / "two")
+
+
 def test_two_workers_give_the_greedy_outputs_of_one(tmp_path, tiny_model_dir):
     prompts = write_prompts(tmp_path / "in.jsonl", 12)
     common = [prompts, "-m", tiny_model_dir, "--max-tokens", "8", "--device", "cpu", "-q",
               "--shard-size", "4"]  # fmt: skip
-    runner = CliRunner()
-    one = runner.invoke(main, ["run", *map(str, common), "-o", str(tmp_path / "one")])
-    assert one.exit_code == 0, one.output
-    two = runner.invoke(
-        main, ["run", *map(str, common), "-o", str(tmp_path / "two"), "--data-parallel", "2"]
-    )
-    assert two.exit_code == 0, two.output
-    single = {r["id"]: r for r in shard_rows(tmp_path / "one")}
-    rows = shard_rows(tmp_path / "two")
+    single, rows = one_and_two(tmp_path, common, "--data-parallel", "2")
     assert sorted(r["id"] for r in rows) == sorted(single) == sorted(f"in:{i}" for i in range(12))
     for row in rows:
         assert row["text"] == single[row["id"]]["text"]
@@ -307,17 +309,9 @@ def test_two_gpu_workers_give_the_greedy_outputs_of_one_gpu(tmp_path, tiny_model
     prompts = write_prompts(tmp_path / "in.jsonl", 24)
     common = [prompts, "-m", tiny_model_dir, "--max-tokens", "16", "--device", "cuda", "-q",
               "--dtype", "float32", "--shard-size", "5"]  # fmt: skip
-    runner = CliRunner()
-    one = runner.invoke(main, ["run", *map(str, common), "-o", str(tmp_path / "one")])
-    assert one.exit_code == 0, one.output
-    two = runner.invoke(
-        main, ["run", *map(str, common), "-o", str(tmp_path / "two"), "--gpus", "all"]
-    )
-    assert two.exit_code == 0, two.output
-    single = {r["id"]: r["text"] for r in shard_rows(tmp_path / "one")}
-    rows = shard_rows(tmp_path / "two")
+    single, rows = one_and_two(tmp_path, common, "--gpus", "all")
     assert sorted(r["id"] for r in rows) == sorted(single)
-    assert all(r["text"] == single[r["id"]] for r in rows)
+    assert all(r["text"] == single[r["id"]]["text"] for r in rows)
     stats = json.loads((tmp_path / "two" / "stats.json").read_text())
     workers = stats["workers"]
     assert [w["cuda_visible_devices"] for w in workers] == stats["data_parallel"]["gpus"]
