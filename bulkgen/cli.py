@@ -145,7 +145,14 @@ def models() -> None:
     default=None,
     help="A previous run's results folder: list the ids whose correctness changed since.",
 )
-def score(results, reference_column, baseline) -> None:
+@click.option(
+    "--references",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="A .jsonl or .parquet file with the reference column keyed by id (or custom_id): the "
+    "eval set, for results that do not keep its answers (--format openai never does).",
+)
+def score(results, reference_column, baseline, references) -> None:
     """Score the answers in RESULTS by exact match against a reference column.
 
     The answer is extracted from each row's text (the number after "answer is", else the last
@@ -156,7 +163,7 @@ def score(results, reference_column, baseline) -> None:
     from bulkgen.score import score_folder, summary
 
     try:
-        section = score_folder(results, reference_column, baseline)
+        section = score_folder(results, reference_column, baseline, references)
     except UserError as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(1)

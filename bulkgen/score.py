@@ -11,10 +11,14 @@ An answer is extracted from each row's text and normalised before the comparison
   in sentences.
 A reference may list accepted alternatives, separated by "|" ("Pacific Ocean|Pacific") or as a
 list. Error records count as wrong. With n samples per row, each (id, sample) pair is one item.
+Shards written with --format openai are read too (one item per choice). References may also come
+from another file keyed by id (`--references`): the eval set itself, when the results do not
+keep its answer column (an OpenAI Batch output never does).
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 from dataclasses import dataclass, field
@@ -25,6 +29,7 @@ import pyarrow.parquet as pq
 
 from bulkgen.errors import UserError
 from bulkgen.io.job import STATS_FILE, write_json_atomic
+from bulkgen.io.openai import is_openai_output
 
 _NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
 _NUMBER_WORDS = (
@@ -132,11 +137,74 @@ def read_results(folder: str | Path) -> list[dict]:
         try:
             if path.suffix == ".parquet":
                 rows += pq.read_table(path).to_pylist()
+            elif is_openai_output(path):
+                rows += _openai_rows(path)
             else:
                 rows += [json.loads(line) for line in path.read_text().splitlines() if line]
-        except (OSError, ValueError) as e:
-            raise UserError(f"cannot read shard {path}: {e}") from e
+        except (OSError, ValueError, KeyError) as e:
+            raise UserError(f"cannot read shard {path}: {e!r}") from e
     return rows
+
+
+def _openai_rows(path: Path) -> list[dict]:
+    """A --format openai shard as result rows: one per choice (sample = its index when a line
+    has several), the text from the chat message or the completion; an error line is one error
+    record."""
+    rows = []
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        record = json.loads(line)
+        body = (record.get("response") or {}).get("body")
+        if record.get("error") is not None or not body:
+            rows.append({"id": record["custom_id"], "text": None, "finish_reason": "error"})
+            continue
+        choices = body["choices"]
+        for choice in choices:
+            message = choice.get("message")
+            rows.append(
+                {
+                    "id": record["custom_id"],
+                    "sample": choice.get("index") if len(choices) > 1 else None,
+                    "text": message.get("content") if message else choice.get("text"),
+                    "finish_reason": choice.get("finish_reason"),
+                }
+            )
+    return rows
+
+
+def read_references(path: str | Path, column: str) -> dict[str, object]:
+    """id -> reference from a .jsonl(.gz) or .parquet file keyed by `id`, else `custom_id` (an
+    OpenAI Batch input file)."""
+    path = Path(path)
+    try:
+        if path.suffix == ".parquet":
+            records = pq.read_table(path).to_pylist()
+        else:
+            opener = gzip.open if path.suffix == ".gz" else open
+            with opener(path, "rt", encoding="utf-8") as f:
+                records = [json.loads(line) for line in f if line.strip()]
+    except (OSError, ValueError) as e:
+        raise UserError(f"cannot read the references {path}: {e}") from e
+    if not records:
+        raise UserError(f"the references {path} hold no rows")
+    key = next((k for k in ("id", "custom_id") if k in records[0]), None)
+    if key is None or not any(column in r for r in records):
+        raise UserError(
+            f"the references {path} need an 'id' (or 'custom_id') column and the {column!r} column"
+        )
+    return {str(r[key]): r.get(column) for r in records}
+
+
+def with_references(rows: list[dict], references: dict, column: str, source: str) -> list[dict]:
+    """The rows with their reference taken from `references` by id; an error if no id matches
+    (the results and the references are not of the same set)."""
+    if rows and not any(str(row["id"]) in references for row in rows):
+        raise UserError(
+            f"none of the ids in {source} is in the references (e.g. {rows[0]['id']!r}): "
+            "are they of the same eval set?"
+        )
+    return [{**row, column: references.get(str(row["id"]))} for row in rows]
 
 
 def score_rows(rows: list[dict], reference_column: str, source: str = "the results") -> Score:
@@ -154,10 +222,22 @@ def score_rows(rows: list[dict], reference_column: str, source: str = "the resul
 
 
 def score_folder(
-    folder: str | Path, reference_column: str = "answer", baseline: str | Path | None = None
+    folder: str | Path,
+    reference_column: str = "answer",
+    baseline: str | Path | None = None,
+    references: str | Path | None = None,
 ) -> dict:
-    """Score a results folder, merge a `score` section into its stats.json, and return it."""
-    score = score_rows(read_results(folder), reference_column, str(folder))
+    """Score a results folder, merge a `score` section into its stats.json, and return it.
+    references: a file of id -> reference (read_references) for the results and the baseline."""
+    refs = None if references is None else read_references(references, reference_column)
+
+    def scored(path) -> Score:
+        rows = read_results(path)
+        if refs is not None:
+            rows = with_references(rows, refs, reference_column, str(path))
+        return score_rows(rows, reference_column, str(path))
+
+    score = scored(folder)
     section: dict = {
         "accuracy": round(score.accuracy, 4),
         "n": score.n,
@@ -165,7 +245,7 @@ def score_folder(
         "reference_column": reference_column,
     }
     if baseline is not None:
-        base = score_rows(read_results(baseline), reference_column, str(baseline))
+        base = scored(baseline)
         both = sorted(key for key in score.correct if key in base.correct)
         section["baseline"] = {
             "path": str(baseline),

@@ -140,3 +140,50 @@ def test_an_interrupted_openai_job_resumes_whole_requests(tmp_path, tiny_model_d
         assert [c["index"] for c in record["response"]["body"]["choices"]] == [0, 1, 2]
     # Only the requests with no line were generated again, all three samples of each.
     assert len(RecordingEngine.instances[0].added) == 3 * (200 - len(first))
+
+
+def test_openai_results_are_scored_against_references_by_custom_id(tmp_path, tiny_model_dir):
+    from bulkgen.score import extract_phrase, is_correct, score_folder
+
+    path = write_jsonl(tmp_path / "batch.jsonl", BATCH)
+    run(make_config(tmp_path, tiny_model_dir, [path], format="openai", device="cpu"))
+    results = read_batch_output(tmp_path / "out")
+
+    def texts(custom_id):
+        choices = results[custom_id]["response"]["body"]["choices"]
+        return [c["message"]["content"] if "message" in c else c["text"] for c in choices]
+
+    # The eval set: request-1's reference is its own answer, request-3's one it never gives.
+    answers = {"request-1": extract_phrase(texts("request-1")[0]) or "x",
+               "request-2": extract_phrase(texts("request-2")[0]) or "x",
+               "request-3": "zzz never said"}  # fmt: skip
+    write_jsonl(
+        tmp_path / "eval.jsonl", [{"custom_id": k, "answer": v} for k, v in answers.items()]
+    )
+    section = score_folder(tmp_path / "out", references=tmp_path / "eval.jsonl")
+    items = [(k, t) for k in answers for t in texts(k)]  # request-2 has n=2: two items
+    assert section["n"] == len(items) == 4
+    assert section["correct"] == sum(is_correct(t, answers[k]) for k, t in items)
+    assert section["correct"] > 0  # these seeded texts have a first clause to match
+
+
+def test_an_openai_error_line_is_a_wrong_item_and_foreign_references_are_refused(tmp_path):
+    from bulkgen.errors import UserError
+    from bulkgen.score import score_folder
+
+    out = tmp_path / "out"
+    out.mkdir()
+    lines = [
+        {"id": "batch_req_1", "custom_id": "q1", "response": None,
+         "error": {"code": "invalid_request", "message": "bad row"}},
+        {"id": "batch_req_2", "custom_id": "q2", "error": None, "response": {
+            "status_code": 200, "body": {"choices": [
+                {"index": 0, "text": "The answer is 4", "finish_reason": "stop"}]}}},
+    ]  # fmt: skip
+    write_jsonl(out / "part-00000.jsonl", lines)
+    write_jsonl(tmp_path / "eval.jsonl", [{"id": "q1", "answer": "3"}, {"id": "q2", "answer": "4"}])
+    section = score_folder(out, references=tmp_path / "eval.jsonl")
+    assert (section["n"], section["correct"]) == (2, 1)
+    write_jsonl(tmp_path / "other.jsonl", [{"id": "x9", "answer": "4"}])
+    with pytest.raises(UserError, match="none of the ids"):
+        score_folder(out, references=tmp_path / "other.jsonl")

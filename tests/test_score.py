@@ -159,3 +159,22 @@ def test_the_score_command_reports_a_bad_folder_in_one_line(tmp_path):
     result = CliRunner().invoke(main, ["score", str(tmp_path / "missing")])
     assert result.exit_code == 1
     assert result.stderr.strip() == f"error: results folder {tmp_path / 'missing'} does not exist"
+
+
+def test_the_score_command_takes_references_from_the_eval_set(tmp_path):
+    """Results that did not keep the answer column are scored against the eval set by id."""
+    results = write_results(tmp_path / "r", [{k: v for k, v in r.items() if k != "answer"}
+                                             for r in ROWS])  # fmt: skip
+    pq.write_table(pa.Table.from_pylist(ROWS), tmp_path / "eval.parquet")
+    args = ["score", results, "--references", tmp_path / "eval.parquet"]
+    result = CliRunner().invoke(main, [str(a) for a in args])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines()[0] == "accuracy 75.0% (3/4 correct, exact match on 'answer')"
+    pq.write_table(pa.Table.from_pylist([{"id": "a", "label": "x"}]), tmp_path / "bad.parquet")
+    bad = CliRunner().invoke(
+        main, ["score", str(results), "--references", str(tmp_path / "bad.parquet")]
+    )
+    assert (
+        bad.exit_code == 1
+        and "need an 'id' (or 'custom_id') column and the 'answer' column" in bad.stderr
+    )
