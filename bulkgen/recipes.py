@@ -7,8 +7,9 @@ or `inputs` (`input`) for the INPUT arguments. The names come from the click com
 every option of `bulkgen run` works in a recipe with no change here. The recipe's values become
 the command's defaults (click's default_map): a flag on the command line overrides its field.
 Relative paths in a recipe (inputs, out, a `@file` prompt template, a model folder, a score
-baseline) are relative to the recipe's folder. Two fields are the recipe's own: `description`
-(free text) and `score` (`{reference_column, baseline}`: score the results when the run ends).
+baseline or references file) are relative to the recipe's folder. Two fields are the recipe's own:
+`description` (free text) and `score` (`{reference_column, baseline, references}`: score the
+results when the run ends).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import yaml
 from bulkgen.errors import UserError
 
 _META = "bulkgen.recipe"
-_SCORE_FIELDS = ("reference_column", "baseline")
+_SCORE_FIELDS = ("reference_column", "baseline", "references")
 _RECIPE_FIELDS = ("description", "score")
 _NOT_FIELDS = ("recipe", "help")
 
@@ -33,7 +34,7 @@ _NOT_FIELDS = ("recipe", "help")
 class Recipe:
     path: Path
     options: dict  # click parameter name -> value, as click's default_map takes them
-    score: dict | None = None  # {"reference_column": ..., "baseline": ... or None}
+    score: dict | None = None  # {"reference_column": ..., "baseline"/"references": ... or None}
     description: str | None = None
 
 
@@ -129,10 +130,11 @@ def _score(path: Path, section) -> dict | None:
             f"recipe {path}: unknown field 'score.{unknown[0]}'; score takes "
             f"{', '.join(_SCORE_FIELDS)}"
         )
-    baseline = section.get("baseline")
+    baseline, references = section.get("baseline"), section.get("references")
     return {
         "reference_column": str(section.get("reference_column") or "answer"),
         "baseline": None if baseline is None else _near(path, baseline),
+        "references": None if references is None else _near(path, references),
     }
 
 
@@ -156,7 +158,8 @@ def after_run(ctx: click.Context, out: str, quiet: bool) -> None:
         return
     from bulkgen.score import score_folder, summary
 
-    section = score_folder(out, recipe.score["reference_column"], recipe.score["baseline"])
+    score = recipe.score
+    section = score_folder(out, score["reference_column"], score["baseline"], score["references"])
     if not quiet:
         for line in summary(section):
             click.echo(line, err=True)

@@ -64,12 +64,13 @@ def test_relative_paths_resolve_against_the_recipes_folder(tmp_path):
     path = write_recipe(folder, {
         "inputs": ["data/a.jsonl", "/abs/b.jsonl"], "out": "../results/x",
         "prompt_template": "@templates/t.j2", "model": "models/m",
-        "score": {"baseline": "../results/yesterday"},
+        "score": {"baseline": "../results/yesterday", "references": "data/eval.jsonl"},
     })  # fmt: skip
     recipe = load_recipe(path, run_command)
     options = recipe.options
     assert recipe.score == {"reference_column": "answer",
-                            "baseline": str(tmp_path / "results" / "yesterday")}  # fmt: skip
+                            "baseline": str(tmp_path / "results" / "yesterday"),
+                            "references": str(folder / "data" / "eval.jsonl")}  # fmt: skip
     assert options["inputs"] == [str(folder / "data" / "a.jsonl"), "/abs/b.jsonl"]
     assert options["out"] == str(tmp_path / "results" / "x")
     assert options["prompt_template"] == "@" + str(folder / "templates" / "t.j2")
@@ -158,8 +159,13 @@ def test_flags_override_the_recipes_fields(recipe_dir, tmp_path, tiny_model_dir,
     assert not (recipe_dir.parent / "results").exists()
 
 
+@pytest.mark.parametrize(
+    "answers_from",
+    [{"keep_columns": "answer"}, {"score": {"references": "q.jsonl"}}],
+    ids=["kept-column", "references-file"],
+)
 def test_a_recipes_score_section_scores_the_run(tmp_path, tiny_model_dir, tiny_tokenizer,
-                                                monkeypatch):  # fmt: skip
+                                                monkeypatch, answers_from):  # fmt: skip
     # Every row answers "4": right for the first question, wrong for the second.
     four = tiny_tokenizer.encode("4", add_special_tokens=False)
     monkeypatch.setenv(FAKE_ENGINE_ENV, json.dumps({"steps": 1, "tokens": four}))
@@ -169,8 +175,8 @@ def test_a_recipes_score_section_scores_the_run(tmp_path, tiny_model_dir, tiny_t
     ))  # fmt: skip
     path = write_recipe(tmp_path, {
         "inputs": "q.jsonl", "out": "out", "model": str(tiny_model_dir),
-        "prompt_template": "{{ question }}", "keep_columns": "answer",
-        "score": {"reference_column": "answer"},
+        "prompt_template": "{{ question }}", "score": {"reference_column": "answer"},
+        **answers_from,
     })  # fmt: skip
     result = bulkgen("run", "--recipe", path)
     assert result.exit_code == 0, result.output
