@@ -18,7 +18,7 @@ from pathlib import Path
 
 from bulkgen.engine.fake import FAKE_ENGINE_ENV
 from bulkgen.errors import UserError
-from bulkgen.io.job import SETTINGS_FILE, STATS_FILE, JobDir, write_json_atomic
+from bulkgen.io.job import STATS_FILE, JobDir, write_json_atomic
 from bulkgen.parallel import Share, job_stats, worker_count, worker_list
 from bulkgen.progress import Progress
 from bulkgen.run_config import RunConfig
@@ -62,7 +62,6 @@ def run_ray(config: RunConfig, workers: int | str | None, address: str | None) -
         except ConnectionError as e:
             raise UserError(f"--ray {address or ''}: cannot reach a Ray cluster: {e}") from e
     actors: list = []
-    recorded = False  # whether this run wrote job.json (the actors load their engines after)
     try:
         resources = ray.cluster_resources()
         gpus = int(resources.get("GPU", 0)) if config.device != "cpu" else 0
@@ -71,7 +70,6 @@ def run_ray(config: RunConfig, workers: int | str | None, address: str | None) -
         if count > slots:  # an autoscaling cluster may add nodes; a fixed one never starts them
             print(f"bulkgen: {count} workers, the Ray cluster has {slots} now", flush=True)
         job.lock()
-        recorded = not (job.path / SETTINGS_FILE).is_file() or config.overwrite
         start = job.prepare(preflight.job_record(config, model_dir), config.overwrite)
         progress_queue = Queue(actor_options={"num_cpus": 0})
         worker_config = dataclasses.replace(
@@ -104,9 +102,8 @@ def run_ray(config: RunConfig, workers: int | str | None, address: str | None) -
         wall = progress.counts.elapsed
         progress.close()
         stats = job_stats(config, model_dir, job, start, wall, 0.0)
-    except BaseException:
-        if recorded:  # an actor that cannot load the model fails the job after job.json
-            job.forget_if_empty()
+    except BaseException:  # an actor that cannot load the model fails the job after job.json
+        job.forget_if_empty()
         raise
     finally:
         for actor in actors:

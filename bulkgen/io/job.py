@@ -60,6 +60,7 @@ class JobDir:
     def __init__(self, out: str | Path) -> None:
         self.path = Path(out)
         self._lock_fd: int | None = None
+        self._recorded_here = False  # whether prepare() wrote job.json (forget_if_empty)
 
     def check(self, settings: dict, overwrite: bool) -> None:
         """Refuse to resume a job with other settings (read-only: safe before any other check)."""
@@ -109,12 +110,13 @@ class JobDir:
             path.unlink(missing_ok=True)
         if self._recorded() is None:
             write_json_atomic(self.path / SETTINGS_FILE, record)
+            self._recorded_here = True
         return self.scan()
 
     def forget_if_empty(self) -> None:
-        """Undo prepare's record of a job that failed before writing any shard, so that a rerun
-        with other settings (a fixed --model, say) is not refused as a changed job."""
-        if not self._shards():
+        """Undo the record prepare() wrote, if the job failed before writing any shard, so that
+        a rerun with other settings (a fixed --model, say) is not refused as a changed job."""
+        if self._recorded_here and not self._shards():
             (self.path / SETTINGS_FILE).unlink(missing_ok=True)
 
     def scan(self, prefix: str = "") -> Done:
