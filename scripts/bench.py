@@ -11,85 +11,18 @@ busy over time, async against sync.
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
-from bench_measure import Sampler, measure_ceilings
+from bench_bulkgen import data_parallel, run_bulkgen
+from bench_measure import measure_ceilings
 from bench_transformers import run_transformers
-
-from bulkgen.model.shapes import LLAMA3_8B as _LLAMA3_8B
-
-LLAMA3_8B = dict(_LLAMA3_8B)
-KV_BYTES_PER_TOKEN = 2 * 32 * 8 * 128 * 2  # K and V, 32 layers, 8 kv heads, head_dim 128, bf16
-
-
-def weight_bytes_read() -> float:
-    """Bytes of weights a decode step reads: everything but the embedding table (gathered)."""
-    c = LLAMA3_8B
-    h, i, layers, v = (
-        c["hidden_size"],
-        c["intermediate_size"],
-        c["num_hidden_layers"],
-        c["vocab_size"],
-    )
-    kv = c["num_key_value_heads"] * h // c["num_attention_heads"]
-    per_layer = h * (h + 2 * kv) + h * h + 2 * h * i + i * h + 2 * h
-    return 2.0 * (layers * per_layer + h + v * h)
-
-
-# ---- workloads -------------------------------------------------------------------------------
-
-
-def make_workload(name: str, out_len: int, num_prompts: int | None) -> list[tuple[list[int], int]]:
-    """(prompt ids, output length) pairs; token ids drawn from the ordinary vocabulary."""
-    rng = np.random.default_rng(0)
-    if name == "blog":
-        n = num_prompts or 32
-        return [(rng.integers(1000, 120000, 256).tolist(), out_len) for _ in range(n)]
-    if name == "bulk":
-        n = num_prompts or 1024
-        plens, olens = rng.integers(64, 1025, n), rng.integers(64, 1025, n)
-        pairs = zip(plens, olens, strict=True)
-        return [(rng.integers(1000, 120000, p).tolist(), int(o)) for p, o in pairs]
-    if name == "prefix":
-        n = num_prompts or 1024
-        prefix = rng.integers(1000, 120000, 1024).tolist()
-        own, olens = rng.integers(64, 257, n), rng.integers(128, 513, n)
-        pairs = zip(own, olens, strict=True)
-        return [(prefix + rng.integers(1000, 120000, p).tolist(), int(o)) for p, o in pairs]
-    raise ValueError(name)
-
-
-def roofline_s(work, bandwidth: float, flops_rate: float, max_num_seqs: int) -> float:
-    """Decode bytes (weights once per step plus live KV) over bandwidth, plus prefill FLOPs."""
-    outs = [o for _, o in work]
-    steps = max(max(outs), sum(outs) / max_num_seqs)
-    kv = sum(KV_BYTES_PER_TOKEN * (len(p) * o + o * (o - 1) / 2) for p, o in work)
-    params = weight_bytes_read() / 2
-    prefill_flops = sum(2 * params * len(p) for p, _ in work)
-    return (steps * weight_bytes_read() + kv) / bandwidth + prefill_flops / flops_rate
-
-
-def split_roofline_s(work, workers: int, args) -> float:
-    """The roofline of the slowest worker when the rows are shared out as `bulkgen run` does."""
-    from bulkgen.parallel import owner
-
-    shares = [
-        [w for i, w in enumerate(work) if owner(str(i), workers) == k] for k in range(workers)
-    ]
-    return max(
-        roofline_s(share, args.bandwidth, args.flops, args.max_num_seqs)
-        for share in shares
-        if share
-    )
-
+from bench_workloads import LLAMA3_8B, make_workload, split_roofline_s
 
 # ---- measurement helpers ---------------------------------------------------------------------
 
@@ -118,101 +51,6 @@ def model_folder(tokenizer_dir: Path) -> Path:
 
 
 # ---- engines (each in its own process) -------------------------------------------------------
-
-
-def data_parallel(engine: str) -> int:
-    """Workers of an engine name: bulkgen-dp2 is `bulkgen run --data-parallel 2`."""
-    return int(engine.rsplit("-dp", 1)[1]) if "-dp" in engine else 1
-
-
-def run_bulkgen(args, work, sync: bool, prefix_cache: bool = True, workers: int = 1) -> dict:
-    """The whole `bulkgen run` pipeline: Parquet of token-id prompts in, shards out. With
-    workers > 1, `--data-parallel` worker processes on GPUs 0..workers-1."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-    import torch
-
-    from bulkgen.config import SamplingParams
-    from bulkgen.engine.engine import Engine
-    from bulkgen.pipeline import run
-    from bulkgen.run_config import RunConfig
-
-    tmp = Path(tempfile.mkdtemp(prefix="bulkgen-bench-"))
-    table = pa.table(
-        {
-            "id": [str(i) for i in range(len(work))],
-            "prompt": [p for p, _ in work],
-            "max_tokens": [o for _, o in work],
-        }
-    )
-    pq.write_table(table, tmp / "prompts.parquet")
-    config = RunConfig(
-        inputs=(str(tmp / "prompts.parquet"),),
-        out=str(tmp / "out"),
-        model=str(args.model_dir),
-        sampling=SamplingParams(
-            max_tokens=max(o for _, o in work), temperature=0.0, ignore_eos=True
-        ),
-        max_num_seqs=args.max_num_seqs,
-        max_model_len=args.max_model_len,
-        load_format="dummy",
-        prefix_cache=prefix_cache,
-        sync=sync,
-        quiet=True,
-        device="cuda",
-        dtype="bfloat16",
-    )
-    if workers > 1:
-        from bulkgen.parallel_local import run_local
-
-        # The workers' engines are in their own processes: NVML busy over all their GPUs,
-        # counted from the moment they had all loaded (load_time_s), as for one engine.
-        with Sampler(lambda: 0, gpus=list(range(workers))) as sampler:
-            stats = run_local(config, workers)
-        startup = stats["load_time_s"]
-        return {
-            "wall_s": stats["wall_time_s"],
-            "out_tokens": stats["completion_tokens"],
-            "gpu_busy": sampler.busy_after(startup),
-            "startup_s": round(startup, 1),
-            "peak_mem_gb": None,
-            "series": [],
-            "rows": stats["rows"],
-            "cached_prompt_tokens": sum(w.get("cached_prompt_tokens", 0) for w in stats["workers"]),
-            "prefix_cache": prefix_cache,
-            "data_parallel": workers,
-        }
-    holder: dict = {}
-
-    def factory(cfg):
-        engine = Engine(cfg)
-        holder["engine"] = engine
-        holder["startup_s"] = engine.startup_s
-        count = lambda: engine.scheduler.num_generated  # noqa: E731
-        sampler = Sampler(count, profile_at=args.profile_at, idle_stacks=args.idle_stacks)
-        holder["sampler"] = sampler.__enter__()
-        return engine
-
-    t0 = time.perf_counter()
-    stats = run(config, engine_factory=factory)
-    total = time.perf_counter() - t0
-    holder["sampler"].__exit__()
-    return {
-        "wall_s": stats.get("wall_time_s", total - holder["startup_s"]),
-        "out_tokens": stats["completion_tokens"],
-        "gpu_busy": holder["sampler"].busy,
-        "startup_s": round(holder["startup_s"], 1),
-        "peak_mem_gb": round(torch.cuda.max_memory_allocated() / 1e9, 1),
-        "series": holder["sampler"].series,
-        "rows": stats["rows"],
-        "profile": holder["sampler"].profile,
-        "idle_stacks": (holder["sampler"].idle_stacks or collections.Counter()).most_common(12),
-        "cached_prompt_tokens": stats.get("cached_prompt_tokens"),
-        "prefix_cache": prefix_cache,
-        # what stats.json tells a user: the engine's own NVML busy and decode bandwidth
-        "stats_gpu_busy_pct": stats.get("gpu_busy_pct"),
-        "stats_decode_bw_eff": stats.get("decode_bandwidth_efficiency"),
-    }
 
 
 def child(args) -> None:

@@ -1,0 +1,105 @@
+"""bulkgen as scripts/bench.py runs it: the whole `bulkgen run` pipeline on one GPU, or with
+`--data-parallel N` workers on N GPUs, sampled by bench_measure.Sampler."""
+
+from __future__ import annotations
+
+import collections
+import tempfile
+import time
+from pathlib import Path
+
+from bench_measure import Sampler
+
+
+def data_parallel(engine: str) -> int:
+    """Workers of an engine name: bulkgen-dp2 is `bulkgen run --data-parallel 2`."""
+    return int(engine.rsplit("-dp", 1)[1]) if "-dp" in engine else 1
+
+
+def run_bulkgen(args, work, sync: bool, prefix_cache: bool = True, workers: int = 1) -> dict:
+    """The whole `bulkgen run` pipeline: Parquet of token-id prompts in, shards out. With
+    workers > 1, `--data-parallel` worker processes on GPUs 0..workers-1."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import torch
+
+    from bulkgen.config import SamplingParams
+    from bulkgen.engine.engine import Engine
+    from bulkgen.pipeline import run
+    from bulkgen.run_config import RunConfig
+
+    tmp = Path(tempfile.mkdtemp(prefix="bulkgen-bench-"))
+    table = pa.table(
+        {
+            "id": [str(i) for i in range(len(work))],
+            "prompt": [p for p, _ in work],
+            "max_tokens": [o for _, o in work],
+        }
+    )
+    pq.write_table(table, tmp / "prompts.parquet")
+    config = RunConfig(
+        inputs=(str(tmp / "prompts.parquet"),),
+        out=str(tmp / "out"),
+        model=str(args.model_dir),
+        sampling=SamplingParams(
+            max_tokens=max(o for _, o in work), temperature=0.0, ignore_eos=True
+        ),
+        max_num_seqs=args.max_num_seqs,
+        max_model_len=args.max_model_len,
+        load_format="dummy",
+        prefix_cache=prefix_cache,
+        sync=sync,
+        quiet=True,
+        device="cuda",
+        dtype="bfloat16",
+    )
+    if workers > 1:
+        from bulkgen.parallel_local import run_local
+
+        # The workers' engines are in their own processes: NVML busy over all their GPUs,
+        # counted from the moment they had all loaded (load_time_s), as for one engine.
+        with Sampler(lambda: 0, gpus=list(range(workers))) as sampler:
+            stats = run_local(config, workers)
+        startup = stats["load_time_s"]
+        return {
+            "wall_s": stats["wall_time_s"],
+            "out_tokens": stats["completion_tokens"],
+            "gpu_busy": sampler.busy_after(startup),
+            "startup_s": round(startup, 1),
+            "peak_mem_gb": None,
+            "series": [],
+            "rows": stats["rows"],
+            "cached_prompt_tokens": sum(w.get("cached_prompt_tokens", 0) for w in stats["workers"]),
+            "prefix_cache": prefix_cache,
+            "data_parallel": workers,
+        }
+    holder: dict = {}
+
+    def factory(cfg):
+        engine = Engine(cfg)
+        holder["startup_s"] = engine.startup_s
+        count = lambda: engine.scheduler.num_generated  # noqa: E731
+        sampler = Sampler(count, profile_at=args.profile_at, idle_stacks=args.idle_stacks)
+        holder["sampler"] = sampler.__enter__()
+        return engine
+
+    t0 = time.perf_counter()
+    stats = run(config, engine_factory=factory)
+    total = time.perf_counter() - t0
+    holder["sampler"].__exit__()
+    return {
+        "wall_s": stats.get("wall_time_s", total - holder["startup_s"]),
+        "out_tokens": stats["completion_tokens"],
+        "gpu_busy": holder["sampler"].busy,
+        "startup_s": round(holder["startup_s"], 1),
+        "peak_mem_gb": round(torch.cuda.max_memory_allocated() / 1e9, 1),
+        "series": holder["sampler"].series,
+        "rows": stats["rows"],
+        "profile": holder["sampler"].profile,
+        "idle_stacks": (holder["sampler"].idle_stacks or collections.Counter()).most_common(12),
+        "cached_prompt_tokens": stats.get("cached_prompt_tokens"),
+        "prefix_cache": prefix_cache,
+        # what stats.json tells a user: the engine's own NVML busy and decode bandwidth
+        "stats_gpu_busy_pct": stats.get("gpu_busy_pct"),
+        "stats_decode_bw_eff": stats.get("decode_bandwidth_efficiency"),
+    }

@@ -1,0 +1,69 @@
+"""What scripts/bench.py measures, and its ideal: the workloads (token-id prompts and output
+lengths) and their HBM roofline on the Llama-3-8B shape."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from bulkgen.model.shapes import LLAMA3_8B as _LLAMA3_8B
+
+LLAMA3_8B = dict(_LLAMA3_8B)
+KV_BYTES_PER_TOKEN = 2 * 32 * 8 * 128 * 2  # K and V, 32 layers, 8 kv heads, head_dim 128, bf16
+
+
+def weight_bytes_read() -> float:
+    """Bytes of weights a decode step reads: everything but the embedding table (gathered)."""
+    c = LLAMA3_8B
+    h, i, layers, v = (
+        c["hidden_size"],
+        c["intermediate_size"],
+        c["num_hidden_layers"],
+        c["vocab_size"],
+    )
+    kv = c["num_key_value_heads"] * h // c["num_attention_heads"]
+    per_layer = h * (h + 2 * kv) + h * h + 2 * h * i + i * h + 2 * h
+    return 2.0 * (layers * per_layer + h + v * h)
+
+
+def make_workload(name: str, out_len: int, num_prompts: int | None) -> list[tuple[list[int], int]]:
+    """(prompt ids, output length) pairs; token ids drawn from the ordinary vocabulary."""
+    rng = np.random.default_rng(0)
+    if name == "blog":
+        n = num_prompts or 32
+        return [(rng.integers(1000, 120000, 256).tolist(), out_len) for _ in range(n)]
+    if name == "bulk":
+        n = num_prompts or 1024
+        plens, olens = rng.integers(64, 1025, n), rng.integers(64, 1025, n)
+        pairs = zip(plens, olens, strict=True)
+        return [(rng.integers(1000, 120000, p).tolist(), int(o)) for p, o in pairs]
+    if name == "prefix":
+        n = num_prompts or 1024
+        prefix = rng.integers(1000, 120000, 1024).tolist()
+        own, olens = rng.integers(64, 257, n), rng.integers(128, 513, n)
+        pairs = zip(own, olens, strict=True)
+        return [(prefix + rng.integers(1000, 120000, p).tolist(), int(o)) for p, o in pairs]
+    raise ValueError(name)
+
+
+def roofline_s(work, bandwidth: float, flops_rate: float, max_num_seqs: int) -> float:
+    """Decode bytes (weights once per step plus live KV) over bandwidth, plus prefill FLOPs."""
+    outs = [o for _, o in work]
+    steps = max(max(outs), sum(outs) / max_num_seqs)
+    kv = sum(KV_BYTES_PER_TOKEN * (len(p) * o + o * (o - 1) / 2) for p, o in work)
+    params = weight_bytes_read() / 2
+    prefill_flops = sum(2 * params * len(p) for p, _ in work)
+    return (steps * weight_bytes_read() + kv) / bandwidth + prefill_flops / flops_rate
+
+
+def split_roofline_s(work, workers: int, args) -> float:
+    """The roofline of the slowest worker when the rows are shared out as `bulkgen run` does."""
+    from bulkgen.parallel import owner
+
+    shares = [
+        [w for i, w in enumerate(work) if owner(str(i), workers) == k] for k in range(workers)
+    ]
+    return max(
+        roofline_s(share, args.bandwidth, args.flops, args.max_num_seqs)
+        for share in shares
+        if share
+    )
