@@ -45,6 +45,14 @@ class SamplingParams:
         object.__setattr__(self, "stop", stop)
 
     @property
+    def sampling_floats(self) -> tuple[float, ...]:
+        """The float parameters the device sampler reads per row, in inputs.FLOAT_FIELDS order:
+        temperature (0 when greedy), top_p, min_p, and the repetition, presence and frequency
+        penalties (1, 0, 0 = off)."""
+        temperature = 0.0 if self.greedy else self.temperature  # top_k=1 is greedy too
+        return (temperature, self.top_p, self.min_p, 1.0, 0.0, 0.0)
+
+    @property
     def filtered(self) -> bool:
         """Sampling restricted by top-k, top-p or min-p (moot when greedy)."""
         return not self.greedy and (self.top_k > 0 or self.top_p < 1.0 or self.min_p > 0.0)

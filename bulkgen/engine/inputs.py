@@ -1,12 +1,14 @@
 """Step inputs: a Plan packed into one pinned host buffer and copied to the device in one go.
 
-Two host buffers alternate between steps so that preparing step N+1 never overwrites the bytes
-step N's copy may still be reading; each buffer's copy event guards its reuse.
+Per-step host work is kept flat per row: block tables live on the device (BlockTable) and only
+the block ids a request gained since its last step travel; decode rows cost a few list appends,
+prefill chunks one numpy expression. Two host buffers alternate between steps so that preparing
+step N+1 never overwrites the bytes step N's copy may still be reading; each buffer's copy event
+guards its reuse.
 """
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -14,25 +16,35 @@ import torch
 
 from bulkgen.engine.scheduler import Plan
 
+# Float fields per sampled row, in packing order.
+FLOAT_FIELDS = ("temperature", "top_p", "min_p", "repetition", "presence", "frequency")
+
 
 @dataclass
 class StepInputs:
     """Device tensors of one step (views into one packed copy)."""
 
     input_ids: torch.Tensor  # [T] host-known ids (0 where the token comes from the prev step)
-    prev_index: torch.Tensor  # [T] row of the previous step's samples to take, or -1
+    prev_row: torch.Tensor  # [T] table row whose last sampled token is the input, or -1
     positions: torch.Tensor  # [T]
     slot_mapping: torch.Tensor  # [T]
     query_start_loc: torch.Tensor  # [B + 1] int32
     seq_lens: torch.Tensor  # [B] int32
-    block_tables: torch.Tensor  # [B, W] int32
+    rows: torch.Tensor  # [B] table row of each sequence
     logits_indices: torch.Tensor  # [S] rows of the step's tokens whose next token is sampled
     seeds: torch.Tensor  # [S]
     top_k: torch.Tensor  # [S]
     sample_positions: torch.Tensor  # [S] position of each sampled token
+    sample_rows: torch.Tensor  # [S] table row of each sampled sequence
+    update_rows: torch.Tensor  # [U] block-table appends: row, column, block id
+    update_cols: torch.Tensor
+    update_blocks: torch.Tensor
     temperature: torch.Tensor  # [S] float32
     top_p: torch.Tensor  # [S] float32
     min_p: torch.Tensor  # [S] float32
+    repetition: torch.Tensor  # [S] float32 penalties (1, 0, 0 = off)
+    presence: torch.Tensor
+    frequency: torch.Tensor
 
 
 @dataclass
@@ -42,30 +54,36 @@ class PackedStep:
     ints: torch.Tensor
     floats: torch.Tensor
     ready: torch.cuda.Event | None
-    sizes: tuple[int, int, int, int]  # T, B, S, W
+    sizes: tuple[int, int, int, int]  # T, B, S, U
     turn: int  # which of the two buffers it occupies
+    query_lens: list[int]  # host copies for the attention metadata
+    seq_lens: list[int]
 
     def unpack(self) -> StepInputs:
         """Views and dtype casts; call on the compute stream after it waited for `ready`."""
-        T, B, S, W = self.sizes
-        split = [T, T, T, T, B + 1, B, B * W, S, S, S, S]
-        (ids, prev, pos, slot, qsl, sl, bt, li, sd, tk, sp) = self.ints.split(split)
-        f = self.floats
+        T, B, S, U = self.sizes
+        split = [T, T, T, T, B + 1, B, B, S, S, S, S, S, U, U, U]
+        (ids, prev, pos, slot, qsl, sl, rows, li, sd, tk, sp, sr, ur, uc, ub) = self.ints.split(
+            split
+        )
+        floats = dict(zip(FLOAT_FIELDS, self.floats.split([S] * len(FLOAT_FIELDS)), strict=True))
         return StepInputs(
             input_ids=ids,
-            prev_index=prev,
+            prev_row=prev,
             positions=pos,
             slot_mapping=slot,
             query_start_loc=qsl.int(),
             seq_lens=sl.int(),
-            block_tables=bt.view(B, W).int(),
+            rows=rows,
             logits_indices=li,
             seeds=sd,
             top_k=tk,
             sample_positions=sp,
-            temperature=f[:S],
-            top_p=f[S : 2 * S],
-            min_p=f[2 * S :],
+            sample_rows=sr,
+            update_rows=ur,
+            update_cols=uc,
+            update_blocks=ub.int(),
+            **floats,
         )
 
 
@@ -83,8 +101,9 @@ class InputPacker:
         self.device = device
         self.block_size = block_size
         self.pin = device.type == "cuda"
-        self.int_cap = 5 * max_tokens + 6 * max_seqs + 1 + max_seqs * max_blocks_per_seq
-        self.float_cap = 3 * max_seqs
+        # Table appends are at most every block of every row (a prefix-cache hit syncs many).
+        self.int_cap = 4 * max_tokens + 8 * max_seqs + 1 + 3 * max_seqs * max_blocks_per_seq
+        self.float_cap = len(FLOAT_FIELDS) * max_seqs
         self.ints = [self._host(self.int_cap, torch.int64) for _ in range(2)]
         self.floats = [self._host(self.float_cap, torch.float32) for _ in range(2)]
         self.copied = [None, None]  # per host buffer: event of the last copy out of it
@@ -105,8 +124,7 @@ class InputPacker:
         """The step that read `packed` is enqueued; `event` fires once it is done with it."""
         self.consumed[packed.turn] = event
 
-    def pack(self, plan: Plan, prev_rows: dict[int, int], stream) -> PackedStep:
-        """prev_rows maps id(request) -> its row in the previous step's samples."""
+    def pack(self, plan: Plan, stream) -> PackedStep:
         seqs, sampled = plan.seqs, plan.sampled
         T, B, S = plan.num_tokens, len(seqs), len(sampled)
         bs = self.block_size
@@ -114,28 +132,38 @@ class InputPacker:
         prev: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
-        qsl, seq_lens, tables = [0], [], []
-        logits_idx, seeds, top_k, sample_pos = [], [], [], []
-        temp, top_p, min_p = [], [], []
+        qsl, seq_lens, q_lens, rows = [0], [], [], []
+        upd_rows, upd_cols, upd_blocks = [], [], []
+        logits_idx, seeds, top_k, sample_pos, sample_rows = [], [], [], [], []
+        floats: list[list[float]] = [[] for _ in FLOAT_FIELDS]
         for s in seqs:
             req, start, end = s.request, s.start, s.end
-            blocks = req.block_ids
+            blocks, row = req.block_ids, req.table_row
             if end - start == 1:  # decode rows: the common case, kept free of numpy calls
                 positions.append(start)
                 slots.append(blocks[start // bs] * bs + start % bs)
                 if s.from_prev:
                     ids.append(0)
-                    prev.append(prev_rows[id(req)])
+                    prev.append(row)
                 else:
                     ids.append(req.token_at(start))
                     prev.append(-1)
             else:
-                span = range(start, end)
-                positions.extend(span)
-                slots.extend(blocks[p // bs] * bs + p % bs for p in span)
+                span = np.arange(start, end)
+                positions.extend(span.tolist())
+                table = np.asarray(blocks[start // bs : -(-end // bs)])
+                slots.extend((table[span // bs - start // bs] * bs + span % bs).tolist())
                 ids.extend(req.token_slice(start, end))
                 prev.extend([-1] * (end - start))
-            tables.append(blocks)
+            synced = req.num_synced_blocks
+            if synced < len(blocks):
+                new = len(blocks) - synced
+                upd_rows.extend([row] * new)
+                upd_cols.extend(range(synced, len(blocks)))
+                upd_blocks.extend(blocks[synced:])
+                req.num_synced_blocks = len(blocks)
+            rows.append(row)
+            q_lens.append(end - start)
             qsl.append(qsl[-1] + end - start)
             seq_lens.append(end)
             if s.sample:
@@ -144,26 +172,20 @@ class InputPacker:
                 seeds.append(req.seed)
                 top_k.append(p.top_k if p.top_k > 0 else 0)
                 sample_pos.append(end)
-                temp.append(0.0 if p.greedy else p.temperature)  # top_k=1 is greedy too
-                top_p.append(p.top_p)
-                min_p.append(p.min_p)
-        W = max(len(t) for t in tables)
-        flat_tables = np.zeros((B, W), np.int64)
-        lengths = np.fromiter((len(t) for t in tables), np.int64, B)
-        rows = np.repeat(np.arange(B), lengths)
-        cols = np.arange(len(rows)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-        flat_tables[rows, cols] = np.fromiter(itertools.chain.from_iterable(tables), np.int64)
-        ints = np.concatenate(
-            [
-                np.asarray(ids + prev + positions + slots + qsl + seq_lens, np.int64),
-                flat_tables.reshape(-1),
-                np.asarray(logits_idx + seeds + top_k + sample_pos, np.int64),
-            ]
-        )
-        floats = np.asarray(temp + top_p + min_p, np.float32)
+                sample_rows.append(row)
+                for values, v in zip(floats, p.sampling_floats, strict=True):
+                    values.append(v)
+        U = len(upd_rows)
+        ints = np.asarray(
+            ids + prev + positions + slots + qsl + seq_lens + rows
+            + logits_idx + seeds + top_k + sample_pos + sample_rows
+            + upd_rows + upd_cols + upd_blocks,
+            np.int64,
+        )  # fmt: skip
+        flat = np.asarray([v for values in floats for v in values], np.float32)
         turn = self.turn
-        dev_ints, dev_floats, ready = self._copy(ints, floats, stream)
-        return PackedStep(dev_ints, dev_floats, ready, (T, B, S, W), turn)
+        dev_ints, dev_floats, ready = self._copy(ints, flat, stream)
+        return PackedStep(dev_ints, dev_floats, ready, (T, B, S, U), turn, q_lens, seq_lens)
 
     def _copy(self, ints: np.ndarray, floats: np.ndarray, stream):
         i = self.turn

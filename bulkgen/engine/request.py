@@ -48,6 +48,10 @@ class Request:
     # because the plan would need that token on the host.
     num_pending: int = 0
     num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
+    # Row of the runner's device-resident tables (block table, last sampled token) while the
+    # request is running; its first num_synced_blocks block ids are already in the device table.
+    table_row: int | None = None
+    num_synced_blocks: int = 0
     num_hashed_blocks: int = 0  # leading blocks registered in the prefix cache
     last_hash: int | None = None  # chain hash of the last of them
     finish_reason: str | None = None

@@ -82,8 +82,13 @@ def sample(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
 def top_logprobs(
     logits: torch.Tensor, ids: torch.Tensor, k: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Log-probabilities of the model's distribution: of the sampled ids [B], and the top k."""
-    logp = logits.log_softmax(dim=-1)
-    chosen = logp.gather(1, ids[:, None]).squeeze(1)
-    top_vals, top_ids = logp.topk(k, dim=-1) if k > 0 else (logp[:, :0], ids[:, None][:, :0])
-    return chosen, top_ids, top_vals
+    """Log-probabilities of the model's distribution: of the sampled ids [B], and the top k.
+
+    One logsumexp and one top-k over the logits: no [B, V] log-softmax is written.
+    """
+    lse = logits.logsumexp(dim=-1)
+    chosen = logits.gather(1, ids[:, None]).squeeze(1) - lse
+    if k == 0:
+        return chosen, ids[:, None][:, :0], logits[:, :0]
+    top_vals, top_ids = logits.topk(k, dim=-1)
+    return chosen, top_ids, top_vals - lse[:, None]

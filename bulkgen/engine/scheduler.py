@@ -64,6 +64,10 @@ class Scheduler:
         self.eos_ids = frozenset(eos_ids)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # in admission order: the last is preempted first
+        # Rows of the runner's device tables, one per running request. A row freed at update(N)
+        # is reused at N+2 at the earliest; the runner writes rows on its compute stream only,
+        # after step N+1 (which may still read the old contents) in stream order.
+        self.free_rows = list(range(cfg.max_num_seqs - 1, -1, -1))
         self.finished: list[RequestOutput] = []
         self.num_preemptions = 0
         self.num_generated = 0  # tokens appended to outputs (read by progress and benchmarks)
@@ -114,6 +118,9 @@ class Scheduler:
     def _release(self, req: Request) -> None:
         self.blocks.free(req.block_ids)
         req.block_ids = []
+        if req.table_row is not None:
+            self.free_rows.append(req.table_row)
+            req.table_row, req.num_synced_blocks = None, 0
         req.num_hashed_blocks, req.last_hash = 0, None
 
     def take_finished(self) -> list[RequestOutput]:
@@ -183,6 +190,7 @@ class Scheduler:
                 break
             self.waiting.popleft()
             req.status = Status.RUNNING
+            req.table_row = self.free_rows.pop()
             self.running.append(req)
             plan.seqs.append(self._scheduled(req, n))
             budget -= n

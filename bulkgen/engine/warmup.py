@@ -12,7 +12,11 @@ from bulkgen.config import EngineConfig, SamplingParams
 from bulkgen.engine.request import Request
 from bulkgen.engine.scheduler import Plan, ScheduledSeq
 
-_FILTERED = SamplingParams(max_tokens=1, temperature=1.0, top_k=50, top_p=0.9, min_p=0.01)
+# Every filter and the widest logprobs (OpenAI's maximum of 20): the sampler's and the logprob
+# path's largest temporaries and pinned buffers exist before the KV cache is sized.
+_FILTERED = SamplingParams(
+    max_tokens=1, temperature=1.0, top_k=50, top_p=0.9, min_p=0.01, logprobs=20
+)
 
 
 def warmup_plans(cfg: EngineConfig, max_model_len: int) -> list[Plan]:
@@ -38,7 +42,7 @@ def warmup_blocks(cfg: EngineConfig, max_model_len: int) -> int:
 def _plan(lengths: list[int], block_size: int) -> Plan:
     plan, next_block = Plan(), 0
     for i, n in enumerate(lengths):
-        req = Request(f"warmup-{i}", [1] * n, _FILTERED, seed=i)
+        req = Request(f"warmup-{i}", [1] * n, _FILTERED, seed=i, table_row=i)
         count = -(-n // block_size)
         req.block_ids = list(range(next_block, next_block + count))
         next_block += count
