@@ -28,7 +28,9 @@ def warmup_plans(cfg: EngineConfig, max_model_len: int) -> list[Plan]:
     # other sizes would compile new variants in the middle of the run (seconds of idle GPU, seen
     # on the H200). Odd totals and lengths, and a lone token, cover those variants.
     odd = [n for n in (1, 17, 333) if n <= tokens] or [1]
-    plans = [long_prefill, wide, odd, [1] * min(3, seqs), [1]]
+    # A mixed step whose longest query is short picks the prefill kernel's small-tile variant.
+    short = [2, 1] if tokens >= 3 and seqs >= 2 else [1]
+    plans = [long_prefill, wide, odd, short, [1] * min(3, seqs), [1]]
     return [_plan(lengths, cfg.block_size) for lengths in plans]
 
 
