@@ -163,8 +163,8 @@ class ModelRunner:
 
     def _graphable(self, plan: Plan, meta: AttnMetadata) -> bool:
         """Decode steps whose every row samples replay a graph, whatever their sampling."""
-        if self.graphs is None or not meta.decode_only:
-            return False
+        if self.graphs is None or not self.graphs.graphs or not meta.decode_only:
+            return False  # warm-up runs before the capture: its decode steps run eagerly
         return len(plan.seqs) <= self.graphs.max_batch and len(plan.sampled) == len(plan.seqs)
 
     def warm_up(self, plans: list[Plan]) -> None:
