@@ -258,6 +258,7 @@ def main() -> None:
                     "host_ms_per_step_p99",
                     "preemptions",
                     "eager_decode_steps",
+                    "max_idle_gap_s",
                 ):
                     if r.get(key) is not None:
                         line[key] = r[key]

@@ -99,6 +99,7 @@ def run_bulkgen(args, work, sync: bool, prefix_cache: bool = True, workers: int 
         "wall_s": stats.get("wall_time_s", total - holder["startup_s"]),
         "out_tokens": stats["completion_tokens"],
         "gpu_busy": holder["sampler"].busy,
+        "max_idle_gap_s": holder["sampler"].max_idle_gap_s,
         "startup_s": round(holder["startup_s"], 1),
         "peak_mem_gb": round(torch.cuda.max_memory_allocated() / 1e9, 1),
         "series": holder["sampler"].series,
