@@ -71,7 +71,19 @@ def _seed():
 
 
 def test_kernel_noise_equals_uniform_noise_bit_for_bit():
-    seeds = [0, 1, 2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**32 + 1, 2**40 + 3, 2**63 - 1, -1, -(2**63)]
+    seeds = [
+        0,
+        1,
+        2**31 - 1,
+        2**31,
+        2**32 - 1,
+        2**32,
+        2**32 + 1,
+        2**40 + 3,
+        2**63 - 1,
+        -1,
+        -(2**63),
+    ]
     seed = torch.tensor(seeds, device=DEVICE)
     position = torch.tensor(
         [0, 1, 2**31 - 1, 2**31, 2**32 - 1, 2**32 + 5, 7, 2**40, 123456789, 2**62, 3],
