@@ -85,9 +85,8 @@ def _sample_kernel(
     use_min_p = min_p > 0.0
     keep_w = (min_p <= 0.0) | (tl.exp(w_val - m) >= min_p)
     done = greedy | (~use_k & ~use_p & ~use_min_p) | (m == float("-inf"))
-    theta = tl.full(
-        (), float("-inf"), tl.float32
-    )  # the kept tokens are those with s > theta (and the min-p test)
+    # The kept tokens are those with s > theta that pass the min-p test.
+    theta = tl.full((), float("-inf"), tl.float32)
     if (~done) & (use_k | use_p):
         j = tl.arange(0, NPIV)
         # First pivots: -inf (the total mass and count), w's logit (is w kept?), then a spread.
@@ -182,6 +181,8 @@ def fused_sample(
         assert allowed.stride(1) == 1
     mask = allowed if allowed is not None else logits  # never read without HAS_MASK
     out = torch.empty(b, dtype=torch.int64, device=logits.device)
+    if b == 0:
+        return out
     _sample_kernel[(b,)](
         logits,
         logits.stride(0),
