@@ -1,0 +1,206 @@
+"""A fused Triton sampler: the same tokens as `sampler.sample`, without a [B, V] temporary.
+
+One program per row streams the row's logits in BLOCK-sized chunks; every pass is one read of the
+row. The (seed, position, token id) noise of `sampler.uniform_noise` is hashed in registers.
+
+- Pass A (every row): the max M and argmax of s = logits / T, and the exponential race over all
+  tokens, argmax of s_i - log(-log u_i) (the order of p_i / -log u_i). A greedy row (T = 0) or a
+  row without filters is done here: one pass.
+- Filters keep the tokens with s above a threshold (top-k, top-p) and exp(s - M) >= min_p. The
+  race winner over all tokens, w, is also the winner over the kept ones if it is kept, so it is
+  checked first: min-p alone needs no pass for that, top-k and top-p one pivot pass (the counts
+  and masses above w). Sampling a distribution whose top-p set holds 95% of the mass, w is kept
+  in about 95% of the rows: 2 passes.
+- Otherwise the threshold is found by multi-pivot bisection without sorting (`_pivot_pass`: the
+  count and mass of tokens above each of NPIV pivots, one read), first for top-k, then for top-p
+  on the top-k mass; then one race pass over the kept tokens. Each pass cuts the value range of
+  the undecided band NPIV-fold and drops its smallest token, so the search ends (a handful of
+  passes on real logits; MAX_PASSES bounds it).
+
+Ties at a threshold keep every tied token: top-k keeps all tokens whose logit equals the k-th
+largest, top-p counts only strictly larger tokens as "before" a token. (torch.sort orders ties
+arbitrarily, so the reference may cut one of them.) With a bitmask, disallowed tokens get logit
+-inf before anything, so the filters see the distribution restricted to the allowed tokens.
+Everything is decided on the device: no host syncs, a fixed grid, safe to capture in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from bulkgen.engine.triton_sampler_passes import (
+    _first_pass,
+    _narrow,
+    _pivot_pass,
+    _race_pass,
+    _row_hash,
+    _uniform,
+)
+
+BLOCK = 1024  # tokens per chunk in the one-dimensional passes
+PIVOT_BLOCK = 512  # tokens per chunk in a pivot pass: its accumulators are [PIVOT_BLOCK, NPIV]
+NPIV = 8  # pivots counted per search pass
+MAX_PASSES = 40  # bound on search passes; float32 bisection ends in far fewer
+NUM_WARPS = 8
+
+
+@triton.jit
+def _sample_kernel(
+    logits_ptr,
+    stride_row,
+    allowed_ptr,
+    stride_allowed,
+    temperature_ptr,
+    top_k_ptr,
+    top_p_ptr,
+    min_p_ptr,
+    seed_ptr,
+    position_ptr,
+    out_ptr,
+    V,
+    HAS_MASK: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PIVOT_BLOCK: tl.constexpr,
+    NPIV: tl.constexpr,
+    MAX_PASSES: tl.constexpr,
+):
+    row = tl.program_id(0)
+    logits_ptr += row.to(tl.int64) * stride_row
+    allowed_ptr += row.to(tl.int64) * stride_allowed
+    temp = tl.load(temperature_ptr + row)
+    greedy = temp <= 0.0
+    t = tl.where(greedy, 1.0, temp)
+    k = tl.load(top_k_ptr + row)
+    p = tl.load(top_p_ptr + row)
+    min_p = tl.load(min_p_ptr + row)
+    rh = _row_hash(tl.load(seed_ptr + row), tl.load(position_ptr + row))
+
+    m, argmax, min_s, w, w_val = _first_pass(
+        logits_ptr, allowed_ptr, V, t, rh, ~greedy, HAS_MASK, BLOCK
+    )
+    use_k = k > 0
+    use_p = p < 1.0
+    use_min_p = min_p > 0.0
+    keep_w = (min_p <= 0.0) | (tl.exp(w_val - m) >= min_p)
+    done = greedy | (~use_k & ~use_p & ~use_min_p) | (m == float("-inf"))
+    # The kept tokens are those with s > theta that pass the min-p test.
+    theta = tl.full((), float("-inf"), tl.float32)
+    if (~done) & (use_k | use_p):
+        j = tl.arange(0, NPIV)
+        # First pivots: -inf (the total mass and count), w's logit (is w kept?), then a spread.
+        spread = min_s + (m - min_s) * (j - 1).to(tl.float32) / (NPIV - 1)
+        piv = tl.where(j == 0, float("-inf"), tl.where(j == 1, w_val, spread))
+        cnt, mass, minab = _pivot_pass(
+            logits_ptr, allowed_ptr, V, t, m, piv, HAS_MASK, PIVOT_BLOCK, NPIV
+        )
+        total = tl.sum(tl.where(j == 0, mass, 0.0))
+        w_cnt = tl.sum(tl.where(j == 1, cnt, 0))
+        w_mass = tl.sum(tl.where(j == 1, mass, 0.0))
+        lo = theta
+        lo_cnt = tl.sum(tl.where(j == 0, cnt, 0))
+        lo_mass = total
+        lo_minab = tl.min(tl.where(j == 0, minab, float("inf")))
+        hi = m
+        hi_cnt = tl.zeros((), tl.int32)
+        hi_mass = tl.zeros((), tl.float32)
+        z_k = total
+        phase = tl.where(use_k, 0, 1)  # 0: top-k threshold, 1: top-p threshold, 2: found
+        passes = tl.full((), 1, tl.int32)
+        keep_w &= (~use_k) | (w_cnt < k)
+        while (phase < 2) & (passes <= MAX_PASSES):
+            if passes > 1:
+                piv = lo_minab + (hi - lo_minab) * j.to(tl.float32) / NPIV
+                cnt, mass, minab = _pivot_pass(
+                    logits_ptr, allowed_ptr, V, t, m, piv, HAS_MASK, PIVOT_BLOCK, NPIV
+                )
+            # Kept at a pivot: fewer than k tokens above it; or the mass above it below p * z_k.
+            ok = tl.where(phase == 0, cnt < k, mass < p * z_k)
+            lo, lo_cnt, lo_mass, lo_minab, hi, hi_cnt, hi_mass = _narrow(
+                piv, ok, cnt, mass, minab, lo, lo_cnt, lo_mass, lo_minab, hi, hi_cnt, hi_mass
+            )
+            # Found: no token in (lo, hi], or the smallest one above lo is >= hi (hence kept).
+            found = (lo_cnt == hi_cnt) | (hi <= lo_minab)
+            k_found = found & (phase == 0)  # top-p, if asked for, searches on within top-k
+            z_k = tl.where(k_found, lo_mass, z_k)
+            hi = tl.where(k_found, m, hi)
+            hi_cnt = tl.where(k_found, 0, hi_cnt)
+            hi_mass = tl.where(k_found, 0.0, hi_mass)
+            phase = tl.where(k_found, tl.where(use_p, 1, 2), tl.where(found, 2, phase))
+            phase = tl.where((phase == 1) & (hi <= lo_minab), 2, phase)
+            passes += 1
+            # w wins among the kept tokens as soon as it is known to be kept.
+            accept = keep_w & ((~use_p) | ((phase > 0) & (w_mass < p * z_k)))
+            phase = tl.where(accept, 3, phase)
+        theta = lo
+        done = phase == 3
+    else:
+        done |= keep_w
+    ids = tl.where(greedy, argmax, w)
+    if ~done:
+        ids = _race_pass(logits_ptr, allowed_ptr, V, t, m, rh, theta, min_p, HAS_MASK, BLOCK)
+    tl.store(out_ptr + row, ids.to(tl.int64))
+
+
+@triton.jit
+def _noise_kernel(seed_ptr, position_ptr, out_ptr, V, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    rh = _row_hash(tl.load(seed_ptr + row), tl.load(position_ptr + row))
+    for start in range(0, V, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        tl.store(out_ptr + row.to(tl.int64) * V + offs, _uniform(rh, offs), mask=offs < V)
+
+
+def kernel_uniform_noise(seed: torch.Tensor, position: torch.Tensor, vocab_size: int):
+    """The kernel's u for every (row, token id): must equal `sampler.uniform_noise` bit for bit."""
+    out = torch.empty(seed.shape[0], vocab_size, dtype=torch.float32, device=seed.device)
+    _noise_kernel[(seed.shape[0],)](seed, position, out, vocab_size, BLOCK=BLOCK)
+    return out
+
+
+def fused_sample(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+    seed: torch.Tensor,
+    position: torch.Tensor,
+    allowed: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Token ids [B] int64 for float32 logits [B, V], as `sampler.sample` draws them.
+
+    temperature 0 is greedy, top_k <= 0, top_p >= 1 and min_p <= 0 are off. `allowed` is an
+    optional [B, ceil(V / 32)] int32 bitmask: bit j of word w allows token 32 * w + j.
+    """
+    b, v = logits.shape
+    assert logits.dtype == torch.float32 and logits.stride(1) == 1, "float32 rows, unit stride"
+    if allowed is not None:
+        assert allowed.dtype == torch.int32 and allowed.shape == (b, -(-v // 32))
+        assert allowed.stride(1) == 1
+    mask = allowed if allowed is not None else logits  # never read without HAS_MASK
+    out = torch.empty(b, dtype=torch.int64, device=logits.device)
+    if b == 0:
+        return out
+    _sample_kernel[(b,)](
+        logits,
+        logits.stride(0),
+        mask,
+        mask.stride(0),
+        temperature,
+        top_k,
+        top_p,
+        min_p,
+        seed,
+        position,
+        out,
+        v,
+        HAS_MASK=allowed is not None,
+        BLOCK=BLOCK,
+        PIVOT_BLOCK=PIVOT_BLOCK,
+        NPIV=NPIV,
+        MAX_PASSES=MAX_PASSES,
+        num_warps=NUM_WARPS,
+    )
+    return out
