@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from bulkgen import LLM, SamplingParams
+from bulkgen.engine import blocks as blocks_module
 from bulkgen.engine.blocks import BlockManager
 
 SYSTEM = list(range(20, 70))  # a 50-token shared prefix, e.g. a system prompt
@@ -60,3 +61,66 @@ def test_freed_cached_blocks_are_evicted_last():
     assert bm.lookup([1, 2, 3], 1) == a
     c = bm.allocate(0)
     assert c == [] and bm.num_free == 0
+
+
+# ---- keys: a digest collision never reuses KV computed after a different prefix ---------------
+
+B0, A0, A1 = (20, 21, 22, 23), (30, 31, 32, 33), (40, 41, 42, 43)
+
+
+def collide_first_blocks(monkeypatch) -> None:
+    """Make the root block A0 share B0's digest, as a crafted collision of a weak hash would."""
+    real = blocks_module.block_digest
+
+    def digest(parent, tokens):
+        return real(None, B0) if parent is None and tuple(tokens) == A0 else real(parent, tokens)
+
+    monkeypatch.setattr(blocks_module, "block_digest", digest)
+
+
+def test_block_keys_are_128_bit_digests_of_the_parent_key_and_the_tokens():
+    root = blocks_module.block_digest(None, A0)
+    assert len(root) == 16 and root != blocks_module.block_digest(None, B0)
+    assert blocks_module.block_digest(root, A1) != blocks_module.block_digest(None, A1)
+    assert blocks_module.block_digest(root, A1) == blocks_module.block_digest(root, A1)
+
+
+def test_a_block_cached_after_a_colliding_parent_is_not_reused(monkeypatch):
+    collide_first_blocks(monkeypatch)
+    bm = BlockManager(8, 4, prefix_cache=True)
+    r, p = bm.allocate(1), bm.allocate(2)
+    bm.register(r[0], None, B0)  # R = B0 ...: its first block is cached under the digest
+    key = bm.register(p[0], None, A0)  # P = A0 A1: same digest, other tokens: not cached
+    bm.register(p[1], key, A1)
+    assert bm.lookup([*A0, *A1, 9], 2) == [], "A0 is not B0, whatever their digests"
+    assert bm.lookup([*B0, *A1, 9], 2) == r, "A1 was computed after A0, not after B0"
+
+
+def test_a_child_is_not_reused_after_its_parent_block_was_rewritten(monkeypatch):
+    collide_first_blocks(monkeypatch)
+    bm = BlockManager(3, 4, prefix_cache=True)
+    a = bm.allocate(2)
+    bm.register(a[1], bm.register(a[0], None, B0), A1)  # B0 A1
+    bm.free(a)
+    assert bm.allocate(2)[1] == a[0], "the parent is evicted, its child stays cached"
+    bm.register(a[0], None, A0)  # same block, same digest, now after other tokens
+    assert bm.lookup([*A0, *A1, 9], 2) == [a[0]], "A1 was computed after B0, not after A0"
+
+
+def test_forced_collisions_change_no_output_at_engine_level(tiny_model_dir, monkeypatch):
+    collide_first_blocks(monkeypatch)
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    r, p, q = [*B0, 50, 51, 52, 53, 9], [*A0, *A1, 9], [*B0, *A1, 9]
+    outs = {}
+    for cache in (True, False):
+        llm = LLM(str(tiny_model_dir), device="cpu", block_size=4, prefix_cache=cache)
+        outs[cache] = [llm.generate([prompt], params)[0] for prompt in (r, p, q)]
+    assert [o.token_ids for o in outs[True]] == [o.token_ids for o in outs[False]]
+    assert outs[True][2].num_cached_tokens == 4, "Q reuses R's first block and nothing else"
+
+
+def test_a_constant_digest_changes_no_output(tiny_model_dir, monkeypatch):
+    monkeypatch.setattr(blocks_module, "block_digest", lambda parent, tokens: b"\0" * 16)
+    _, on = generate(tiny_model_dir, True)
+    _, off = generate(tiny_model_dir, False)
+    assert [o.token_ids for o in on] == [o.token_ids for o in off]

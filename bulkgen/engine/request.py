@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass, field
 
 from bulkgen.config import SamplingParams
+from bulkgen.engine.blocks import ChainKey
 
 
 class Status(enum.Enum):
@@ -49,7 +50,7 @@ class Request:
     num_pending: int = 0
     num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
     num_hashed_blocks: int = 0  # leading blocks registered in the prefix cache
-    last_hash: int | None = None  # chain hash of the last of them
+    last_key: ChainKey | None = None  # the prefix-cache chain key of the last of them
     finish_reason: str | None = None
     error: str | None = None
     num_streamed: int = 0  # output tokens already handed out by Engine.take_progress()

@@ -114,7 +114,7 @@ class Scheduler:
     def _release(self, req: Request) -> None:
         self.blocks.free(req.block_ids)
         req.block_ids = []
-        req.num_hashed_blocks, req.last_hash = 0, None
+        req.num_hashed_blocks, req.last_key = 0, None
 
     def take_finished(self) -> list[RequestOutput]:
         done, self.finished = self.finished, []
@@ -199,7 +199,7 @@ class Scheduler:
             return
         req.block_ids = hits
         req.num_computed = len(hits) * self.blocks.block_size
-        req.num_hashed_blocks, req.last_hash = len(hits), self.blocks.hash_of(hits[-1])
+        req.num_hashed_blocks, req.last_key = len(hits), self.blocks.key_of(hits[-1])
         if not req.output_ids:
             req.num_cached_tokens = req.num_computed
             self.num_cached_tokens += req.num_computed
@@ -214,7 +214,7 @@ class Scheduler:
         while req.num_hashed_blocks < known // bs:
             i = req.num_hashed_blocks
             tokens = tuple(req.token_slice(i * bs, (i + 1) * bs))
-            req.last_hash = self.blocks.register(req.block_ids[i], req.last_hash, tokens)
+            req.last_key = self.blocks.register(req.block_ids[i], req.last_key, tokens)
             req.num_hashed_blocks += 1
 
     def _scheduled(self, req: Request, n: int) -> ScheduledSeq:
