@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from bulkgen import LLM, SamplingParams
+from bulkgen.config import EngineConfig
 from bulkgen.engine import blocks as blocks_module
 from bulkgen.engine.blocks import BlockManager
+from bulkgen.engine.request import Request
+from bulkgen.engine.runner import StepResult
+from bulkgen.engine.scheduler import Scheduler
 
 SYSTEM = list(range(20, 70))  # a 50-token shared prefix, e.g. a system prompt
 
@@ -124,3 +128,47 @@ def test_a_constant_digest_changes_no_output(tiny_model_dir, monkeypatch):
     _, on = generate(tiny_model_dir, True)
     _, off = generate(tiny_model_dir, False)
     assert [o.token_ids for o in on] == [o.token_ids for o in off]
+
+
+# ---- cached_prompt_tokens: what admitted requests took from the cache, once each -------------
+
+
+def run_scheduler(num_blocks: int, max_batch_tokens: int, batches) -> tuple[Scheduler, list]:
+    """Drive a Scheduler as the --sync loop does (every sampled id is 7); batches run in turn."""
+    cfg = EngineConfig(model="unused", block_size=4, max_batch_tokens=max_batch_tokens)
+    sched = Scheduler(cfg, BlockManager(num_blocks, 4, prefix_cache=True), 512, eos_ids=[])
+    outs = []
+    for b, batch in enumerate(batches):
+        for i, (prompt, max_tokens) in enumerate(batch):
+            params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+            sched.add(Request(f"{b}-{i}", prompt, params, seed=0))
+        while sched.num_unfinished:
+            plan = sched.schedule()
+            sched.update(plan, StepResult(ids=[7] * len(plan.sampled)))
+            outs += sched.take_finished()
+    return sched, sorted(outs, key=lambda o: o.request_id)
+
+
+PROMPT = list(range(100, 117))  # 4 full blocks and one token
+
+
+def test_failed_admission_attempts_count_no_cached_tokens():
+    # The second request finds 16 cached tokens each step but no free block until the first ends.
+    warm, other, again = [(PROMPT, 1)], (list(range(200, 208)), 4), (PROMPT + [5, 6, 7], 4)
+    sched, outs = run_scheduler(7, 4, [warm, [other, again]])
+    assert [o.num_cached_tokens for o in outs] == [0, 0, 16]
+    assert sched.num_cached_tokens == 16
+
+
+def test_a_request_preempted_and_readmitted_is_counted_once(monkeypatch):
+    preempted = []
+    preempt = Scheduler._preempt
+    monkeypatch.setattr(
+        Scheduler, "_preempt", lambda s, r: preempted.append(r.request_id) or preempt(s, r)
+    )
+    warm, other = [(PROMPT, 1)], (list(range(200, 208)), 8)
+    again = (PROMPT + list(range(5, 16)), 8)  # its own 11 tokens are prefilled 4 at a time
+    sched, outs = run_scheduler(8, 4, [warm, [other, again]])
+    assert preempted.count("1-1") > 1, "the scenario: re-admitted several times"
+    assert [o.num_cached_tokens for o in outs] == [0, 0, 16]
+    assert sched.num_cached_tokens == 16

@@ -48,7 +48,8 @@ class Request:
     # one-step lag). A request with a pending token cannot be preempted back to a prefill plan,
     # because the plan would need that token on the host.
     num_pending: int = 0
-    num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
+    admitted: bool = False  # has run at least once (a preempted request is re-admitted)
+    num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache at admission
     num_hashed_blocks: int = 0  # leading blocks registered in the prefix cache
     last_key: ChainKey | None = None  # the prefix-cache chain key of the last of them
     finish_reason: str | None = None

@@ -67,7 +67,8 @@ class Scheduler:
         self.finished: list[RequestOutput] = []
         self.num_preemptions = 0
         self.num_generated = 0  # tokens appended to outputs (read by progress and benchmarks)
-        self.num_cached_tokens = 0  # prompt tokens served from the prefix cache
+        # Prompt tokens that requests took from the prefix cache at their first admission.
+        self.num_cached_tokens = 0
 
     # ---- adding and ending requests -------------------------------------------------------
 
@@ -182,6 +183,9 @@ class Scheduler:
                 req.num_computed = 0
                 break
             self.waiting.popleft()
+            if not req.admitted:  # counted once: not for failed attempts, nor after preemption
+                req.admitted, req.num_cached_tokens = True, req.num_computed
+                self.num_cached_tokens += req.num_computed
             req.status = Status.RUNNING
             self.running.append(req)
             plan.seqs.append(self._scheduled(req, n))
@@ -200,9 +204,6 @@ class Scheduler:
         req.block_ids = hits
         req.num_computed = len(hits) * self.blocks.block_size
         req.num_hashed_blocks, req.last_key = len(hits), self.blocks.key_of(hits[-1])
-        if not req.output_ids:
-            req.num_cached_tokens = req.num_computed
-            self.num_cached_tokens += req.num_computed
 
     def _register_full_blocks(self, req: Request) -> None:
         """Offer the prefix cache every block whose tokens are known and whose KV is computed
