@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -11,6 +12,9 @@ class SamplingParams:
 
     temperature 0 means greedy. top_k 0 (or -1) and top_p 1.0 and min_p 0.0 disable those
     filters. A request with a seed samples the same tokens whatever its batch mates are.
+    Penalties (engine/penalties.py): repetition_penalty as Hugging Face's (over prompt and output
+    tokens; 1.0 is off), presence_penalty and frequency_penalty as OpenAI's (over output tokens;
+    0.0 is off).
     """
 
     max_tokens: int = 256
@@ -23,8 +27,12 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     stop: tuple[str, ...] = ()
     logprobs: int | None = None
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
     def __post_init__(self) -> None:
+        self._check_penalties()
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if self.temperature < 0:
@@ -43,6 +51,29 @@ class SamplingParams:
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
         object.__setattr__(self, "stop", stop)
+
+    def _check_penalties(self) -> None:
+        r = self.repetition_penalty
+        if not (isinstance(r, int | float) and math.isfinite(r) and r > 0):
+            raise ValueError(
+                f"repetition_penalty must be a finite number > 0 (1.0 is off, above 1 "
+                f"discourages repeats), got {r!r}"
+            )
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if not (isinstance(v, int | float) and math.isfinite(v) and -2.0 <= v <= 2.0):
+                raise ValueError(
+                    f"{name} must be a number in [-2, 2] as in OpenAI's API (0.0 is off), got {v!r}"
+                )
+
+    @property
+    def penalized(self) -> bool:
+        """Any penalty on: the engine must keep the request's token counts."""
+        return (
+            self.repetition_penalty != 1.0
+            or self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+        )
 
     @property
     def sampling_floats(self) -> tuple[float, ...]:

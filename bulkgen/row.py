@@ -8,6 +8,7 @@ from bulkgen.config import SamplingParams
 
 # Optional input columns that override the job's sampling parameters for their row.
 PARAM_COLUMNS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop")
+PARAM_COLUMNS += ("repetition_penalty", "presence_penalty", "frequency_penalty")
 
 
 def param_overrides(values: dict) -> dict | None:

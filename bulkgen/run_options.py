@@ -128,6 +128,31 @@ _OPTIONS = [
         help="Drop tokens less likely than min-p times the most likely one (0.0: off).",
     ),
     click.option(
+        "--repetition-penalty",
+        type=float,
+        default=1.0,
+        show_default=True,
+        help="Penalise tokens already in the prompt or the completion, as Hugging Face's "
+        "repetition_penalty: a positive logit is divided by it, a negative one multiplied "
+        "(1.0: off; 1.1-1.3 is usual).",
+    ),
+    click.option(
+        "--presence-penalty",
+        type=float,
+        default=0.0,
+        show_default=True,
+        help="Subtract this from the logit of every token already in the completion, as OpenAI's "
+        "presence_penalty (-2 to 2; 0.0: off).",
+    ),
+    click.option(
+        "--frequency-penalty",
+        type=float,
+        default=0.0,
+        show_default=True,
+        help="Subtract this times its count in the completion from each token's logit, as "
+        "OpenAI's frequency_penalty (-2 to 2; 0.0: off).",
+    ),
+    click.option(
         "--seed",
         type=int,
         default=None,

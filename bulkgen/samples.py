@@ -88,6 +88,7 @@ class Resume:
 
 _INT_PARAMS = ("max_tokens", "top_k", "seed", "logprobs")
 _FLOAT_PARAMS = ("temperature", "top_p", "min_p")
+_FLOAT_PARAMS += ("repetition_penalty", "presence_penalty", "frequency_penalty")
 
 
 def _checked_overrides(overrides: dict) -> dict:

@@ -71,7 +71,8 @@ class Scheduler:
         self.finished: list[RequestOutput] = []
         self.num_preemptions = 0
         self.num_generated = 0  # tokens appended to outputs (read by progress and benchmarks)
-        self.num_cached_tokens = 0  # prompt tokens served from the prefix cache
+        # Prompt tokens that requests took from the prefix cache at their first admission.
+        self.num_cached_tokens = 0
 
     # ---- adding and ending requests -------------------------------------------------------
 
@@ -121,7 +122,7 @@ class Scheduler:
         if req.table_row is not None:
             self.free_rows.append(req.table_row)
             req.table_row, req.num_synced_blocks = None, 0
-        req.num_hashed_blocks, req.last_hash = 0, None
+        req.num_hashed_blocks, req.last_key = 0, None
 
     def take_finished(self) -> list[RequestOutput]:
         done, self.finished = self.finished, []
@@ -189,6 +190,9 @@ class Scheduler:
                 req.num_computed = 0
                 break
             self.waiting.popleft()
+            if not req.admitted:  # counted once: not for failed attempts, nor after preemption
+                req.admitted, req.num_cached_tokens = True, req.num_computed
+                self.num_cached_tokens += req.num_computed
             req.status = Status.RUNNING
             req.table_row = self.free_rows.pop()
             self.running.append(req)
@@ -207,10 +211,7 @@ class Scheduler:
             return
         req.block_ids = hits
         req.num_computed = len(hits) * self.blocks.block_size
-        req.num_hashed_blocks, req.last_hash = len(hits), self.blocks.hash_of(hits[-1])
-        if not req.output_ids:
-            req.num_cached_tokens = req.num_computed
-            self.num_cached_tokens += req.num_computed
+        req.num_hashed_blocks, req.last_key = len(hits), self.blocks.key_of(hits[-1])
 
     def _register_full_blocks(self, req: Request) -> None:
         """Offer the prefix cache every block whose tokens are known and whose KV is computed
@@ -222,7 +223,7 @@ class Scheduler:
         while req.num_hashed_blocks < known // bs:
             i = req.num_hashed_blocks
             tokens = tuple(req.token_slice(i * bs, (i + 1) * bs))
-            req.last_hash = self.blocks.register(req.block_ids[i], req.last_hash, tokens)
+            req.last_key = self.blocks.register(req.block_ids[i], req.last_key, tokens)
             req.num_hashed_blocks += 1
 
     def _scheduled(self, req: Request, n: int) -> ScheduledSeq:
