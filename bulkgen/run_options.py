@@ -132,9 +132,8 @@ _OPTIONS = [
         type=float,
         default=1.0,
         show_default=True,
-        help="Penalise tokens already in the prompt or the completion, as Hugging Face's "
-        "repetition_penalty: a positive logit is divided by it, a negative one multiplied "
-        "(1.0: off; 1.1-1.3 is usual).",
+        help="Hugging Face's repetition_penalty: the logit of a token in the prompt or the "
+        "completion is divided by it if positive, else multiplied (1.0: off).",
     ),
     click.option(
         "--presence-penalty",

@@ -1,6 +1,6 @@
 """Benchmark the fused Triton sampler against the torch sampler; one JSON line per configuration.
 
-    PYTHONPATH=. python scripts/bench_sampler.py [--flat] [--vocab 128256]
+    PYTHONPATH=. python scripts/bench_sampler.py [--flat] [--vocab 128256] [--npiv 4 ...]
 
 For batch 32 and 256 and each sampling setting (greedy; temperature 0.8 alone, with top-p 0.95,
 with top-k 50, with min-p 0.05; top-p 0.95 under a bitmask allowing half the vocabulary), reports
@@ -11,7 +11,8 @@ rows where both samplers chose the same token (1.0 but for near-ties of race val
 Logits are model-like by default: a Zipf law with exponent 1.5 over a random order of the
 vocabulary (the top token holds ~38% of the mass, the top-p 0.95 set a few hundred tokens).
 --flat draws N(0, 4) logits instead, where every filter has to search for its threshold: the slow
-case of the fused sampler.
+case of the fused sampler. --npiv, --block, --pivot-block and --num-warps override the kernel's
+tuning constants in `triton_sampler` for this run (each line reports the values used).
 """
 
 from __future__ import annotations
@@ -22,10 +23,12 @@ import json
 import torch
 from triton.testing import do_bench
 
+from bulkgen.engine import triton_sampler
 from bulkgen.engine.sampler import SamplingTensors, sample, unpack_bitmask
 from bulkgen.engine.triton_sampler import fused_sample
 
 DEVICE = torch.device("cuda")
+TUNING = ("NPIV", "BLOCK", "PIVOT_BLOCK", "NUM_WARPS")
 SETTINGS = {
     "greedy": dict(temperature=0.0),
     "temperature": dict(temperature=0.8),
@@ -102,6 +105,7 @@ def bench_one(name: str, b: int, v: int, flat: bool) -> dict:
         "fused_graph_ms": round(do_bench(replay), 4),
         "agree": (ref == ids).float().mean().item(),
         "graph_agrees": bool(torch.equal(graph_ids, ids)),
+        **{name.lower(): getattr(triton_sampler, name) for name in TUNING},
     }
 
 
@@ -117,5 +121,10 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--vocab", type=int, default=128256)
     parser.add_argument("--flat", action="store_true", help="N(0, 4) logits: the slow case")
+    for name in TUNING:
+        parser.add_argument("--" + name.lower().replace("_", "-"), type=int)
     args = parser.parse_args()
+    for name in TUNING:  # a benchmark run's own settings, not a library default
+        if getattr(args, name.lower()) is not None:
+            setattr(triton_sampler, name, getattr(args, name.lower()))
     bench_fused_sample(args.vocab, args.flat)

@@ -152,7 +152,9 @@ def _noise_kernel(seed_ptr, position_ptr, out_ptr, V, BLOCK: tl.constexpr):
         tl.store(out_ptr + row.to(tl.int64) * V + offs, _uniform(rh, offs), mask=offs < V)
 
 
-def kernel_uniform_noise(seed: torch.Tensor, position: torch.Tensor, vocab_size: int):
+def kernel_uniform_noise(
+    seed: torch.Tensor, position: torch.Tensor, vocab_size: int
+) -> torch.Tensor:
     """The kernel's u for every (row, token id): must equal `sampler.uniform_noise` bit for bit."""
     out = torch.empty(seed.shape[0], vocab_size, dtype=torch.float32, device=seed.device)
     _noise_kernel[(seed.shape[0],)](seed, position, out, vocab_size, BLOCK=BLOCK)
