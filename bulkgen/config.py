@@ -81,7 +81,8 @@ class SamplingParams:
         temperature (0 when greedy), top_p, min_p, and the repetition, presence and frequency
         penalties (1, 0, 0 = off)."""
         temperature = 0.0 if self.greedy else self.temperature  # top_k=1 is greedy too
-        return (temperature, self.top_p, self.min_p, 1.0, 0.0, 0.0)
+        penalties = (self.repetition_penalty, self.presence_penalty, self.frequency_penalty)
+        return (temperature, self.top_p, self.min_p, *penalties)
 
     @property
     def filtered(self) -> bool:

@@ -58,6 +58,7 @@ class PackedStep:
     turn: int  # which of the two buffers it occupies
     query_lens: list[int]  # host copies for the attention metadata
     seq_lens: list[int]
+    fresh_penalized: list  # penalised requests in their first step since (re)admission
 
     def unpack(self) -> StepInputs:
         """Views and dtype casts; call on the compute stream after it waited for `ready`."""
@@ -133,7 +134,7 @@ class InputPacker:
         positions: list[int] = []
         slots: list[int] = []
         qsl, seq_lens, q_lens, rows = [0], [], [], []
-        upd_rows, upd_cols, upd_blocks = [], [], []
+        upd_rows, upd_cols, upd_blocks, fresh = [], [], [], []
         logits_idx, seeds, top_k, sample_pos, sample_rows = [], [], [], [], []
         floats: list[list[float]] = [[] for _ in FLOAT_FIELDS]
         for s in seqs:
@@ -156,6 +157,8 @@ class InputPacker:
                 ids.extend(req.token_slice(start, end))
                 prev.extend([-1] * (end - start))
             synced = req.num_synced_blocks
+            if synced == 0 and req.params.penalized:
+                fresh.append(req)
             if synced < len(blocks):
                 new = len(blocks) - synced
                 upd_rows.extend([row] * new)
@@ -185,7 +188,8 @@ class InputPacker:
         flat = np.asarray([v for values in floats for v in values], np.float32)
         turn = self.turn
         dev_ints, dev_floats, ready = self._copy(ints, flat, stream)
-        return PackedStep(dev_ints, dev_floats, ready, (T, B, S, U), turn, q_lens, seq_lens)
+        sizes = (T, B, S, U)
+        return PackedStep(dev_ints, dev_floats, ready, sizes, turn, q_lens, seq_lens, fresh)
 
     def _copy(self, ints: np.ndarray, floats: np.ndarray, stream):
         i = self.turn

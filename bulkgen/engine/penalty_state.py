@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from bulkgen.engine.inputs import StepInputs
-from bulkgen.engine.penalties import apply_penalties
+from bulkgen.engine.penalties import apply_penalties, count_tokens
 from bulkgen.engine.request import Request
 
 
@@ -50,8 +50,7 @@ class PenaltyState:
         rows_t, out_rows_t, out_ids_t, prompt_rows_t, prompt_ids_t = flat.split(split)
         self.counts[rows_t] = 0
         self.prompt_mask[rows_t] = False
-        ones = torch.ones_like(out_ids_t, dtype=torch.int32)
-        self.counts.index_put_((out_rows_t, out_ids_t), ones, accumulate=True)
+        count_tokens(self.counts, out_rows_t, out_ids_t)
         self.prompt_mask[prompt_rows_t, prompt_ids_t] = True
 
     def apply(self, logits: torch.Tensor, inp: StepInputs) -> torch.Tensor:
@@ -68,5 +67,4 @@ class PenaltyState:
 
     def record(self, inp: StepInputs, ids: torch.Tensor) -> None:
         """Count this step's samples (a finished row's extra token is counted and never read)."""
-        ones = torch.ones_like(ids, dtype=torch.int32)
-        self.counts.index_put_((inp.sample_rows, ids), ones, accumulate=True)
+        count_tokens(self.counts, inp.sample_rows, ids)

@@ -18,6 +18,7 @@ import torch
 from bulkgen.config import EngineConfig
 from bulkgen.engine.graphs import DecodeGraphs
 from bulkgen.engine.inputs import InputPacker, StepInputs
+from bulkgen.engine.penalty_state import PenaltyState
 from bulkgen.engine.sampler import SamplingTensors, sample, top_logprobs
 from bulkgen.engine.scheduler import Plan, ScheduledSeq
 from bulkgen.engine.tables import DeviceTables
@@ -109,6 +110,12 @@ class ModelRunner:
             self.max_blocks_per_seq,
         )
         self.tables = DeviceTables(ecfg.max_num_seqs, self.max_blocks_per_seq, device)
+        self.penalties = PenaltyState(ecfg.max_num_seqs, mcfg.vocab_size, device)
+        self.fused_sample = None  # Triton is a GPU dependency only: imported on CUDA
+        if device.type == "cuda":
+            from bulkgen.engine.triton_sampler import fused_sample
+
+            self.fused_sample = fused_sample
         self.cuda = device.type == "cuda"
         self.copy_stream = torch.cuda.Stream(device) if self.cuda else None
         self.compute_stream = torch.cuda.Stream(device) if self.cuda else None
@@ -139,6 +146,7 @@ class ModelRunner:
                 self.compute_stream.wait_event(packed.ready)
             inp = packed.unpack()
             self.tables.apply_updates(inp)
+            self.penalties.reset(packed.fresh_penalized)
             input_ids = self.tables.input_ids(inp, any(s.from_prev for s in plan.seqs))
             meta = self.attention.metadata(
                 inp.slot_mapping,
@@ -178,20 +186,39 @@ class ModelRunner:
             self.graphs.capture()
 
     def _sample(self, sampled: list[ScheduledSeq], inp: StepInputs, logits: torch.Tensor | None):
+        """Penalties, then sampling (the fused Triton sampler on CUDA, the torch reference
+        elsewhere); logprobs are those of the model's own distribution (before penalties)."""
         if not sampled:
             return inp.seeds.new_empty(0), None
         params = [s.request.params for s in sampled]
-        st = SamplingTensors(
-            temperature=inp.temperature,
-            top_k=inp.top_k,
-            top_p=inp.top_p,
-            min_p=inp.min_p,
-            seed=inp.seeds,
-            position=inp.sample_positions,
-            all_greedy=all(p.greedy for p in params),
-            any_filter=any(p.filtered for p in params),
-        )
-        ids = sample(logits, st)
+        scores = logits
+        if any(p.penalized for p in params):
+            scores = self.penalties.apply(logits, inp)
+        all_greedy = all(p.greedy for p in params)
+        if self.fused_sample is not None and not all_greedy:
+            ids = self.fused_sample(
+                scores,
+                inp.temperature,
+                inp.top_k,
+                inp.top_p,
+                inp.min_p,
+                inp.seeds,
+                inp.sample_positions,
+            )
+        else:
+            st = SamplingTensors(
+                temperature=inp.temperature,
+                top_k=inp.top_k,
+                top_p=inp.top_p,
+                min_p=inp.min_p,
+                seed=inp.seeds,
+                position=inp.sample_positions,
+                all_greedy=all_greedy,
+                any_filter=any(p.filtered for p in params),
+            )
+            ids = sample(scores, st)
+        if self.penalties.active:
+            self.penalties.record(inp, ids)
         want = [p.logprobs for p in params if p.logprobs is not None]
         lp = top_logprobs(logits, ids, max(want)) if want else None
         return ids, lp

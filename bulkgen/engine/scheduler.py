@@ -117,7 +117,9 @@ class Scheduler:
         self.finished.append(req.to_output())
 
     def _release(self, req: Request) -> None:
-        self.blocks.free(req.block_ids)
+        # Tail first: least-recently-freed eviction then takes a cached chain from its end, not its
+        # root (which would strand every block after it).
+        self.blocks.free(req.block_ids[::-1])
         req.block_ids = []
         if req.table_row is not None:
             self.free_rows.append(req.table_row)
