@@ -32,7 +32,9 @@ class SamplingParams:
     def __post_init__(self) -> None:
         for name in ("max_tokens", "top_k", "seed", "logprobs"):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, numbers.Integral)
+            ):
                 raise ValueError(f"{name} must be an integer, got {value!r}")
         for name in ("temperature", "top_p", "min_p"):
             value = getattr(self, name)

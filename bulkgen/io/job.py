@@ -143,6 +143,15 @@ class JobDir:
         done.samples = {row_id: mask for row_id, mask in masks.items() if mask != 1}
         return done
 
+    def kept_types(self, columns: tuple[str, ...]) -> dict[str, pa.DataType] | None:
+        """The kept columns' types in the job's Parquet shards, if it has one: a rerun keeps
+        the schema its first run fixed."""
+        for path in self._shards():
+            if path.suffix == ".parquet":
+                schema = pq.read_schema(path)
+                return {n: schema.field(n).type for n in columns if n in schema.names}
+        return None
+
     def _shards(self) -> list[Path]:
         if not self.path.is_dir():
             return []
