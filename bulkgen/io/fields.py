@@ -48,7 +48,7 @@ def finished(
     schema."""
     row.index, row.line = index, line
     check_row(row)
-    if reader.keep_columns and reader.keep_types:
+    if row.extra and reader.keep_types:
         fit_kept(row, reader.keep_types, trusted)
     return row
 
