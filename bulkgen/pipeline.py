@@ -21,6 +21,7 @@ from bulkgen.channel import Channel, Stopped
 from bulkgen.config import EngineConfig
 from bulkgen.errors import UserError
 from bulkgen.guard import RowGuard
+from bulkgen.io.fingerprint import fingerprints
 from bulkgen.io.job import STATS_FILE, Done, JobDir, write_json_atomic
 from bulkgen.io.reader import Reader
 from bulkgen.io.writer import ShardWriter
@@ -48,6 +49,9 @@ def run(config: RunConfig, engine_factory: EngineFactory | None = None, worker=N
     if worker is None:
         job.check(config.job_settings(), config.overwrite)
     reader, model_dir, tokenizer, tokenize = checked_parts(config)
+    if worker is None:
+        current = fingerprints(reader.sources)
+        job.check_inputs(current, config.allow_changed_input, config.overwrite)
     try:
         return _Run(config, job, reader, model_dir, tokenizer, tokenize, worker).go(
             engine_factory or _default_engine_factory()
@@ -216,7 +220,7 @@ class _Run:
     # Records.
 
     def _record(self) -> dict:
-        return job_record(self.config, self.model_dir)
+        return job_record(self.config, self.model_dir, self.reader)
 
     def _stats(self, done: Done, progress: Progress, writer: ShardWriter, load_time: float) -> dict:
         run = progress.counts
