@@ -24,8 +24,9 @@ def output(out) -> list[dict]:
 
 def test_a_repeated_id_is_an_error_record_naming_the_first_occurrence(tmp_path):
     path = tmp_path / "prompts.jsonl"
-    write_jsonl(path, [{"id": "x", "prompt": "a"}, {"id": "y", "prompt": "b"},
-                       {"id": "x", "prompt": "c"}, {"prompt": "d"}, {"id": "prompts:3", "prompt": "e"}])  # fmt: skip
+    records = [{"id": "x", "prompt": "a"}, {"id": "y", "prompt": "b"}, {"id": "x", "prompt": "c"},
+               {"prompt": "d"}, {"id": "prompts:3", "prompt": "e"}]  # fmt: skip
+    write_jsonl(path, records)
     reader = Reader(find_sources([str(path)]), "prompt", "id")
     rows = [row for batch in reader.batches() for row in batch]
     assert [(r.id, r.error) for r in rows] == [
