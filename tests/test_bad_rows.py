@@ -148,3 +148,17 @@ def test_a_damaged_gzip_keeps_the_rows_before_the_damage_and_fails_in_one_line(
     rows = output(tmp_path / "out")
     assert sorted(r["id"] for r in rows) == sorted(f"in:{i}" for i in range(first_lost))
     assert all(r["error"] is None for r in rows)  # no half line read as a bad row
+
+
+def test_every_bad_row_is_writable_as_jsonl_output_too(tmp_path, tiny_model_dir):
+    path = tmp_path / "in.jsonl"
+    write_lines(path, [*BAD_LINES, b'{"prompt": "\xff"}', '{"prompt": "ok", "meta": "\\ud800"}'])
+    config_ = config(tmp_path, tiny_model_dir, path, format="jsonl", keep_columns=("meta",))
+    stats = run(config_, lambda c: FakeEngine(c))
+    lines = [
+        json.loads(x) for p in (tmp_path / "out").glob("part-*") for x in p.read_text().splitlines()
+    ]
+    assert len(lines) == stats["rows"] == len(BAD_LINES) + 2
+    assert all(r["finish_reason"] == "error" for r in lines) and stats["row_faults"] == 0
+    kept = [r for r in lines if r["error"].startswith("column 'meta' holds")][0]
+    assert kept["meta"] == "\\ud800"  # written with a backslash escape, said in the README
