@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
+
+# Bounds of integer parameters: they travel to the device as int32/int64 tensors.
+_INT32 = 2**31
 
 
 @dataclass(frozen=True)
@@ -33,22 +37,38 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         self._check_penalties()
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        for name in ("max_tokens", "top_k", "seed", "logprobs"):
+            value = getattr(self, name)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, numbers.Integral)
+            ):
+                raise ValueError(f"{name} must be an integer, got {value!r}")
+        for name in ("temperature", "top_p", "min_p"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise ValueError(f"{name} must be a number, got {value!r}")
+            if not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value!r}")
+        if not 1 <= self.max_tokens < _INT32:
+            raise ValueError(f"max_tokens must be in [1, 2**31), got {self.max_tokens}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < -1:
-            raise ValueError(f"top_k must be -1, 0 (off) or a positive count, got {self.top_k}")
+        if not -1 <= self.top_k < _INT32:
+            raise ValueError(
+                f"top_k must be -1, 0 (off) or a positive count below 2**31, got {self.top_k}"
+            )
         if not 0.0 <= self.min_p <= 1.0:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
         if self.seed is not None and not 0 <= self.seed < 2**63:
             raise ValueError(f"seed must be in [0, 2**63), got {self.seed}")
-        if self.logprobs is not None and self.logprobs < 0:
-            raise ValueError(f"logprobs must be >= 0, got {self.logprobs}")
+        if self.logprobs is not None and not 0 <= self.logprobs < _INT32:
+            raise ValueError(f"logprobs must be in [0, 2**31), got {self.logprobs}")
         # Lists are accepted for convenience and stored as tuples so params stay hashable.
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        if any(not 0 <= t < _INT32 for t in self.stop_token_ids):
+            raise ValueError(f"stop token ids must be in [0, 2**31), got {self.stop_token_ids}")
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
         object.__setattr__(self, "stop", stop)
 

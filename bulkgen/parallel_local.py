@@ -24,6 +24,7 @@ import traceback
 from pathlib import Path
 
 from bulkgen.errors import UserError
+from bulkgen.io.fingerprint import fingerprints
 from bulkgen.io.job import STATS_FILE, JobDir, write_json_atomic
 from bulkgen.parallel import Share, job_stats, no_device_index, worker_count, worker_list
 from bulkgen.progress import Progress
@@ -46,6 +47,8 @@ def run_local(config: RunConfig, workers: int | str | None) -> dict:
     job = JobDir(config.out)
     job.check(config.job_settings(), config.overwrite)
     reader, model_dir, _, _ = preflight.checked_parts(config)
+    current = fingerprints(reader.sources)
+    job.check_inputs(current, config.allow_changed_input, config.overwrite)
     total = reader.count()
     started = time.perf_counter()
     context = multiprocessing.get_context("spawn")  # never fork a process that may hold CUDA
@@ -68,7 +71,7 @@ def run_local(config: RunConfig, workers: int | str | None) -> dict:
         parent.wait_for("ready")  # every engine loaded: a bad model fails before any write
         load_time = time.perf_counter() - started
         job.lock()
-        start = job.prepare(preflight.job_record(config, model_dir), config.overwrite)
+        start = job.prepare(preflight.job_record(config, model_dir, reader), config.overwrite)
         go.set()
         progress = Progress(total and total * config.n, start.rows, start.errors, config.quiet)
         parent.progress = progress

@@ -20,6 +20,8 @@ from bulkgen import stages
 from bulkgen.channel import Channel, Stopped
 from bulkgen.config import EngineConfig
 from bulkgen.errors import UserError
+from bulkgen.guard import RowGuard
+from bulkgen.io.fingerprint import fingerprints
 from bulkgen.io.job import STATS_FILE, Done, JobDir, write_json_atomic
 from bulkgen.io.reader import Reader
 from bulkgen.io.writer import ShardWriter
@@ -47,6 +49,9 @@ def run(config: RunConfig, engine_factory: EngineFactory | None = None, worker=N
     if worker is None:
         job.check(config.job_settings(), config.overwrite)
     reader, model_dir, tokenizer, tokenize = checked_parts(config)
+    if worker is None:
+        current = fingerprints(reader.sources)
+        job.check_inputs(current, config.allow_changed_input, config.overwrite)
     try:
         return _Run(config, job, reader, model_dir, tokenizer, tokenize, worker).go(
             engine_factory or _default_engine_factory()
@@ -66,6 +71,7 @@ class _Run:
         self.model_dir: Path = model_dir
         self.tokenize: Tokenize = tokenize
         self.detokenize = Detokenize(tokenizer)
+        self.guards = [RowGuard("the tokenizer stage"), RowGuard("the detokenizer")]
         self.stop = threading.Event()
         self.watcher = StopWatcher(self.detokenize.decode, self.stop)
         self.failure: BaseException | None = None
@@ -102,6 +108,9 @@ class _Run:
                 total, done.rows, done.errors, self.config.quiet, report, self._live_tokens
             )
             batch_files = self.reader.has_batch_files()  # their rows may ask for n, logprobs
+            # One schema for every shard of the job: the one its shards have, else the inputs'.
+            keep_types = self.job.kept_types(self.config.keep_columns)
+            self.reader.keep_types = keep_types or self.reader.keep_schema()
             writer = ShardWriter(
                 Path(self.config.out),
                 self.config.format,
@@ -112,15 +121,32 @@ class _Run:
                 logprobs=self.config.sampling.logprobs is not None or batch_files,
                 model=self.config.model,
                 prefix="" if self.worker is None else self.worker.prefix,
+                keep_types=self.reader.keep_types,
             )
             samples = Samples(self.config.sampling, self.config.n, self.job.job_seed())
             resume = Resume(done, self.config.n)
             if self.worker is not None:
                 resume = self.worker.keep(resume)
             self._spawn("reader", stages.read, self.reader, resume, rows_in)
-            self._spawn("tokenizer", stages.tokenize, self.tokenize, samples, rows_in, requests)
+            tokenizer_guard, detokenizer_guard = self.guards
+            self._spawn(
+                "tokenizer",
+                stages.tokenize,
+                self.tokenize,
+                samples,
+                rows_in,
+                requests,
+                tokenizer_guard,
+            )
             self._spawn("stop-watcher", self.watcher.run)
-            self._spawn("detokenizer", stages.detokenize, self.detokenize, results, to_write)
+            self._spawn(
+                "detokenizer",
+                stages.detokenize,
+                self.detokenize,
+                results,
+                to_write,
+                detokenizer_guard,
+            )
             writer_ended = self._spawn("writer", stages.write, writer, progress, to_write)
             while not writer_ended.wait(0.1):
                 pass
@@ -137,6 +163,9 @@ class _Run:
         stats = self._stats(done, progress, writer, load_time)
         if self.worker is None:
             write_json_atomic(Path(self.config.out) / STATS_FILE, stats)
+        if self.reader.damaged:  # the rows before the damage are written; the run still failed
+            more = len(self.reader.damaged) - 1
+            raise UserError(self.reader.damaged[0] + (f" (and {more} more inputs)" if more else ""))
         return stats
 
     def _spawn(self, name: str, fn, *args) -> threading.Event:
@@ -191,7 +220,7 @@ class _Run:
     # Records.
 
     def _record(self) -> dict:
-        return job_record(self.config, self.model_dir)
+        return job_record(self.config, self.model_dir, self.reader)
 
     def _stats(self, done: Done, progress: Progress, writer: ShardWriter, load_time: float) -> dict:
         run = progress.counts
@@ -202,6 +231,8 @@ class _Run:
             "prompt_tokens": done.prompt_tokens + run.prompt_tokens,
             "completion_tokens": done.completion_tokens + run.completion_tokens,
             "shards": len(done.shards) + len(writer.shards),
+            # Rows whose stage raised (a bug to report), written as error records.
+            "row_faults": self.reader.faults + sum(g.faults for g in self.guards) + writer.faults,
             "this_run": {
                 "rows": run.rows,
                 "errors": run.errors,

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from bulkgen.errors import UserError
+from bulkgen.io.fingerprint import fingerprints
 from bulkgen.io.inputs import find_sources
 from bulkgen.io.reader import Reader
 from bulkgen.run_config import RunConfig
@@ -29,6 +30,7 @@ def checked_parts(config: RunConfig) -> tuple:
         config.keep_columns,
         template_columns=None if template is None else template.variables,
         messages_column=config.messages_column,
+        limit=config.limit,
     )
     reader.check()
     model_dir = model_folder(config.model, weights=config.load_format != "dummy")
@@ -44,11 +46,13 @@ def checked_parts(config: RunConfig) -> tuple:
     return reader, model_dir, tokenizer, tokenize
 
 
-def job_record(config: RunConfig, model_dir: Path) -> dict:
-    """What job.json records of a job when it starts."""
+def job_record(config: RunConfig, model_dir: Path, reader: Reader | None = None) -> dict:
+    """What job.json records of a job when it starts (reader: its inputs' fingerprints too)."""
+    files = {} if reader is None else {"input_files": fingerprints(reader.sources)}
     return {
         "settings": config.job_settings(),
         "inputs": list(config.inputs),
+        **files,
         "model_path": str(model_dir),
         "bulkgen_version": bulkgen_version(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

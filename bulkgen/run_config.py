@@ -53,6 +53,8 @@ class RunConfig:
     system: str | None = None  # a system message before each conversation or prompt
     n: int = 1  # samples per row
     prefix_cache: bool = True
+    limit: int | None = None  # --limit: only the first rows of the inputs
+    allow_changed_input: bool = False  # resume although an input file changed
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "inputs", tuple(self.inputs))
@@ -63,6 +65,8 @@ class RunConfig:
             raise ValueError(f"format must be parquet, jsonl or openai, got {self.format!r}")
         if self.n < 1:
             raise ValueError(f"n (samples per row) must be >= 1, got {self.n}")
+        if self.limit is not None and self.limit < 1:
+            raise ValueError(f"--limit must be >= 1 row, got {self.limit}")
         if self.shard_size < 1:
             raise ValueError(f"shard size must be >= 1 row, got {self.shard_size}")
         if not self.prompt_column:
@@ -109,7 +113,7 @@ class RunConfig:
             "prompt_template": self.prompt_template,
             "system": self.system,
             # Left out at their defaults, so that job folders of older versions still resume.
-            **self._non_default("n", "messages_column"),
+            **self._non_default("n", "messages_column", "limit"),
         }
 
     def _non_default(self, *names: str) -> dict:

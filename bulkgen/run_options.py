@@ -268,12 +268,26 @@ _OPTIONS = [
         help="Run the engine loop without CPU/GPU overlap, to "
         "compare against the default asynchronous loop.",
     ),
+    click.option(
+        "--limit",
+        type=int,
+        default=None,
+        metavar="N",
+        help="Run only the first N rows of the inputs (to try a job on a sample); recorded in "
+        "job.json, so a rerun with another limit is a changed job.",
+    ),
     click.option("--quiet", "-q", is_flag=True, help="No progress bar or summary."),
     click.option(
         "--overwrite",
         is_flag=True,
         help="Delete the shards of an earlier job in --out "
         "and start over, even if its settings differ.",
+    ),
+    click.option(
+        "--allow-changed-input",
+        is_flag=True,
+        help="Resume a job although an input file changed since it started (job.json records "
+        "each file's size, time and a hash of its ends); rows are matched by id.",
     ),
     # ---- scaling out (issue 6) ----
     click.option(

@@ -21,6 +21,7 @@ import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
 from bulkgen.errors import UserError
+from bulkgen.io.fingerprint import check_unchanged
 from bulkgen.io.openai import is_openai_output, openai_summary
 
 SETTINGS_FILE = "job.json"
@@ -85,6 +86,12 @@ class JobDir:
                 "another --out"
             )
 
+    def check_inputs(self, current: dict[str, dict], allow_changed: bool, overwrite: bool) -> None:
+        """Refuse to resume a job whose input files changed (fingerprints: io/fingerprint.py)."""
+        recorded = None if overwrite or allow_changed else self._recorded()
+        if recorded is not None:
+            check_unchanged(recorded.get("input_files"), current, self.path)
+
     def lock(self) -> None:
         """Hold an exclusive lock on the folder; the OS releases it if the process dies."""
         self.path.mkdir(parents=True, exist_ok=True)
@@ -108,9 +115,14 @@ class JobDir:
                 path.unlink(missing_ok=True)
         for path in self.path.glob(TEMP_PREFIX + "*"):
             path.unlink(missing_ok=True)
-        if self._recorded() is None:
+        recorded = self._recorded()
+        if recorded is None:
             write_json_atomic(self.path / SETTINGS_FILE, record)
             self._recorded_here = True
+        elif "input_files" in record and recorded.get("input_files") != record["input_files"]:
+            # Checked (or allowed) before: the inputs as they are now are what a rerun compares.
+            recorded["input_files"] = {**recorded.get("input_files", {}), **record["input_files"]}
+            write_json_atomic(self.path / SETTINGS_FILE, recorded)
         return self.scan()
 
     def forget_if_empty(self) -> None:
@@ -142,6 +154,15 @@ class JobDir:
                 done.next_index = max(done.next_index, int(match[2]) + 1)
         done.samples = {row_id: mask for row_id, mask in masks.items() if mask != 1}
         return done
+
+    def kept_types(self, columns: tuple[str, ...]) -> dict[str, pa.DataType] | None:
+        """The kept columns' types in the job's Parquet shards, if it has one: a rerun keeps
+        the schema its first run fixed."""
+        for path in self._shards():
+            if path.suffix == ".parquet":
+                schema = pq.read_schema(path)
+                return {n: schema.field(n).type for n in columns if n in schema.names}
+        return None
 
     def _shards(self) -> list[Path]:
         if not self.path.is_dir():
