@@ -9,7 +9,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-MASK32: tl.constexpr = 0xFFFFFFFF
+MASK32 = tl.constexpr(0xFFFFFFFF)
 
 
 @triton.jit
