@@ -180,6 +180,7 @@ class ModelRunner:
         and table rows)."""
         for plan in plans:
             self.launch(plan).wait()
+        self.graph_steps = self.eager_decode_steps = 0  # stats count the engine's own steps
 
     def capture_graphs(self) -> None:
         if self.graphs is not None:
