@@ -70,18 +70,17 @@ class _HostOut:
         self.rows, self.pin = rows, pin
         self.ids = torch.empty(rows, dtype=torch.int64, pin_memory=pin)
         self.k = -1  # top-k width of the logprob buffers, allocated on first use
-        self.logprob_bufs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self.chosen = self.top_ids = self.top_vals = torch.empty(0)
 
-    def logprobs(self, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def logprobs(self, n: int, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Contiguous [n], [n, k], [n, k] views (a strided pinned destination would make the
+        device-to-host copy synchronous)."""
         if k > self.k:
-            n = self.rows
-            self.logprob_bufs = (
-                torch.empty(n, dtype=torch.float32, pin_memory=self.pin),
-                torch.empty(n, k, dtype=torch.int64, pin_memory=self.pin),
-                torch.empty(n, k, dtype=torch.float32, pin_memory=self.pin),
-            )
+            self.chosen = torch.empty(self.rows, dtype=torch.float32, pin_memory=self.pin)
+            self.top_ids = torch.empty(self.rows * k, dtype=torch.int64, pin_memory=self.pin)
+            self.top_vals = torch.empty(self.rows * k, dtype=torch.float32, pin_memory=self.pin)
             self.k = k
-        return self.logprob_bufs
+        return self.chosen[:n], self.top_ids[: n * k].view(n, k), self.top_vals[: n * k].view(n, k)
 
 
 class ModelRunner:
@@ -234,10 +233,7 @@ class ModelRunner:
         out.copy_(ids, non_blocking=True)
         lp_host = None
         if lp is not None:
-            chosen, top_ids, top_vals = lp
-            k = top_ids.shape[1]
-            bufs = host.logprobs(k)
-            lp_host = (bufs[0][:n], bufs[1][:n, :k], bufs[2][:n, :k])
+            lp_host = host.logprobs(n, lp[1].shape[1])
             for h, t in zip(lp_host, lp, strict=True):
                 h.copy_(t, non_blocking=True)
         done = torch.cuda.Event()
