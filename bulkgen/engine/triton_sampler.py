@@ -8,10 +8,12 @@ row. The (seed, position, token id) noise of `sampler.uniform_noise` is hashed i
   row without filters is done here: one pass.
 - Filters keep the tokens with s above a threshold (top-k, top-p) and exp(s - M) >= min_p. The
   race winner over all tokens, w, is also the winner over the kept ones if it is kept, so it is
-  checked first: min-p alone needs no pass for that, top-k and top-p one pivot pass (the counts
-  and masses above w). Sampling a distribution whose top-p set holds 95% of the mass, w is kept
-  in about 95% of the rows: 2 passes.
-- Otherwise the threshold is found by multi-pivot bisection without sorting (`_pivot_pass`: the
+  checked first: min-p alone needs no pass for that, top-k and top-p one cheap check pass
+  (`_check_pass`: the count and mass above w and the total mass, one compare and one exp2 a
+  token). Sampling a distribution whose top-p set holds 95% of the mass, w is kept in about 95%
+  of the rows: 2 passes. (top-k with top-p always searches: top-p needs the top-k mass.)
+- Otherwise the threshold is found, from above w's logit if the filter cut w, by multi-pivot
+  bisection without sorting (`_pivot_pass`: the
   count and mass of tokens above each of NPIV pivots, one read), first for top-k, then for top-p
   on the top-k mass; then one race pass over the kept tokens. Each pass cuts the value range of
   the undecided band NPIV-fold and drops its smallest token, so the search ends (a handful of
