@@ -8,10 +8,12 @@ row. The (seed, position, token id) noise of `sampler.uniform_noise` is hashed i
   row without filters is done here: one pass.
 - Filters keep the tokens with s above a threshold (top-k, top-p) and exp(s - M) >= min_p. The
   race winner over all tokens, w, is also the winner over the kept ones if it is kept, so it is
-  checked first: min-p alone needs no pass for that, top-k and top-p one pivot pass (the counts
-  and masses above w). Sampling a distribution whose top-p set holds 95% of the mass, w is kept
-  in about 95% of the rows: 2 passes.
-- Otherwise the threshold is found by multi-pivot bisection without sorting (`_pivot_pass`: the
+  checked first: min-p alone needs no pass for that, top-k and top-p one cheap check pass
+  (`_check_pass`: the count and mass above w and the total mass, one compare and one exp2 a
+  token). Sampling a distribution whose top-p set holds 95% of the mass, w is kept in about 95%
+  of the rows: 2 passes. (top-k with top-p always searches: top-p needs the top-k mass.)
+- Otherwise the threshold is found, from above w's logit if the filter cut w, by multi-pivot
+  bisection without sorting (`_pivot_pass`: the
   count and mass of tokens above each of NPIV pivots, one read), first for top-k, then for top-p
   on the top-k mass; then one race pass over the kept tokens. Each pass cuts the value range of
   the undecided band NPIV-fold and drops its smallest token, so the search ends (a handful of
@@ -31,6 +33,7 @@ import triton
 import triton.language as tl
 
 from bulkgen.engine.triton_sampler_passes import (
+    _check_pass,
     _first_pass,
     _narrow,
     _pivot_pass,
@@ -65,56 +68,60 @@ def _sample_kernel(
     PIVOT_BLOCK: tl.constexpr,
     NPIV: tl.constexpr,
     MAX_PASSES: tl.constexpr,
+    FAST_LOG: tl.constexpr,
 ):
     row = tl.program_id(0)
     logits_ptr += row.to(tl.int64) * stride_row
     allowed_ptr += row.to(tl.int64) * stride_allowed
     temp = tl.load(temperature_ptr + row)
     greedy = temp <= 0.0
-    t = tl.where(greedy, 1.0, temp)
+    c = 1.4426950408889634 / tl.where(greedy, 1.0, temp)  # log2(e) / T: s * log2(e) = x * c
     k = tl.load(top_k_ptr + row)
     p = tl.load(top_p_ptr + row)
     min_p = tl.load(min_p_ptr + row)
     rh = _row_hash(tl.load(seed_ptr + row), tl.load(position_ptr + row))
 
-    m, argmax, min_s, w, w_val = _first_pass(
-        logits_ptr, allowed_ptr, V, t, rh, ~greedy, HAS_MASK, BLOCK
+    # Every logit below is a raw one (x, not s = x / T): see triton_sampler_passes.
+    m, argmax, min_x, w, x_w = _first_pass(
+        logits_ptr, allowed_ptr, V, c, rh, ~greedy, HAS_MASK, BLOCK, FAST_LOG
     )
+    mc = m * c
     use_k = k > 0
     use_p = p < 1.0
     use_min_p = min_p > 0.0
-    keep_w = (min_p <= 0.0) | (tl.exp(w_val - m) >= min_p)
+    keep_w = (min_p <= 0.0) | (tl.exp2(x_w * c - mc) >= min_p)
     done = greedy | (~use_k & ~use_p & ~use_min_p) | (m == float("-inf"))
-    # The kept tokens are those with s > theta that pass the min-p test.
+    # The kept tokens are those with x > theta that pass the min-p test.
     theta = tl.full((), float("-inf"), tl.float32)
     if (~done) & (use_k | use_p):
-        j = tl.arange(0, NPIV)
-        # First pivots: -inf (the total mass and count), w's logit (is w kept?), then a spread.
-        spread = min_s + (m - min_s) * (j - 1).to(tl.float32) / (NPIV - 1)
-        piv = tl.where(j == 0, float("-inf"), tl.where(j == 1, w_val, spread))
-        cnt, mass, minab = _pivot_pass(
-            logits_ptr, allowed_ptr, V, t, m, piv, HAS_MASK, PIVOT_BLOCK, NPIV
+        w_cnt, w_mass, w_minab, total = _check_pass(
+            logits_ptr, allowed_ptr, V, c, mc, x_w, HAS_MASK, BLOCK
         )
-        total = tl.sum(tl.where(j == 0, mass, 0.0))
-        w_cnt = tl.sum(tl.where(j == 1, cnt, 0))
-        w_mass = tl.sum(tl.where(j == 1, mass, 0.0))
-        lo = theta
-        lo_cnt = tl.sum(tl.where(j == 0, cnt, 0))
-        lo_mass = total
-        lo_minab = tl.min(tl.where(j == 0, minab, float("inf")))
+        keep_w &= (~use_k) | (w_cnt < k)
+        # Alone, either filter keeps w or cuts it by this pass; top-p after top-k needs the
+        # top-k mass first.
+        accept = keep_w & ((~use_p) | ((~use_k) & (w_mass < p * total)))
+        # The search brackets the threshold theta by lo (every x <= lo cut) and hi (every
+        # x >= hi kept). w cut by the first filter searched for puts lo at x_w.
+        w_cut = tl.where(use_k, w_cnt >= k, w_mass >= p * total)
+        lo = tl.where(w_cut, x_w, float("-inf"))
+        # Above -inf: at most V tokens (only "found" reads lo_cnt: a bound delays it, no more).
+        lo_cnt = tl.where(w_cut, w_cnt, V)
+        lo_mass = tl.where(w_cut, w_mass, total)
+        lo_minab = tl.where(w_cut, w_minab, min_x)
         hi = m
         hi_cnt = tl.zeros((), tl.int32)
         hi_mass = tl.zeros((), tl.float32)
         z_k = total
-        phase = tl.where(use_k, 0, 1)  # 0: top-k threshold, 1: top-p threshold, 2: found
-        passes = tl.full((), 1, tl.int32)
-        keep_w &= (~use_k) | (w_cnt < k)
-        while (phase < 2) & (passes <= MAX_PASSES):
-            if passes > 1:
-                piv = lo_minab + (hi - lo_minab) * j.to(tl.float32) / NPIV
-                cnt, mass, minab = _pivot_pass(
-                    logits_ptr, allowed_ptr, V, t, m, piv, HAS_MASK, PIVOT_BLOCK, NPIV
-                )
+        j = tl.arange(0, NPIV)
+        # phase 0: top-k threshold, 1: top-p threshold, 2: found, 3: w accepted
+        phase = tl.where(accept, 3, tl.where(use_k, 0, 1))
+        passes = tl.full((), 0, tl.int32)
+        while (phase < 2) & (passes < MAX_PASSES):
+            piv = lo_minab + (hi - lo_minab) * j.to(tl.float32) / NPIV
+            cnt, mass, minab = _pivot_pass(
+                logits_ptr, allowed_ptr, V, c, mc, piv, HAS_MASK, PIVOT_BLOCK, NPIV
+            )
             # Kept at a pivot: fewer than k tokens above it; or the mass above it below p * z_k.
             ok = tl.where(phase == 0, cnt < k, mass < p * z_k)
             lo, lo_cnt, lo_mass, lo_minab, hi, hi_cnt, hi_mass = _narrow(
@@ -139,7 +146,9 @@ def _sample_kernel(
         done |= keep_w
     ids = tl.where(greedy, argmax, w)
     if ~done:
-        ids = _race_pass(logits_ptr, allowed_ptr, V, t, m, rh, theta, min_p, HAS_MASK, BLOCK)
+        ids = _race_pass(
+            logits_ptr, allowed_ptr, V, c, mc, rh, theta, min_p, HAS_MASK, BLOCK, FAST_LOG
+        )
     tl.store(out_ptr + row, ids.to(tl.int64))
 
 
@@ -203,6 +212,7 @@ def fused_sample(
         PIVOT_BLOCK=PIVOT_BLOCK,
         NPIV=NPIV,
         MAX_PASSES=MAX_PASSES,
+        FAST_LOG=logits.is_cuda,  # the interpreter (CPU tensors) has no libdevice
         num_warps=NUM_WARPS,
     )
     return out

@@ -2,12 +2,19 @@
 
 Per-token state lives in per-lane accumulators ([BLOCK] or [PIVOT_BLOCK, NPIV] registers) that
 are reduced once at the end of a pass, not once per chunk.
+
+The passes work on the raw logits x, never on s = x / T: with c = log2(e) / T, s - s' = ln 2 *
+(x - x') * c, so order tests compare x (T > 0 keeps the order), the mass exp(s - M) is
+exp2(x * c - M * c) (one FMA and one ex2.approx) and the race key s - log(-log u) is, up to a
+factor ln 2 and a constant, x * c - log2(-log2 u) (two lg2.approx). tl.log would lower to
+libdevice's logf (a branchy ~20-instruction routine) and x / T to a division per token.
 """
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 MASK32 = tl.constexpr(0xFFFFFFFF)
 
@@ -53,10 +60,10 @@ def _uniform(row_hash, offs):
 
 
 @triton.jit
-def _scaled(logits_ptr, allowed_ptr, offs, V, t, HAS_MASK: tl.constexpr):
-    """logits / T for one chunk; -inf past the vocabulary and at disallowed tokens."""
+def _scaled(logits_ptr, allowed_ptr, offs, V, HAS_MASK: tl.constexpr):
+    """The raw logits of one chunk; -inf past the vocabulary and at disallowed tokens."""
     inside = offs < V
-    s = tl.load(logits_ptr + offs, mask=inside, other=float("-inf")) / t
+    s = tl.load(logits_ptr + offs, mask=inside, other=float("-inf"))
     if HAS_MASK:
         word = tl.load(allowed_ptr + offs // 32, mask=inside, other=0)
         s = tl.where(((word >> (offs % 32)) & 1) != 0, s, float("-inf"))
@@ -71,10 +78,33 @@ def _argmax(val, idx, V):
 
 
 @triton.jit
+def _log2(x, FAST_LOG: tl.constexpr):
+    """log2: lg2.approx on the GPU (tl.log2 would call libdevice's accurate log2f); the
+    interpreter has no libdevice, so it takes tl.log2."""
+    if FAST_LOG:
+        return libdevice.fast_log2f(x)
+    return tl.log2(x)
+
+
+@triton.jit
+def _race_key(x, c, row_hash, offs, FAST_LOG: tl.constexpr):
+    """The race key of tokens offs with logits x: argmax of p_i / -log(u_i), in log2 units."""
+    return x * c - _log2(-_log2(_uniform(row_hash, offs), FAST_LOG), FAST_LOG)
+
+
+@triton.jit
 def _first_pass(
-    logits_ptr, allowed_ptr, V, t, row_hash, race, HAS_MASK: tl.constexpr, BLOCK: tl.constexpr
+    logits_ptr,
+    allowed_ptr,
+    V,
+    c,
+    row_hash,
+    race,
+    HAS_MASK: tl.constexpr,
+    BLOCK: tl.constexpr,
+    FAST_LOG: tl.constexpr,
 ):
-    """max, argmax, smallest finite s; and the race winner over all tokens (and its s) if race."""
+    """max, argmax, smallest finite x; and the race winner over all tokens (and its x) if race."""
     offs = tl.arange(0, BLOCK)
     best = tl.full([BLOCK], float("-inf"), tl.float32)
     best_i = tl.zeros([BLOCK], tl.int32)
@@ -84,20 +114,19 @@ def _first_pass(
     r_s = tl.full([BLOCK], float("-inf"), tl.float32)
     if race:
         for start in range(0, V, BLOCK):
-            s = _scaled(logits_ptr, allowed_ptr, start + offs, V, t, HAS_MASK)
+            s = _scaled(logits_ptr, allowed_ptr, start + offs, V, HAS_MASK)
             up = s > best
             best_i = tl.where(up, start + offs, best_i)
             best = tl.where(up, s, best)
             low = tl.minimum(low, tl.where(s > float("-inf"), s, float("inf")))
-            # argmax of p_i / -log(u_i) is argmax of s_i - log(-log(u_i))
-            r = s - tl.log(-tl.log(_uniform(row_hash, start + offs)))
+            r = _race_key(s, c, row_hash, start + offs, FAST_LOG)
             up = r > r_best
             r_i = tl.where(up, start + offs, r_i)
             r_s = tl.where(up, s, r_s)
             r_best = tl.where(up, r, r_best)
     else:
         for start in range(0, V, BLOCK):
-            s = _scaled(logits_ptr, allowed_ptr, start + offs, V, t, HAS_MASK)
+            s = _scaled(logits_ptr, allowed_ptr, start + offs, V, HAS_MASK)
             up = s > best
             best_i = tl.where(up, start + offs, best_i)
             best = tl.where(up, s, best)
@@ -112,27 +141,53 @@ def _pivot_pass(
     logits_ptr,
     allowed_ptr,
     V,
-    t,
-    m,
+    c,
+    mc,
     piv,
     HAS_MASK: tl.constexpr,
     BLOCK: tl.constexpr,
     NPIV: tl.constexpr,
 ):
-    """For each pivot: the count and mass (sum of exp(s - m)) of tokens with s > pivot, and the
-    smallest such s."""
+    """For each pivot: the count and mass (sum of exp(s - M), mc = M * c) of tokens with
+    x > pivot, and the smallest such x."""
     offs = tl.arange(0, BLOCK)
     cnt = tl.zeros([BLOCK, NPIV], tl.int32)
     mass = tl.zeros([BLOCK, NPIV], tl.float32)
     low = tl.full([BLOCK, NPIV], float("inf"), tl.float32)
     for start in range(0, V, BLOCK):
-        s = _scaled(logits_ptr, allowed_ptr, start + offs, V, t, HAS_MASK)
-        e = tl.exp(s - m)
+        s = _scaled(logits_ptr, allowed_ptr, start + offs, V, HAS_MASK)
+        e = tl.exp2(s * c - mc)
         above = s[:, None] > piv[None, :]
         cnt += above.to(tl.int32)
         mass += tl.where(above, e[:, None], 0.0)
         low = tl.minimum(low, tl.where(above, s[:, None], float("inf")))
     return tl.sum(cnt, axis=0), tl.sum(mass, axis=0), tl.min(low, axis=0)
+
+
+@triton.jit
+def _check_pass(
+    logits_ptr, allowed_ptr, V, c, mc, x_w, HAS_MASK: tl.constexpr, BLOCK: tl.constexpr
+):
+    """The one-pivot pass that checks the race winner w (logit x_w): the count and mass of the
+    tokens with x > x_w, the smallest such x, and the row's total mass Z = sum exp(s - M).
+
+    Per token: one FMA and one ex2 (the mass), one compare, and three selects feeding an add, an
+    add and a min: a fifth of what the NPIV-pivot pass costs.
+    """
+    offs = tl.arange(0, BLOCK)
+    cnt = tl.zeros([BLOCK], tl.int32)
+    mass = tl.zeros([BLOCK], tl.float32)
+    total = tl.zeros([BLOCK], tl.float32)
+    low = tl.full([BLOCK], float("inf"), tl.float32)
+    for start in range(0, V, BLOCK):
+        s = _scaled(logits_ptr, allowed_ptr, start + offs, V, HAS_MASK)
+        e = tl.exp2(s * c - mc)
+        above = s > x_w
+        total += e
+        cnt += above.to(tl.int32)
+        mass += tl.where(above, e, 0.0)
+        low = tl.minimum(low, tl.where(above, s, float("inf")))
+    return tl.sum(cnt, axis=0), tl.sum(mass, axis=0), tl.min(low, axis=0), tl.sum(total, axis=0)
 
 
 @triton.jit
@@ -163,23 +218,23 @@ def _race_pass(
     logits_ptr,
     allowed_ptr,
     V,
-    t,
-    m,
+    c,
+    mc,
     row_hash,
     theta,
     min_p,
     HAS_MASK: tl.constexpr,
     BLOCK: tl.constexpr,
+    FAST_LOG: tl.constexpr,
 ):
-    """The race winner among tokens with s > theta and exp(s - m) >= min_p."""
+    """The race winner among tokens with x > theta and exp(s - M) >= min_p."""
     offs = tl.arange(0, BLOCK)
     r_best = tl.full([BLOCK], float("-inf"), tl.float32)
     r_i = tl.zeros([BLOCK], tl.int32)
     for start in range(0, V, BLOCK):
-        s = _scaled(logits_ptr, allowed_ptr, start + offs, V, t, HAS_MASK)
-        kept = (s > theta) & (tl.exp(s - m) >= min_p)
-        r = s - tl.log(-tl.log(_uniform(row_hash, start + offs)))
-        r = tl.where(kept, r, float("-inf"))
+        s = _scaled(logits_ptr, allowed_ptr, start + offs, V, HAS_MASK)
+        kept = (s > theta) & (tl.exp2(s * c - mc) >= min_p)
+        r = tl.where(kept, _race_key(s, c, row_hash, start + offs, FAST_LOG), float("-inf"))
         up = r > r_best
         r_i = tl.where(up, start + offs, r_i)
         r_best = tl.where(up, r, r_best)
