@@ -71,6 +71,10 @@ class SamplingParams:
             raise ValueError(f"stop token ids must be in [0, 2**31), got {self.stop_token_ids}")
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
         object.__setattr__(self, "stop", stop)
+        temperature = 0.0 if self.greedy else self.temperature  # top_k=1 is greedy too
+        penalties = (self.repetition_penalty, self.presence_penalty, self.frequency_penalty)
+        floats = (temperature, self.top_p, self.min_p, *penalties)
+        object.__setattr__(self, "_sampling_floats", floats)
 
     def _check_penalties(self) -> None:
         r = self.repetition_penalty
@@ -99,10 +103,8 @@ class SamplingParams:
     def sampling_floats(self) -> tuple[float, ...]:
         """The float parameters the device sampler reads per row, in inputs.FLOAT_FIELDS order:
         temperature (0 when greedy), top_p, min_p, and the repetition, presence and frequency
-        penalties (1, 0, 0 = off)."""
-        temperature = 0.0 if self.greedy else self.temperature  # top_k=1 is greedy too
-        penalties = (self.repetition_penalty, self.presence_penalty, self.frequency_penalty)
-        return (temperature, self.top_p, self.min_p, *penalties)
+        penalties (1, 0, 0 = off). Computed once: the step packer reads it for every row."""
+        return self.__dict__["_sampling_floats"]
 
     @property
     def filtered(self) -> bool:

@@ -11,7 +11,9 @@ engine's own host_ms_per_step in stats.json.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
+import pstats
 import statistics
 import time
 
@@ -31,6 +33,7 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=2048)
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--sampling", default="greedy", choices=["greedy", "sample"])
+    ap.add_argument("--profile", action="store_true", help="cProfile the timed steps")
     args = ap.parse_args()
     bs, max_len = 16, args.context + args.steps + 1024  # room for decodes during the prefills
     cfg = EngineConfig(model="-", max_num_seqs=args.rows, max_batch_tokens=args.rows * 16)
@@ -54,6 +57,9 @@ def main() -> None:
         sched.update(plan, StepResult([7] * len(plan.sampled)))
     times: dict[str, list[float]] = {"schedule": [], "pack": [], "update": []}
     prev = None
+    profiler = cProfile.Profile() if args.profile else None
+    if profiler:
+        profiler.enable()
     for _ in range(args.steps):
         t0 = time.perf_counter()
         plan = sched.schedule()
@@ -67,8 +73,12 @@ def main() -> None:
         times["schedule"].append(t1 - t0)
         times["pack"].append(t2 - t1)
         times["update"].append(t3 - t2)
+    if profiler:
+        profiler.disable()
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(15)
     line = {k: round(1e3 * statistics.median(v), 3) for k, v in times.items()}
-    line["total_ms"] = round(sum(line.values()), 3)
+    line["pack_min_ms"] = round(1e3 * min(times["pack"]), 3)
+    line["total_ms"] = round(sum(line[k] for k in times), 3)
     line.update(rows=args.rows, context=args.context, sampling=args.sampling,
                 seqs_per_step=len(prev.seqs))  # fmt: skip
     print(json.dumps(line))

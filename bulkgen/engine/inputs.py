@@ -126,21 +126,23 @@ class InputPacker:
         self.consumed[packed.turn] = event
 
     def pack(self, plan: Plan, stream) -> PackedStep:
-        seqs, sampled = plan.seqs, plan.sampled
-        T, B, S = plan.num_tokens, len(seqs), len(sampled)
+        seqs = plan.seqs
         bs = self.block_size
         ids: list[int] = []
         prev: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
-        qsl, seq_lens, q_lens, rows = [0], [], [], []
-        upd_rows, upd_cols, upd_blocks, fresh = [], [], [], []
-        logits_idx, seeds, top_k, sample_pos, sample_rows = [], [], [], [], []
-        floats: list[list[float]] = [[] for _ in FLOAT_FIELDS]
+        rows: list[int] = []
+        ends: list[int] = []
+        updates: list[tuple[int, int, int]] = []  # (row, column, block id)
+        samples: list[tuple[int, int, int, int, int]] = []  # token, seed, top_k, position, row
+        floats: list[tuple[float, ...]] = []
+        fresh = []
         for s in seqs:
-            req, start, end = s.request, s.start, s.end
+            req, start, n = s.request, s.start, s.num_tokens
             blocks, row = req.block_ids, req.table_row
-            if end - start == 1:  # decode rows: the common case, kept free of numpy calls
+            end = start + n
+            if n == 1:  # decode rows: the common case, kept to a few appends
                 positions.append(start)
                 slots.append(blocks[start // bs] * bs + start % bs)
                 if s.from_prev:
@@ -155,41 +157,33 @@ class InputPacker:
                 table = np.asarray(blocks[start // bs : -(-end // bs)])
                 slots.extend((table[span // bs - start // bs] * bs + span % bs).tolist())
                 ids.extend(req.token_slice(start, end))
-                prev.extend([-1] * (end - start))
+                prev.extend([-1] * n)
             synced = req.num_synced_blocks
-            if synced == 0 and req.params.penalized:
-                fresh.append(req)
             if synced < len(blocks):
-                new = len(blocks) - synced
-                upd_rows.extend([row] * new)
-                upd_cols.extend(range(synced, len(blocks)))
-                upd_blocks.extend(blocks[synced:])
+                if synced == 0 and req.params.penalized:
+                    fresh.append(req)
+                updates.extend((row, c, blocks[c]) for c in range(synced, len(blocks)))
                 req.num_synced_blocks = len(blocks)
             rows.append(row)
-            q_lens.append(end - start)
-            qsl.append(qsl[-1] + end - start)
-            seq_lens.append(end)
+            ends.append(end)
             if s.sample:
                 p = req.params
-                logits_idx.append(qsl[-1] - 1)
-                seeds.append(req.seed)
-                top_k.append(p.top_k if p.top_k > 0 else 0)
-                sample_pos.append(end)
-                sample_rows.append(row)
-                for values, v in zip(floats, p.sampling_floats, strict=True):
-                    values.append(v)
-        U = len(upd_rows)
-        ints = np.asarray(
-            ids + prev + positions + slots + qsl + seq_lens + rows
-            + logits_idx + seeds + top_k + sample_pos + sample_rows
-            + upd_rows + upd_cols + upd_blocks,
-            np.int64,
-        )  # fmt: skip
-        flat = np.asarray([v for values in floats for v in values], np.float32)
+                samples.append((len(positions) - 1, req.seed, max(p.top_k, 0), end, row))
+                floats.append(p.sampling_floats)
+        T, B, S, U = len(positions), len(seqs), len(samples), len(updates)
+        ends_a = np.asarray(ends, np.int64)
+        qsl = np.zeros(B + 1, np.int64)
+        np.cumsum(ends_a - np.fromiter((s.start for s in seqs), np.int64, B), out=qsl[1:])
+        per_token = np.asarray(ids + prev + positions + slots, np.int64)
+        per_seq = np.concatenate([qsl, ends_a, np.asarray(rows, np.int64)])
+        per_sample = np.asarray(samples, np.int64).reshape(S, 5).T.reshape(-1)
+        per_update = np.asarray(updates, np.int64).reshape(U, 3).T.reshape(-1)
+        ints = np.concatenate([per_token, per_seq, per_sample, per_update])
+        flat = np.asarray(floats, np.float32).reshape(S, len(FLOAT_FIELDS)).T.reshape(-1)
         turn = self.turn
         dev_ints, dev_floats, ready = self._copy(ints, flat, stream)
-        sizes = (T, B, S, U)
-        return PackedStep(dev_ints, dev_floats, ready, sizes, turn, q_lens, seq_lens, fresh)
+        q_lens = np.diff(qsl).tolist()
+        return PackedStep(dev_ints, dev_floats, ready, (T, B, S, U), turn, q_lens, ends, fresh)
 
     def _copy(self, ints: np.ndarray, floats: np.ndarray, stream):
         i = self.turn

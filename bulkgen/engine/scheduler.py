@@ -142,6 +142,8 @@ class Scheduler:
         return generated >= req.params.max_tokens or req.num_tokens >= self.max_model_len
 
     def _reserve(self, req: Request, end: int) -> bool:
+        if end <= len(req.block_ids) * self.cfg.block_size:
+            return True  # the common decode case: the token fits in the last block
         need = self.blocks.blocks_for(end) - len(req.block_ids)
         if need <= 0:
             return True
@@ -236,7 +238,8 @@ class Scheduler:
         req.num_computed += n
         if sample:
             req.num_pending += 1
-        self._register_full_blocks(req)
+        if (start + n) // self.cfg.block_size > req.num_hashed_blocks:  # a block may be full
+            self._register_full_blocks(req)
         return ScheduledSeq(req, start, n, sample, from_prev)
 
     def _finish_too_long(self, req: Request) -> None:
@@ -249,6 +252,7 @@ class Scheduler:
     # ---- applying a step's results ---------------------------------------------------------
 
     def update(self, plan: Plan, result: StepResult) -> None:
+        bs = self.cfg.block_size
         for row, (seq, token) in enumerate(zip(plan.sampled, result.ids, strict=True)):
             req = seq.request
             req.num_pending -= 1
@@ -256,7 +260,8 @@ class Scheduler:
                 continue  # finished at the previous step: this extra token is discarded
             req.output_ids.append(token)
             self.num_generated += 1
-            self._register_full_blocks(req)
+            if req.num_computed // bs > req.num_hashed_blocks:  # a block may be full
+                self._register_full_blocks(req)
             if req.params.logprobs is not None:
                 self._record_logprobs(req, result, row)
             reason = self._stop_reason(req, token)
