@@ -40,7 +40,9 @@ def compile_ptx(has_mask: bool) -> str:
     constexprs = {"HAS_MASK": has_mask, "FAST_LOG": True}
     constexprs |= {name: getattr(ts, name) for name in ts.CONSTEXPRS if name not in constexprs}
     src = ASTSource(ts._sample_kernel, SIGNATURE, constexprs=constexprs)
-    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": ts.NUM_WARPS})
+    kernel = triton.compile(
+        src, target=GPUTarget("cuda", 90, 32), options={"num_warps": ts.NUM_WARPS}
+    )
     return kernel.asm["ptx"]
 
 

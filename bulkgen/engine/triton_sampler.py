@@ -6,18 +6,22 @@ row. The (seed, position, token id) noise of `sampler.uniform_noise` is hashed i
 - Pass A (every row): the max M and argmax of s = logits / T, and the exponential race over all
   tokens, argmax of s_i - log(-log u_i) (the order of p_i / -log u_i). A greedy row (T = 0) or a
   row without filters is done here: one pass.
-- Filters keep the tokens with s above a threshold (top-k, top-p) and exp(s - M) >= min_p. The
-  race winner over all tokens, w, is also the winner over the kept ones if it is kept, so it is
-  checked first: min-p alone needs no pass for that, top-k and top-p one cheap check pass
-  (`_check_pass`: the count and mass above w and the total mass, one compare and one exp2 a
-  token). Sampling a distribution whose top-p set holds 95% of the mass, w is kept in about 95%
-  of the rows: 2 passes. (top-k with top-p always searches: top-p needs the top-k mass.)
-- Otherwise the threshold is found, from above w's logit if the filter cut w, by multi-pivot
-  bisection without sorting (`_pivot_pass`: the
-  count and mass of tokens above each of NPIV pivots, one read), first for top-k, then for top-p
-  on the top-k mass; then one race pass over the kept tokens. Each pass cuts the value range of
-  the undecided band NPIV-fold and drops its smallest token, so the search ends (a handful of
-  passes on real logits; MAX_PASSES bounds it).
+- Filters keep the tokens with s above a threshold (top-k, top-p) and exp(s - M) >= min_p: every
+  token above a kept one is kept. The race winner over all tokens, w, is also the winner over the
+  kept ones if it is kept, so it is checked first: min-p alone needs no pass for that, top-k and
+  top-p one cheap check pass (`_check_pass`: the count and mass above w and the total mass, one
+  compare and one exp2 a token). Sampling a distribution whose top-p set holds 95% of the mass,
+  w is kept in about 95% of the rows: 2 passes.
+- A cut w cuts every token with x <= x_w, so the winner among the kept tokens is the race winner
+  among x > x_w if that one is kept: rejection rounds of a race pass and a check pass until the
+  winner is kept. Each round draws from the distribution above the last cut winner, so on
+  model-like logits one round almost always suffices (simulated at T = 0.8, B = 256 with the
+  logits of scripts/bench_sampler.py: Zipf, at most 1 round for top-p 0.95 and 2 for top-k 50;
+  N(0, 4), up to ~7 for top-k 50). The ids are the torch reference's: the same race, over a
+  superset of the kept tokens.
+- top-k with top-p renormalises top-p over the top-k mass, so it first finds the top-k threshold
+  by multi-pivot bisection without sorting (`_top_k_threshold`, `_pivot_pass`: the count and mass
+  of tokens above each of NPIV pivots, one read); then the rounds go on as above.
 
 Ties at a threshold keep every tied token: top-k keeps all tokens whose logit equals the k-th
 largest, top-p counts only strictly larger tokens as "before" a token. (torch.sort orders ties
