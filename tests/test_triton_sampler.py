@@ -205,3 +205,15 @@ def test_top_k_keeps_every_token_tied_with_the_kth():
     logits = torch.tensor([5.0, 4.0, 3.0, 3.0, 3.0, 0.0, -1.0, -2.0], device=DEVICE).repeat(n, 1)
     ids = fused_sample(logits, **params(n, temperature=2.0, top_k=3))
     assert set(ids.tolist()) == {0, 1, 2, 3, 4}
+
+
+@pytest.mark.parametrize("setting", [{"top_k": 1}, {"top_k": 3}, {"top_p": 0.002}])
+def test_rows_that_reject_many_race_winners_still_draw_the_reference_ids(setting):
+    # Near-equal logits: the race winner over all 2007 tokens is almost never among the top
+    # three, and each rejection round only halves the rank on average (~7 rounds a row).
+    logits = torch.randn(8, V, device=DEVICE) * 0.01
+    p = params(8, temperature=1.0, **setting)
+    ids = fused_sample(logits, **p)
+    assert torch.equal(ids, reference(logits, p))
+    if setting == {"top_k": 1}:
+        assert torch.equal(ids, logits.argmax(dim=-1))

@@ -6,18 +6,22 @@ row. The (seed, position, token id) noise of `sampler.uniform_noise` is hashed i
 - Pass A (every row): the max M and argmax of s = logits / T, and the exponential race over all
   tokens, argmax of s_i - log(-log u_i) (the order of p_i / -log u_i). A greedy row (T = 0) or a
   row without filters is done here: one pass.
-- Filters keep the tokens with s above a threshold (top-k, top-p) and exp(s - M) >= min_p. The
-  race winner over all tokens, w, is also the winner over the kept ones if it is kept, so it is
-  checked first: min-p alone needs no pass for that, top-k and top-p one cheap check pass
-  (`_check_pass`: the count and mass above w and the total mass, one compare and one exp2 a
-  token). Sampling a distribution whose top-p set holds 95% of the mass, w is kept in about 95%
-  of the rows: 2 passes. (top-k with top-p always searches: top-p needs the top-k mass.)
-- Otherwise the threshold is found, from above w's logit if the filter cut w, by multi-pivot
-  bisection without sorting (`_pivot_pass`: the
-  count and mass of tokens above each of NPIV pivots, one read), first for top-k, then for top-p
-  on the top-k mass; then one race pass over the kept tokens. Each pass cuts the value range of
-  the undecided band NPIV-fold and drops its smallest token, so the search ends (a handful of
-  passes on real logits; MAX_PASSES bounds it).
+- Filters keep the tokens with s above a threshold (top-k, top-p) and exp(s - M) >= min_p: every
+  token above a kept one is kept. The race winner over all tokens, w, is also the winner over the
+  kept ones if it is kept, so it is checked first: min-p alone needs no pass for that, top-k and
+  top-p one cheap check pass (`_check_pass`: the count and mass above w and the total mass, one
+  compare and one exp2 a token). Sampling a distribution whose top-p set holds 95% of the mass,
+  w is kept in about 95% of the rows: 2 passes.
+- A cut w cuts every token with x <= x_w, so the winner among the kept tokens is the race winner
+  among x > x_w if that one is kept: rejection rounds of a race pass and a check pass until the
+  winner is kept. Each round draws from the distribution above the last cut winner, so on
+  model-like logits one round almost always suffices (simulated at T = 0.8, B = 256 with the
+  logits of scripts/bench_sampler.py: Zipf, at most 1 round for top-p 0.95 and 2 for top-k 50;
+  N(0, 4), up to ~7 for top-k 50). The ids are the torch reference's: the same race, over a
+  superset of the kept tokens.
+- top-k with top-p renormalises top-p over the top-k mass, so it first finds the top-k threshold
+  by multi-pivot bisection without sorting (`_top_k_threshold`, `_pivot_pass`: the count and mass
+  of tokens above each of NPIV pivots, one read); then the rounds go on as above.
 
 Ties at a threshold keep every tied token: top-k keeps all tokens whose logit equals the k-th
 largest, top-p counts only strictly larger tokens as "before" a token. (torch.sort orders ties
@@ -47,6 +51,8 @@ PIVOT_BLOCK = 512  # tokens per chunk in a pivot pass: its accumulators are [PIV
 NPIV = 8  # pivots counted per search pass
 MAX_PASSES = 40  # bound on search passes; float32 bisection ends in far fewer
 NUM_WARPS = 8
+# the kernel's tuning constants, passed as constexprs (scripts/compile_check.py reads them)
+CONSTEXPRS = ("BLOCK", "PIVOT_BLOCK", "NPIV", "MAX_PASSES")
 
 
 @triton.jit
@@ -91,65 +97,94 @@ def _sample_kernel(
     use_min_p = min_p > 0.0
     keep_w = (min_p <= 0.0) | (tl.exp2(x_w * c - mc) >= min_p)
     done = greedy | (~use_k & ~use_p & ~use_min_p) | (m == float("-inf"))
-    # The kept tokens are those with x > theta that pass the min-p test.
-    theta = tl.full((), float("-inf"), tl.float32)
     if (~done) & (use_k | use_p):
         w_cnt, w_mass, w_minab, total = _check_pass(
             logits_ptr, allowed_ptr, V, c, mc, x_w, HAS_MASK, BLOCK
         )
-        keep_w &= (~use_k) | (w_cnt < k)
-        # Alone, either filter keeps w or cuts it by this pass; top-p after top-k needs the
-        # top-k mass first.
-        accept = keep_w & ((~use_p) | ((~use_k) & (w_mass < p * total)))
-        # The search brackets the threshold theta by lo (every x <= lo cut) and hi (every
-        # x >= hi kept). w cut by the first filter searched for puts lo at x_w.
-        w_cut = tl.where(use_k, w_cnt >= k, w_mass >= p * total)
-        lo = tl.where(w_cut, x_w, float("-inf"))
-        # Above -inf: at most V tokens (only "found" reads lo_cnt: a bound delays it, no more).
-        lo_cnt = tl.where(w_cut, w_cnt, V)
-        lo_mass = tl.where(w_cut, w_mass, total)
-        lo_minab = tl.where(w_cut, w_minab, min_x)
-        hi = m
-        hi_cnt = tl.zeros((), tl.int32)
-        hi_mass = tl.zeros((), tl.float32)
-        z_k = total
-        j = tl.arange(0, NPIV)
-        # phase 0: top-k threshold, 1: top-p threshold, 2: found, 3: w accepted
-        phase = tl.where(accept, 3, tl.where(use_k, 0, 1))
-        passes = tl.full((), 0, tl.int32)
-        while (phase < 2) & (passes < MAX_PASSES):
-            piv = lo_minab + (hi - lo_minab) * j.to(tl.float32) / NPIV
-            cnt, mass, minab = _pivot_pass(
-                logits_ptr, allowed_ptr, V, c, mc, piv, HAS_MASK, PIVOT_BLOCK, NPIV
+        # Every token with x <= theta is cut; top-p counts the mass z of the top-k set.
+        theta = tl.full((), float("-inf"), tl.float32)
+        z = total
+        if use_k & use_p:
+            theta, z = _top_k_threshold(
+                logits_ptr, allowed_ptr, V, c, mc, k, m, x_w, w_cnt, w_mass, w_minab, total,
+                min_x, HAS_MASK, PIVOT_BLOCK, NPIV, MAX_PASSES,
+            )  # fmt: skip
+        kept = keep_w & (x_w > theta) & ((~use_k) | (w_cnt < k)) & ((~use_p) | (w_mass < p * z))
+        # Rejection rounds: a cut w cuts every x <= x_w (the kept set is all x above a threshold),
+        # and the race winner among x > x_w is the winner among the kept tokens if it is kept.
+        # theta rises strictly each round and the largest logit is kept, so the loop ends.
+        while ~kept:
+            theta = tl.maximum(theta, x_w)
+            w, x_w = _race_pass(
+                logits_ptr, allowed_ptr, V, c, mc, rh, theta, min_p, HAS_MASK, BLOCK, FAST_LOG
             )
-            # Kept at a pivot: fewer than k tokens above it; or the mass above it below p * z_k.
-            ok = tl.where(phase == 0, cnt < k, mass < p * z_k)
-            lo, lo_cnt, lo_mass, lo_minab, hi, hi_cnt, hi_mass = _narrow(
-                piv, ok, cnt, mass, minab, lo, lo_cnt, lo_mass, lo_minab, hi, hi_cnt, hi_mass
+            w_cnt, w_mass, w_minab, total = _check_pass(
+                logits_ptr, allowed_ptr, V, c, mc, x_w, HAS_MASK, BLOCK
             )
-            # Found: no token in (lo, hi], or the smallest one above lo is >= hi (hence kept).
-            found = (lo_cnt == hi_cnt) | (hi <= lo_minab)
-            k_found = found & (phase == 0)  # top-p, if asked for, searches on within top-k
-            z_k = tl.where(k_found, lo_mass, z_k)
-            hi = tl.where(k_found, m, hi)
-            hi_cnt = tl.where(k_found, 0, hi_cnt)
-            hi_mass = tl.where(k_found, 0.0, hi_mass)
-            phase = tl.where(k_found, tl.where(use_p, 1, 2), tl.where(found, 2, phase))
-            phase = tl.where((phase == 1) & (hi <= lo_minab), 2, phase)
-            passes += 1
-            # w wins among the kept tokens as soon as it is known to be kept.
-            accept = keep_w & ((~use_p) | ((phase > 0) & (w_mass < p * z_k)))
-            phase = tl.where(accept, 3, phase)
-        theta = lo
-        done = phase == 3
+            no_token = x_w == float("-inf")  # min-p above 1 or top-p 0: nothing is kept
+            kept = no_token | (((~use_k) | (w_cnt < k)) & ((~use_p) | (w_mass < p * z)))
+        done = tl.full((), True, tl.int1)
     else:
         done |= keep_w
     ids = tl.where(greedy, argmax, w)
-    if ~done:
+    if ~done:  # min-p alone cut w: the race among the tokens it keeps
         ids = _race_pass(
-            logits_ptr, allowed_ptr, V, c, mc, rh, theta, min_p, HAS_MASK, BLOCK, FAST_LOG
-        )
+            logits_ptr, allowed_ptr, V, c, mc, rh, -float("inf"), min_p, HAS_MASK, BLOCK, FAST_LOG
+        )[0]
     tl.store(out_ptr + row, ids.to(tl.int64))
+
+
+@triton.jit
+def _top_k_threshold(
+    logits_ptr,
+    allowed_ptr,
+    V,
+    c,
+    mc,
+    k,
+    m,
+    x_w,
+    w_cnt,
+    w_mass,
+    w_minab,
+    total,
+    min_x,
+    HAS_MASK: tl.constexpr,
+    PIVOT_BLOCK: tl.constexpr,
+    NPIV: tl.constexpr,
+    MAX_PASSES: tl.constexpr,
+):
+    """(theta, mass above theta): top-k keeps exactly the tokens with x > theta.
+
+    Multi-pivot bisection of the logit range (NPIV pivots a pass), from above x_w if the check
+    pass found w cut by top-k. Only top-k followed by top-p needs the threshold itself (top-p
+    renormalises over the top-k mass); alone, each filter just checks race winners.
+    """
+    # lo brackets theta from below (every x <= lo cut), hi from above (every x >= hi kept).
+    w_cut = w_cnt >= k
+    lo = tl.where(w_cut, x_w, float("-inf"))
+    # Above -inf: at most V tokens (only "found" reads lo_cnt: a bound delays it, no more).
+    lo_cnt = tl.where(w_cut, w_cnt, V)
+    lo_mass = tl.where(w_cut, w_mass, total)
+    lo_minab = tl.where(w_cut, w_minab, min_x)
+    hi = m
+    hi_cnt = tl.zeros((), tl.int32)
+    hi_mass = tl.zeros((), tl.float32)
+    j = tl.arange(0, NPIV)
+    found = (lo_cnt == hi_cnt) | (hi <= lo_minab)
+    passes = tl.full((), 0, tl.int32)
+    while (~found) & (passes < MAX_PASSES):
+        piv = lo_minab + (hi - lo_minab) * j.to(tl.float32) / NPIV
+        cnt, mass, minab = _pivot_pass(
+            logits_ptr, allowed_ptr, V, c, mc, piv, HAS_MASK, PIVOT_BLOCK, NPIV
+        )
+        lo, lo_cnt, lo_mass, lo_minab, hi, hi_cnt, hi_mass = _narrow(
+            piv, cnt < k, cnt, mass, minab, lo, lo_cnt, lo_mass, lo_minab, hi, hi_cnt, hi_mass
+        )
+        # Found: no token in (lo, hi], or the smallest one above lo is >= hi (hence kept).
+        found = (lo_cnt == hi_cnt) | (hi <= lo_minab)
+        passes += 1
+    return lo, lo_mass
 
 
 @triton.jit

@@ -227,15 +227,19 @@ def _race_pass(
     BLOCK: tl.constexpr,
     FAST_LOG: tl.constexpr,
 ):
-    """The race winner among tokens with x > theta and exp(s - M) >= min_p."""
+    """The race winner among tokens with x > theta and exp(s - M) >= min_p, and its logit x
+    (-inf if no token is kept)."""
     offs = tl.arange(0, BLOCK)
     r_best = tl.full([BLOCK], float("-inf"), tl.float32)
     r_i = tl.zeros([BLOCK], tl.int32)
+    r_s = tl.full([BLOCK], float("-inf"), tl.float32)
     for start in range(0, V, BLOCK):
         s = _scaled(logits_ptr, allowed_ptr, start + offs, V, HAS_MASK)
         kept = (s > theta) & (tl.exp2(s * c - mc) >= min_p)
         r = tl.where(kept, _race_key(s, c, row_hash, start + offs, FAST_LOG), float("-inf"))
         up = r > r_best
         r_i = tl.where(up, start + offs, r_i)
+        r_s = tl.where(up, s, r_s)
         r_best = tl.where(up, r, r_best)
-    return _argmax(r_best, r_i, V)[1]
+    w = _argmax(r_best, r_i, V)[1]
+    return w, tl.max(tl.where(r_i == w, r_s, float("-inf")), axis=0)
