@@ -63,11 +63,13 @@ class PackedStep:
     def unpack(self) -> StepInputs:
         """Views and dtype casts; call on the compute stream after it waited for `ready`."""
         T, B, S, U = self.sizes
-        split = [T, T, T, T, B + 1, B, B, S, S, S, S, S, U, U, U]
-        (ids, prev, pos, slot, qsl, sl, rows, li, sd, tk, sp, sr, ur, uc, ub) = self.ints.split(
-            split
+        lengths = [T, T, T, T, B + 1, B, B, S, S, S, S, S, U, U, U]
+        fields = self.ints.split([_pad(n, 2) for n in lengths])
+        (ids, prev, pos, slot, qsl, sl, rows, li, sd, tk, sp, sr, ur, uc, ub) = (
+            f[:n] for f, n in zip(fields, lengths, strict=True)
         )
-        floats = dict(zip(FLOAT_FIELDS, self.floats.split([S] * len(FLOAT_FIELDS)), strict=True))
+        f_fields = self.floats.split([_pad(S, 4)] * len(FLOAT_FIELDS))
+        floats = {name: f[:S] for name, f in zip(FLOAT_FIELDS, f_fields, strict=True)}
         return StepInputs(
             input_ids=ids,
             prev_row=prev,
@@ -88,6 +90,20 @@ class PackedStep:
         )
 
 
+def _pad(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def _padded_rows(fields: np.ndarray, multiple: int) -> np.ndarray:
+    """Fields [k, n] flattened with each padded to a multiple of `multiple` elements (16 bytes),
+    so every field's device view starts 16-byte aligned whatever the step's sizes: Triton
+    specialises kernels on pointer alignment and would otherwise compile variants mid-run."""
+    k, n = fields.shape
+    out = np.zeros((k, _pad(n, multiple)), fields.dtype)
+    out[:, :n] = fields
+    return out.reshape(-1)
+
+
 class InputPacker:
     """Builds StepInputs from a Plan with one int64 and one float32 host-to-device copy."""
 
@@ -103,8 +119,9 @@ class InputPacker:
         self.block_size = block_size
         self.pin = device.type == "cuda"
         # Table appends are at most every block of every row (a prefix-cache hit syncs many).
-        self.int_cap = 4 * max_tokens + 8 * max_seqs + 1 + 3 * max_seqs * max_blocks_per_seq
-        self.float_cap = len(FLOAT_FIELDS) * max_seqs
+        # Every field padded to 16 bytes (_pad), plus 1 per field for that.
+        self.int_cap = 4 * max_tokens + 8 * max_seqs + 3 * max_seqs * max_blocks_per_seq + 16
+        self.float_cap = len(FLOAT_FIELDS) * (max_seqs + 3)
         self.ints = [self._host(self.int_cap, torch.int64) for _ in range(2)]
         self.floats = [self._host(self.float_cap, torch.float32) for _ in range(2)]
         self.copied = [None, None]  # per host buffer: event of the last copy out of it
@@ -171,15 +188,23 @@ class InputPacker:
                 samples.append((len(positions) - 1, req.seed, max(p.top_k, 0), end, row))
                 floats.append(p.sampling_floats)
         T, B, S, U = len(positions), len(seqs), len(samples), len(updates)
-        ends_a = np.asarray(ends, np.int64)
         qsl = np.zeros(B + 1, np.int64)
-        np.cumsum(ends_a - np.fromiter((s.start for s in seqs), np.int64, B), out=qsl[1:])
-        per_token = np.asarray(ids + prev + positions + slots, np.int64)
-        per_seq = np.concatenate([qsl, ends_a, np.asarray(rows, np.int64)])
-        per_sample = np.asarray(samples, np.int64).reshape(S, 5).T.reshape(-1)
-        per_update = np.asarray(updates, np.int64).reshape(U, 3).T.reshape(-1)
-        ints = np.concatenate([per_token, per_seq, per_sample, per_update])
-        flat = np.asarray(floats, np.float32).reshape(S, len(FLOAT_FIELDS)).T.reshape(-1)
+        starts = np.fromiter((s.start for s in seqs), np.int64, B)
+        np.cumsum(np.asarray(ends, np.int64) - starts, out=qsl[1:])
+        per_token = np.asarray([ids, prev, positions, slots], np.int64).reshape(4, T)
+        per_sample = np.asarray(samples, np.int64).reshape(S, 5).T
+        per_update = np.asarray(updates, np.int64).reshape(U, 3).T
+        ints = np.concatenate(
+            [
+                _padded_rows(per_token, 2),
+                _padded_rows(qsl[None], 2),
+                _padded_rows(np.asarray([ends, rows], np.int64).reshape(2, B), 2),
+                _padded_rows(per_sample, 2),
+                _padded_rows(per_update, 2),
+            ]
+        )
+        per_field = np.asarray(floats, np.float32).reshape(S, len(FLOAT_FIELDS)).T
+        flat = _padded_rows(per_field, 4)
         turn = self.turn
         dev_ints, dev_floats, ready = self._copy(ints, flat, stream)
         q_lens = np.diff(qsl).tolist()
