@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -37,6 +38,7 @@ EngineFactory = Callable[[EngineConfig], object]
 # on the text stages.
 _READ_QUEUE, _TOKEN_QUEUE, _RESULT_QUEUE, _WRITE_QUEUE = 4, 8, 256, 16
 _ENGINE_START_TIMEOUT_S = 3600.0
+_SWITCH_INTERVAL_S = 0.0005
 
 
 def run(config: RunConfig, engine_factory: EngineFactory | None = None, worker=None) -> dict:
@@ -83,6 +85,11 @@ class _Run:
 
     def go(self, engine_factory: EngineFactory) -> dict:
         load_start = time.perf_counter()
+        # The engine thread releases the GIL while it waits for the device, and must get it back
+        # at once when the step lands: with Python's default 5 ms switch interval, a reader,
+        # tokenizer or writer thread running Python kept it waiting up to 5 ms per step.
+        switch_interval = sys.getswitchinterval()
+        sys.setswitchinterval(_SWITCH_INTERVAL_S)
         progress: Progress | None = None
         rows_in = Channel(_READ_QUEUE, self.stop)
         requests = Channel(_TOKEN_QUEUE, self.stop)
@@ -158,6 +165,8 @@ class _Run:
             if progress is not None:
                 progress.close()
             raise
+        finally:
+            sys.setswitchinterval(switch_interval)
         if self.failure is not None:
             raise self.failure
         stats = self._stats(done, progress, writer, load_time)
