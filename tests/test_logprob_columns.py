@@ -7,6 +7,10 @@ list<list<struct>> column from offsets); the oracle is the per-entry dict form w
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -120,3 +124,17 @@ def test_parquet_and_jsonl_shards_hold_the_same_logprobs(tmp_path, tiny_tokenize
         assert (
             records[0]["logprobs"] == [-0.25, -0.5, -0.75, -1.0] and records[3]["logprobs"] is None
         )
+
+
+def test_the_first_shard_imports_nothing_while_the_engine_runs(tmp_path):
+    """pyarrow's first conversion imports modules (0.2 s holding the GIL): ShardWriter takes it
+    when it is built, before rows flow."""
+    code = (
+        "import sys\nfrom bulkgen.io.writer import ShardWriter\nfrom bulkgen.row import Row\n"
+        f"w = ShardWriter({str(tmp_path)!r}, 'parquet', 1, logprobs=True)\n"
+        "before = set(sys.modules)\nw._table([Row(id='a', prompt='p')])\n"
+        "print(sorted(set(sys.modules) - before))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr

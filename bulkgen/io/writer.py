@@ -69,6 +69,10 @@ class ShardWriter:
         self._buffer: list[Row] = []
         self.keep_types = keep_types or {}
         self.faults = 0  # rows that could not be written as they were (a bug): error records
+        # pyarrow's first conversion from Python imports its pandas shim, holding the GIL for
+        # 0.2 s (measured): take it here, before rows flow, not at the first shard while the
+        # engine thread runs.
+        pa.array([], pa.int64())
 
     def add(self, rows: list[Row]) -> None:
         if self.fmt == "openai":
