@@ -46,4 +46,5 @@ def fault(row: Row, message: str) -> None:
     """Make the row an error record holding nothing but what is safe to write."""
     row.fail(message)
     row.text = row.token_ids = row.logprobs = row.top_logprobs = row.token_texts = None
+    row.top = None
     row.params = None

@@ -55,7 +55,7 @@ def test_rows_are_the_same_however_many_tokens_follow_the_stop_string(tiny_token
     first = next(k for k in range(len(ids)) if len(decode([ids[:k]])[0]) >= at + len(stop))
     rows = [stopped_row(ids[: first + extra], stop) for extra in (0, 1, 4, len(ids) - first)]
     Detokenize(tiny_tokenizer)(rows)
-    columns = ("text", "token_ids", "logprobs", "top_logprobs", "token_texts", "completion_tokens")
+    columns = ("text", "token_ids", "logprobs", "top", "token_texts", "completion_tokens")
     seen = [tuple(getattr(r, c) for c in columns) for r in rows]
     assert seen == [seen[0]] * len(rows)
     assert rows[0].text == TEXT[:at] and decode([rows[0].token_ids])[0].startswith(TEXT[:at])

@@ -114,7 +114,8 @@ def _choice(row: Row, chat: bool) -> dict:
 
 def _logprobs(row: Row, chat: bool) -> dict:
     tokens = row.token_texts or [""] * len(row.logprobs)
-    tops = row.top_logprobs or [[] for _ in row.logprobs]
+    positions = len(row.logprobs)
+    tops = row.top.dicts(positions) if row.top is not None else [[] for _ in range(positions)]
     if chat:
         content = []
         for token, logprob, top in zip(tokens, row.logprobs, tops, strict=True):

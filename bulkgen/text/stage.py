@@ -6,7 +6,9 @@ they run beside the other stages instead of taking turns with them.
 
 from __future__ import annotations
 
-from bulkgen.row import Row
+from itertools import chain
+
+from bulkgen.row import Row, TopLogprobs
 from bulkgen.text.chat import Conversations, checked_messages
 from bulkgen.text.encoder import PromptEncoder
 from bulkgen.text.stop import cut_at_stop, keep_first_tokens, kept_token_counts
@@ -112,6 +114,7 @@ class Detokenize:
     def __init__(self, tokenizer) -> None:
         self._tokenizer = tokenizer
         self._backend = _backend(tokenizer)
+        self._texts: list[str | None] = []  # at [id]: the token's text alone, once decoded
 
     def __call__(self, rows: list[Row]) -> None:
         done = [r for r in rows if r.token_ids is not None]
@@ -137,17 +140,39 @@ class Detokenize:
                 row.prompt_text = text
 
     def _name_tokens(self, rows: list[Row]) -> None:
-        """Each sampled and top-logprob token as its own text, decoded once per distinct id."""
-        distinct = {t for r in rows for t in r.token_ids}
-        distinct.update(i for r in rows for top in r.top_logprobs or () for i, _ in top)
-        order = sorted(distinct)
-        text = dict(zip(order, self.decode([[i] for i in order], False), strict=True))
-        for row in rows:
-            row.token_texts = [text[t] for t in row.token_ids]
-            row.top_logprobs = [
-                [{"token_id": i, "token": text[i], "logprob": lp} for i, lp in top]
-                for top in row.top_logprobs or [[] for _ in row.logprobs]
-            ]
+        """Each sampled and top-logprob token as its own text, and the top pairs as flat columns
+        (Row.top); a row named already (a guard.py rerun) is left as it is.
+
+        Texts come from a cache indexed by id (a list: no hashing, one memory access per token),
+        which decodes each distinct id once, in one batch call for the ids new to it.
+        """
+        rows = [r for r in rows if r.top is None]
+        # Per row: id, logprob, id, logprob, ... flattened at C speed from the engine's pairs.
+        flats = [list(chain.from_iterable(chain.from_iterable(r.top_logprobs or ()))) for r in rows]
+        id_lists = [r.token_ids for r in rows] + [flat[0::2] for flat in flats]
+        texts = self._texts
+        top_id = max((max(ids) for ids in id_lists if ids), default=-1)
+        texts += [None] * (top_id + 1 - len(texts))
+        named = [list(map(texts.__getitem__, ids)) for ids in id_lists]
+        new = set()
+        for ids, got in zip(id_lists, named, strict=True):
+            if not all(got):  # quicker than `None in got`; a "" text only costs the scan below
+                new.update(i for i, text in zip(ids, got, strict=True) if text is None)
+        if new:
+            order = sorted(new)
+            for i, text in zip(order, self.decode([[i] for i in order], False), strict=True):
+                texts[i] = text
+            named = [list(map(texts.__getitem__, ids)) for ids in id_lists]
+        m = len(rows)  # id_lists and named: the rows' sampled tokens, then their top entries
+        for row, flat, top_ids, token_texts, top_texts in zip(
+            rows, flats, id_lists[m:], named[:m], named[m:], strict=True
+        ):
+            k = len(row.top_logprobs[0]) if row.top_logprobs else 0
+            # The engine gives every position of a row the same number of pairs (the row's K).
+            assert len(flat) == 2 * k * len(row.logprobs), "top logprobs differ by position"
+            row.top = TopLogprobs(k, top_ids, flat[1::2], top_texts)
+            row.token_texts = token_texts
+            row.top_logprobs = None
 
     def decode(self, ids: list[list[int]], skip_special: bool = True) -> list[str]:
         if not ids:

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from bulkgen.channel import Stopped
+from bulkgen.row import Row
 
 _INBOX_BATCHES = 64
 _POLL_S = 0.05
@@ -62,6 +63,9 @@ def keep_first_tokens(output, count: int) -> None:
         output.logprobs = output.logprobs[:count]
     if output.top_logprobs is not None:
         output.top_logprobs = output.top_logprobs[:count]
+    if isinstance(output, Row) and output.top is not None:  # named already: a guard.py rerun
+        output.top = output.top.first(count)
+        output.token_texts = output.token_texts[:count]
 
 
 @dataclass
