@@ -35,6 +35,7 @@ EngineFactory = Callable[[EngineConfig], object]
 # on the text stages.
 _READ_QUEUE, _TOKEN_QUEUE, _RESULT_QUEUE, _WRITE_QUEUE = 4, 8, 256, 16
 _ENGINE_START_TIMEOUT_S = 3600.0
+_JOIN_TIMEOUT_S = 60.0  # for the stages to stop; an engine step on a CPU can take seconds
 
 
 def run(config: RunConfig, engine_factory: EngineFactory | None = None, worker=None) -> dict:
@@ -71,9 +72,10 @@ class _Run:
         self.failure: BaseException | None = None
         self.engine_ready = threading.Event()
         self.engine_stats: dict = {}
-        # Set when a stage's thread ends. Waited on instead of Thread.join: a Ctrl-C that lands
+        # Set when a stage's thread ends. Waited on before Thread.join: a Ctrl-C that lands
         # inside join() can mark a live thread as finished (Python 3.11, bpo-45274's fix).
         self.ended: list[threading.Event] = []
+        self.threads: list[threading.Thread] = []
 
     def go(self, engine_factory: EngineFactory) -> dict:
         load_start = time.perf_counter()
@@ -99,7 +101,13 @@ class _Run:
                 done = self.worker.start(self.job)
             report = None if self.worker is None else self.worker.report
             progress = Progress(
-                total, done.rows, done.errors, self.config.quiet, report, self._live_tokens
+                total,
+                done.rows,
+                done.errors,
+                self.config.quiet,
+                report,
+                self._live_tokens,
+                n=self.config.n,
             )
             batch_files = self.reader.has_batch_files()  # their rows may ask for n, logprobs
             writer = ShardWriter(
@@ -155,12 +163,20 @@ class _Run:
                 ended.set()
 
         self.ended.append(ended)
-        threading.Thread(target=body, name=f"bulkgen-{name}", daemon=True).start()
+        # daemon: a stage stuck past _join_all's timeout must not hold the process open (the
+        # CLI then ends it with os._exit; see exits.py).
+        thread = threading.Thread(target=body, name=f"bulkgen-{name}", daemon=True)
+        self.threads.append(thread)
+        thread.start()
         return ended
 
     def _join_all(self) -> None:
-        for ended in self.ended:
-            ended.wait(timeout=30.0)
+        """Wait for every stage's thread to end: none may be alive when the interpreter
+        finalizes, or the C++ under it can abort the process (see exits.py)."""
+        deadline = time.monotonic() + _JOIN_TIMEOUT_S
+        for ended, thread in zip(self.ended, self.threads, strict=True):
+            if ended.wait(timeout=max(0.0, deadline - time.monotonic())):
+                thread.join(timeout=1.0)  # it is returning: only its frames are left
 
     def _wait_for_engine(self) -> None:
         deadline = time.monotonic() + _ENGINE_START_TIMEOUT_S
@@ -187,6 +203,10 @@ class _Run:
             self.engine_stats = dict(engine.stats)
         finally:
             engine.close()
+            # Freed here, on its own thread, not by whichever thread drops the last reference
+            # (a daemon thread freeing tensors at interpreter exit aborts: see exits.py).
+            self.engine = None
+            del engine
 
     # Records.
 
@@ -208,6 +228,7 @@ class _Run:
                 "prompt_tokens": run.prompt_tokens,
                 "completion_tokens": run.completion_tokens,
                 "resumed_after_rows": done.rows,
+                **({"input_rows": run.inputs} if self.config.n > 1 else {}),
             },
             "wall_time_s": round(wall, 3),
             "load_time_s": round(load_time, 3),
