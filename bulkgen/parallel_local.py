@@ -70,7 +70,9 @@ def run_local(config: RunConfig, workers: int | str | None) -> dict:
         job.lock()
         start = job.prepare(preflight.job_record(config, model_dir), config.overwrite)
         go.set()
-        progress = Progress(total and total * config.n, start.rows, start.errors, config.quiet)
+        progress = Progress(
+            total and total * config.n, start.rows, start.errors, config.quiet, n=config.n
+        )
         parent.progress = progress
         worker_stats = parent.wait_for("done")
         wall = progress.counts.elapsed

@@ -97,7 +97,9 @@ def run_ray(config: RunConfig, workers: int | str | None, address: str | None) -
             actor = remote.options(name=actor_name(config.out, i), **options).remote()
             actors.append(actor)
             calls[actor.run.remote(i, count, worker_config, progress_queue)] = i
-        progress = Progress(total and total * config.n, start.rows, start.errors, config.quiet)
+        progress = Progress(
+            total and total * config.n, start.rows, start.errors, config.quiet, n=config.n
+        )
         worker_stats = _wait(ray, calls, progress_queue, progress, config.out)
         wall = progress.counts.elapsed
         progress.close()

@@ -17,7 +17,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from bulkgen.io.job import TEMP_PREFIX, fsync_dir, shard_name
+from bulkgen.io.job import TEMP_PREFIX, fsync_dir, output_error, remove_quietly, shard_name
 from bulkgen.io.openai import output_line
 from bulkgen.row import Row
 from bulkgen.run_config import OUTPUT_COLUMNS
@@ -93,19 +93,26 @@ class ShardWriter:
         fmt = "jsonl" if self.fmt == "openai" else self.fmt
         name = shard_name(self.next_index, fmt, self.prefix)
         tmp = self.out / f"{TEMP_PREFIX}{name[len('part-') :]}.tmp"
-        with open(tmp, "wb") as f:
-            if self.fmt == "parquet":
-                pq.write_table(self._table(rows), f, compression="zstd")
-            elif self.fmt == "openai":
-                f.write(self._openai(rows))
-            else:
-                f.write(self._jsonl(rows))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.out / name)
-        fsync_dir(self.out)
+        data = None if self.fmt == "parquet" else self._encode(rows)
+        table = self._table(rows) if data is None else None
+        try:
+            with open(tmp, "wb") as f:
+                if table is not None:
+                    pq.write_table(table, f, compression="zstd")
+                else:
+                    f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.out / name)
+            fsync_dir(self.out)
+        except OSError as e:  # a full disk, an I/O error, the folder removed or read-only
+            remove_quietly(tmp)
+            raise output_error(self.out, f"write shard {name}", e) from None
         self.shards.append(name)
         self.next_index += 1
+
+    def _encode(self, rows: list) -> bytes:
+        return self._openai(rows) if self.fmt == "openai" else self._jsonl(rows)
 
     def _table(self, rows: list[Row]) -> pa.Table:
         columns = [
