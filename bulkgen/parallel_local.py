@@ -77,6 +77,7 @@ def run_local(config: RunConfig, workers: int | str | None) -> dict:
         worker_stats = parent.wait_for("done")
         wall = progress.counts.elapsed
         progress.close()
+        job.drop_duplicates()  # a fenced attempt's shard that slipped in (io/fence.py)
         stats = job_stats(config, model_dir, job, start, wall, load_time)
         stats["workers"] = worker_list(worker_stats)
     except KeyboardInterrupt:

@@ -120,6 +120,7 @@ class _Run:
                 logprobs=self.config.sampling.logprobs is not None or batch_files,
                 model=self.config.model,
                 prefix="" if self.worker is None else self.worker.prefix,
+                fence=None if self.worker is None else self.worker.fence,
             )
             samples = Samples(self.config.sampling, self.config.n, self.job.job_seed())
             resume = Resume(done, self.config.n)

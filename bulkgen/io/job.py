@@ -28,8 +28,9 @@ SETTINGS_FILE = "job.json"
 STATS_FILE = "stats.json"
 LOCK_FILE = ".lock"
 TEMP_PREFIX = ".part-"  # a shard being written; never matches part-*
-# part-NNNNN, or part-wII-NNNNN: a data-parallel worker's own numbering (bulkgen/parallel.py).
-_SHARD = re.compile(r"part-((?:w\d+-)?)(\d+)\.(parquet|jsonl)")
+# part-NNNNN, or part-wII-aAA-NNNNN: a data-parallel worker's attempt's own numbering
+# (bulkgen/parallel.py, io/fence.py); part-wII-NNNNN from before attempts were named.
+_SHARD = re.compile(r"part-((?:w\d+-(?:a\d+-)?)?)(\d+)\.(parquet|jsonl)")
 _SUMMARY_COLUMNS = ["id", "finish_reason", "prompt_tokens", "completion_tokens"]
 
 
@@ -134,6 +135,8 @@ class JobDir:
             if overwrite:
                 for path in self._shards() + [self.path / STATS_FILE, self.path / SETTINGS_FILE]:
                     path.unlink(missing_ok=True)
+                for path in self.path.glob(".attempt-*"):  # io/fence.py's attempt claims
+                    path.unlink(missing_ok=True)
             for path in self.path.glob(TEMP_PREFIX + "*"):
                 path.unlink(missing_ok=True)
         except OSError as e:
@@ -141,7 +144,18 @@ class JobDir:
         if self._recorded() is None:
             write_json_atomic(self.path / SETTINGS_FILE, record)
             self._recorded_here = True
+        self.drop_duplicates()
         return self.scan()
+
+    def drop_duplicates(self) -> int:
+        """Rows that two final shards hold (a fenced retry's race, io/fence.py) are kept in the
+        first one only. Call it holding the lock, with no worker running."""
+        from bulkgen.io.fence import drop_duplicates
+
+        try:
+            return drop_duplicates(self._shards())
+        except OSError as e:
+            raise output_error(self.path, "rewrite a shard holding repeated rows", e) from None
 
     def forget_if_empty(self) -> None:
         """Undo the record prepare() wrote, if the job failed before writing any shard, so that

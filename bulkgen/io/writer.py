@@ -12,11 +12,13 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from bulkgen.io.fence import Fenced
 from bulkgen.io.job import TEMP_PREFIX, fsync_dir, output_error, remove_quietly, shard_name
 from bulkgen.io.openai import output_line
 from bulkgen.row import Row
@@ -43,11 +45,14 @@ class ShardWriter:
         logprobs: bool = False,
         model: str = "",
         prefix: str = "",
+        fence: Callable[[], None] | None = None,
     ) -> None:
         """samples: write a `sample` column; logprobs: `logprobs` and `top_logprobs` columns;
         model: the model name of --format openai lines; prefix: in shard names after `part-`
-        (a data-parallel worker's `wII-`)."""
+        (a data-parallel worker's `wII-aAA-`); fence: called before a shard is made final,
+        raises io.fence.Fenced if a newer attempt of this worker exists."""
         self.prefix = prefix
+        self.fence = fence
         self.out = Path(out)
         self.fmt = fmt
         self.samples = samples
@@ -103,6 +108,12 @@ class ShardWriter:
                     f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
+            if self.fence is not None:
+                try:
+                    self.fence()
+                except Fenced:
+                    remove_quietly(tmp)
+                    raise
             os.replace(tmp, self.out / name)
             fsync_dir(self.out)
         except OSError as e:  # a full disk, an I/O error, the folder removed or read-only
