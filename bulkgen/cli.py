@@ -37,8 +37,9 @@ def run(**options) -> None:
     empty or non-string prompt, a prompt longer than the model's context) are written as error
     records and the run goes on.
     """
-    from bulkgen import exits
+    from bulkgen import cpu, exits
 
+    cpu.before_torch()
     try:
         with exits.sigterm_interrupts():
             _run(**options)

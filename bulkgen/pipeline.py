@@ -240,6 +240,10 @@ class _Run:
             "format": self.config.format,
             "bulkgen_version": bulkgen_version(),
         }
+        if self.engine_stats.get("device") == "cpu":
+            import torch
+
+            stats["torch_threads"] = torch.get_num_threads()  # see cpu.py
         # Engine-side figures (GPU busy and the like) join in, without replacing ours.
         return {**{k: v for k, v in self.engine_stats.items() if k not in stats}, **stats}
 
@@ -253,8 +257,12 @@ def _default_engine_factory() -> EngineFactory:
         return lambda config: FakeEngine(config, **options)
 
     def real(config: EngineConfig):
-        from bulkgen.engine.engine import Engine
+        from bulkgen.engine.engine import Engine, resolve_device
 
+        if resolve_device(config.device).type == "cpu":
+            from bulkgen.cpu import use_cpu_threads
+
+            use_cpu_threads()  # before the engine loads: no thread oversubscription (cpu.py)
         return Engine(config)
 
     return real
