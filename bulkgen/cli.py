@@ -114,7 +114,9 @@ def _run(inputs, model, out, prompt_column, prompt_template, id_column, keep_col
     except UserError as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(1)
-    if not quiet:
+    if "nothing_left" in stats:  # the model was not loaded
+        click.echo(f"nothing to generate: {stats['nothing_left']} ({out})", err=True)
+    elif not quiet:
         click.echo(summary(stats, out, config.n), err=True)
     from bulkgen.recipes import after_run
 

@@ -20,10 +20,11 @@ from bulkgen import stages
 from bulkgen.channel import Channel, Stopped
 from bulkgen.config import EngineConfig
 from bulkgen.errors import UserError
+from bulkgen.idle import idle_stats, nothing_left
 from bulkgen.io.job import STATS_FILE, Done, JobDir, write_json_atomic
 from bulkgen.io.reader import Reader
 from bulkgen.io.writer import ShardWriter
-from bulkgen.preflight import bulkgen_version, checked_parts, job_record
+from bulkgen.preflight import bulkgen_version, checked_parts, checked_reader, job_record
 from bulkgen.progress import Progress
 from bulkgen.run_config import RunConfig
 from bulkgen.samples import Resume, Samples
@@ -47,7 +48,10 @@ def run(config: RunConfig, engine_factory: EngineFactory | None = None, worker=N
     job = JobDir(config.out)
     if worker is None:
         job.check(config.job_settings(), config.overwrite)
-    reader, model_dir, tokenizer, tokenize = checked_parts(config)
+    reader = checked_reader(config)
+    if worker is None and (reason := nothing_left(config, job, reader)) is not None:
+        return idle_stats(config, job, reason)  # the model is not even loaded
+    reader, model_dir, tokenizer, tokenize = checked_parts(config, reader)
     try:
         return _Run(config, job, reader, model_dir, tokenizer, tokenize, worker).go(
             engine_factory or _default_engine_factory()

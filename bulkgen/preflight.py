@@ -18,9 +18,8 @@ from bulkgen.text.prompt_template import PromptTemplate, RenderPrompts
 from bulkgen.text.stage import Tokenize
 
 
-def checked_parts(config: RunConfig) -> tuple:
-    """What a user can get wrong about the inputs and the model, checked before any work: the
-    reader, the model folder, its tokenizer and the tokenizer stage."""
+def checked_reader(config: RunConfig) -> Reader:
+    """The inputs, checked (files, columns); nothing about the model yet."""
     template = None if config.prompt_template is None else PromptTemplate(config.prompt_template)
     reader = Reader(
         find_sources(config.inputs, exclude=config.out),
@@ -31,6 +30,14 @@ def checked_parts(config: RunConfig) -> tuple:
         messages_column=config.messages_column,
     )
     reader.check()
+    return reader
+
+
+def checked_parts(config: RunConfig, reader: Reader | None = None) -> tuple:
+    """What a user can get wrong about the inputs and the model, checked before any work: the
+    reader, the model folder, its tokenizer and the tokenizer stage."""
+    template = None if config.prompt_template is None else PromptTemplate(config.prompt_template)
+    reader = reader or checked_reader(config)
     model_dir = model_folder(config.model, weights=config.load_format != "dummy")
     tokenizer = tokenizer_of(model_dir)
     tokenize = Tokenize(
