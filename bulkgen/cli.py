@@ -56,6 +56,8 @@ def _run(inputs, model, out, prompt_column, prompt_template, id_column, keep_col
          shard_size, max_tokens, temperature, top_p, top_k, min_p, seed, chat_template,
          dtype, device, max_num_seqs, max_batch_tokens, kv_memory, sync, quiet,
          overwrite, **generation) -> None:  # fmt: skip
+    if not quiet:
+        _show_progress_messages()
     from bulkgen.config import SamplingParams
     from bulkgen.errors import UserError
     from bulkgen.pipeline import run as run_pipeline
@@ -125,6 +127,21 @@ def _run(inputs, model, out, prompt_column, prompt_template, id_column, keep_col
     except UserError as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(1)
+
+
+def _show_progress_messages() -> None:
+    """The model hub's INFO lines (fetching and converting the demo model: the first run's
+    wait) on stderr, as `bulkgen: ...`."""
+    import logging
+
+    class Stderr(logging.Handler):  # the stderr of now, not of when it was added
+        def emit(self, record: logging.LogRecord) -> None:
+            click.echo(f"bulkgen: {record.getMessage()}", err=True)
+
+    log = logging.getLogger("bulkgen.model.hub")
+    if not any(type(h).__name__ == "Stderr" for h in log.handlers):
+        log.addHandler(Stderr())
+        log.setLevel(logging.INFO)
 
 
 def summary(stats: dict, out: str, n: int = 1) -> str:

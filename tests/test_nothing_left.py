@@ -59,3 +59,17 @@ def test_a_job_with_rows_left_loads_the_model(tmp_path, tiny_model_dir, monkeypa
     (tmp_path / "out" / "part-00001.parquet").unlink()  # a lost shard: one row left to do
     result = bulkgen(*args)
     assert result.exit_code == 0 and "1 rows (0 errors) written" in result.stderr
+
+
+def test_the_first_fetch_of_the_demo_model_says_what_it_does_and_how_big(tmp_path, monkeypatch):
+    from bulkgen.model import hub
+
+    monkeypatch.setenv("BULKGEN_CACHE", str(tmp_path / "cache"))
+    failed = type("Done", (), {"returncode": 1, "stderr": "no network"})
+    monkeypatch.setattr(hub.subprocess, "run", lambda *a, **k: failed)
+    (tmp_path / "in.jsonl").write_text(json.dumps({"prompt": "hi"}) + "\n")
+    result = bulkgen("run", tmp_path / "in.jsonl", "-o", tmp_path / "out")
+    assert result.exit_code == 1
+    first = result.stderr.splitlines()[0]
+    assert first.startswith("bulkgen: fetching the demo model SmolLM2-135M-Instruct once, from")
+    assert "about 93 MB" in first
