@@ -68,7 +68,7 @@ def run_local(config: RunConfig, workers: int | str | None) -> dict:
         parent.wait_for("ready")  # every engine loaded: a bad model fails before any write
         load_time = time.perf_counter() - started
         job.lock()
-        start = job.prepare(preflight.job_record(config, model_dir), config.overwrite)
+        start = job.prepare(preflight.job_record(config, model_dir, reader), config.overwrite)
         go.set()
         progress = Progress(
             total and total * config.n, start.rows, start.errors, config.quiet, n=config.n

@@ -70,7 +70,7 @@ def run_ray(config: RunConfig, workers: int | str | None, address: str | None) -
         if count > slots:  # an autoscaling cluster may add nodes; a fixed one never starts them
             print(f"bulkgen: {count} workers, the Ray cluster has {slots} now", flush=True)
         job.lock()
-        start = job.prepare(preflight.job_record(config, model_dir), config.overwrite)
+        start = job.prepare(preflight.job_record(config, model_dir, reader), config.overwrite)
         progress_queue = Queue(actor_options={"num_cpus": 0})
         worker_config = dataclasses.replace(
             config,

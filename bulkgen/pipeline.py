@@ -216,7 +216,7 @@ class _Run:
     # Records.
 
     def _record(self) -> dict:
-        return job_record(self.config, self.model_dir)
+        return job_record(self.config, self.model_dir, self.reader)
 
     def _stats(self, done: Done, progress: Progress, writer: ShardWriter, load_time: float) -> dict:
         run = progress.counts

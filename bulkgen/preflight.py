@@ -10,6 +10,9 @@ import random
 import time
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from bulkgen.errors import UserError
 from bulkgen.io.inputs import find_sources
 from bulkgen.io.reader import Reader
@@ -51,17 +54,46 @@ def checked_parts(config: RunConfig, reader: Reader | None = None) -> tuple:
     return reader, model_dir, tokenizer, tokenize
 
 
-def job_record(config: RunConfig, model_dir: Path) -> dict:
+def job_record(config: RunConfig, model_dir: Path, reader: Reader | None = None) -> dict:
     """What job.json records of a job when it starts."""
-    return {
+    record = {
         "settings": config.job_settings(),
         "inputs": list(config.inputs),
         "model_path": str(model_dir),
         "bulkgen_version": bulkgen_version(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        # Seeds sampled rows without --seed: a rerun into this folder samples the same.
-        "job_seed": random.getrandbits(62),
     }
+    if uses_job_seed(config, reader):
+        # Seeds sampled rows without --seed: a rerun into this folder samples the same.
+        record["job_seed"] = random.getrandbits(62)
+    return record
+
+
+def uses_job_seed(config: RunConfig, reader: Reader | None) -> bool:
+    """Whether a row may sample without --seed: the job samples (temperature > 0), or its rows
+    may set their own temperature (JSONL and Batch rows may; Parquet and saved datasets when
+    they have a temperature column). Unknown inputs count as may."""
+    if config.sampling.seed is not None:
+        return False
+    if not config.sampling.greedy or reader is None:
+        return True
+    for source in reader.sources:
+        if source.kind == "jsonl":
+            return True
+        try:
+            names = _column_names(source)
+        except (OSError, ValueError, pa.ArrowException):  # the reader reports it; assume "may"
+            return True
+        if "temperature" in names:
+            return True
+    return False
+
+
+def _column_names(source) -> list[str]:
+    if source.kind == "parquet":
+        return pq.read_schema(source.paths[0]).names
+    with pa.memory_map(str(source.paths[0])) as f:  # a saved dataset's Arrow stream
+        return pa.ipc.open_stream(f).schema.names
 
 
 def bulkgen_version() -> str:
