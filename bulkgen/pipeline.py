@@ -125,6 +125,7 @@ class _Run:
                 model=self.config.model,
                 prefix="" if self.worker is None else self.worker.prefix,
                 fence=None if self.worker is None else self.worker.fence,
+                token_ids=self.config.output_token_ids,
             )
             samples = Samples(self.config.sampling, self.config.n, self.job.job_seed())
             resume = Resume(done, self.config.n)

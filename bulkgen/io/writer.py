@@ -46,6 +46,7 @@ class ShardWriter:
         model: str = "",
         prefix: str = "",
         fence: Callable[[], None] | None = None,
+        token_ids: bool = False,
     ) -> None:
         """samples: write a `sample` column; logprobs: `logprobs` and `top_logprobs` columns;
         model: the model name of --format openai lines; prefix: in shard names after `part-`
@@ -53,6 +54,7 @@ class ShardWriter:
         raises io.fence.Fenced if a newer attempt of this worker exists."""
         self.prefix = prefix
         self.fence = fence
+        self.token_ids = token_ids  # a token_ids column (--output-token-ids)
         self.out = Path(out)
         self.fmt = fmt
         self.samples = samples
@@ -144,6 +146,9 @@ class ShardWriter:
             top = [r.top_logprobs for r in rows]
             columns.append(pa.array(top, pa.list_(pa.list_(_TOP_LOGPROB))))
             names += ["logprobs", "top_logprobs"]
+        if self.token_ids:
+            columns.append(pa.array([r.token_ids for r in rows], pa.list_(pa.int64())))
+            names.append("token_ids")
         for name in self.keep_columns:
             columns.append(self._kept(name, [r.extra.get(name) if r.extra else None for r in rows]))
             names.append(name)
@@ -177,6 +182,8 @@ class ShardWriter:
                 record["sample"] = r.sample
             if self.logprobs:
                 record["logprobs"], record["top_logprobs"] = r.logprobs, r.top_logprobs
+            if self.token_ids:
+                record["token_ids"] = r.token_ids
             for name in self.keep_columns:
                 record[name] = r.extra.get(name) if r.extra else None
             lines.append(json.dumps(record, ensure_ascii=False, default=str))
@@ -184,5 +191,5 @@ class ShardWriter:
         return "\n".join(lines).encode()
 
     def _openai(self, groups: list[list[Row]]) -> bytes:
-        lines = [output_line(g, self.model, self._created) for g in groups]
+        lines = [output_line(g, self.model, self._created, self.token_ids) for g in groups]
         return "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines).encode()
