@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
+
+# Bounds of integer parameters: they travel to the device as int32/int64 tensors.
+_INT32 = 2**31
 
 
 @dataclass(frozen=True)
@@ -11,6 +16,9 @@ class SamplingParams:
 
     temperature 0 means greedy. top_k 0 (or -1) and top_p 1.0 and min_p 0.0 disable those
     filters. A request with a seed samples the same tokens whatever its batch mates are.
+    Penalties (engine/penalties.py): repetition_penalty as Hugging Face's (over prompt and output
+    tokens; 1.0 is off), presence_penalty and frequency_penalty as OpenAI's (over output tokens;
+    0.0 is off).
     """
 
     max_tokens: int = 256
@@ -23,26 +31,80 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     stop: tuple[str, ...] = ()
     logprobs: int | None = None
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        self._check_penalties()
+        for name in ("max_tokens", "top_k", "seed", "logprobs"):
+            value = getattr(self, name)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, numbers.Integral)
+            ):
+                raise ValueError(f"{name} must be an integer, got {value!r}")
+        for name in ("temperature", "top_p", "min_p"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise ValueError(f"{name} must be a number, got {value!r}")
+            if not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value!r}")
+        if not 1 <= self.max_tokens < _INT32:
+            raise ValueError(f"max_tokens must be in [1, 2**31), got {self.max_tokens}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < -1:
-            raise ValueError(f"top_k must be -1, 0 (off) or a positive count, got {self.top_k}")
+        if not -1 <= self.top_k < _INT32:
+            raise ValueError(
+                f"top_k must be -1, 0 (off) or a positive count below 2**31, got {self.top_k}"
+            )
         if not 0.0 <= self.min_p <= 1.0:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
         if self.seed is not None and not 0 <= self.seed < 2**63:
             raise ValueError(f"seed must be in [0, 2**63), got {self.seed}")
-        if self.logprobs is not None and self.logprobs < 0:
-            raise ValueError(f"logprobs must be >= 0, got {self.logprobs}")
+        if self.logprobs is not None and not 0 <= self.logprobs < _INT32:
+            raise ValueError(f"logprobs must be in [0, 2**31), got {self.logprobs}")
         # Lists are accepted for convenience and stored as tuples so params stay hashable.
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        if any(not 0 <= t < _INT32 for t in self.stop_token_ids):
+            raise ValueError(f"stop token ids must be in [0, 2**31), got {self.stop_token_ids}")
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
         object.__setattr__(self, "stop", stop)
+        temperature = 0.0 if self.greedy else self.temperature  # top_k=1 is greedy too
+        penalties = (self.repetition_penalty, self.presence_penalty, self.frequency_penalty)
+        floats = (temperature, self.top_p, self.min_p, *penalties)
+        object.__setattr__(self, "_sampling_floats", floats)
+
+    def _check_penalties(self) -> None:
+        r = self.repetition_penalty
+        if not (isinstance(r, int | float) and math.isfinite(r) and r > 0):
+            raise ValueError(
+                f"repetition_penalty must be a finite number > 0 (1.0 is off, above 1 "
+                f"discourages repeats), got {r!r}"
+            )
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if not (isinstance(v, int | float) and math.isfinite(v) and -2.0 <= v <= 2.0):
+                raise ValueError(
+                    f"{name} must be a number in [-2, 2] as in OpenAI's API (0.0 is off), got {v!r}"
+                )
+
+    @property
+    def penalized(self) -> bool:
+        """Any penalty on: the engine must keep the request's token counts."""
+        return (
+            self.repetition_penalty != 1.0
+            or self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+        )
+
+    @property
+    def sampling_floats(self) -> tuple[float, ...]:
+        """The float parameters the device sampler reads per row, in inputs.FLOAT_FIELDS order:
+        temperature (0 when greedy), top_p, min_p, and the repetition, presence and frequency
+        penalties (1, 0, 0 = off). Computed once: the step packer reads it for every row."""
+        return self.__dict__["_sampling_floats"]
 
     @property
     def filtered(self) -> bool:

@@ -31,12 +31,15 @@ def nothing_left(config: RunConfig, job: JobDir, reader: Reader) -> str | None:
     return f"all {total} input rows are in complete shards already"
 
 
-def idle_stats(config: RunConfig, job: JobDir, reason: str) -> dict:
+def idle_stats(config: RunConfig, job: JobDir, reason: str, inputs: dict | None = None) -> dict:
     """The stats of a run that generated nothing: the folder's own (stats.json, kept as it is)
-    with an empty this_run; a new folder gets a stats.json of zeros."""
+    with an empty this_run; a new folder gets a stats.json of zeros. inputs: the fingerprints of
+    the inputs, checked already (an allowed change becomes what the next rerun compares)."""
     path = Path(config.out) / STATS_FILE
     job.lock()
     try:
+        if inputs is not None:
+            job.update_inputs(inputs)
         return _idle_stats(config, job, path, reason)
     finally:
         job.unlock()

@@ -9,7 +9,7 @@ from bulkgen.config import EngineConfig, SamplingParams
 from bulkgen.engine.engine import Engine
 from bulkgen.engine.request import RequestOutput
 from bulkgen.samples import derive_seed
-from bulkgen.text.stop import cut_at_stop
+from bulkgen.text.stop import cut_at_stop, keep_first_tokens, kept_token_counts
 
 _STOP_CONTEXT = 16  # earlier tokens re-decoded with each step's new ones when watching stops
 
@@ -76,12 +76,26 @@ class LLM:
         for i, out in enumerate(ordered):
             out.sample = i % n
         if self.tokenizer is not None:
-            for out, params in zip(ordered, sampling_params, strict=True):
-                out.text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
-                cut = cut_at_stop(out.text, params.stop) if params.stop else None
-                if cut is not None:  # the authoritative cut, on the whole text
-                    out.text, out.finish_reason = cut, "stop"
+            self._decode(ordered, sampling_params)
         return ordered
+
+    def _decode(self, outputs: list[RequestOutput], params: list[SamplingParams]) -> None:
+        """Fill each output's text; cut those holding a stop string (text and tokens alike)."""
+        stopped = []
+        for out, p in zip(outputs, params, strict=True):
+            out.text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+            cut = cut_at_stop(out.text, p.stop) if p.stop else None
+            if cut is not None:  # the authoritative cut, on the whole text
+                out.text, out.finish_reason = cut, "stop"
+                stopped.append(out)
+        if stopped:
+
+            def decode(ids: list[list[int]]) -> list[str]:
+                return self.tokenizer.batch_decode(ids, skip_special_tokens=True)
+
+            ids, texts = [o.token_ids for o in stopped], [o.text for o in stopped]
+            for out, count in zip(stopped, kept_token_counts(ids, texts, decode), strict=True):
+                keep_first_tokens(out, count)
 
     def _end_at_stops(self, stops: dict[str, tuple[str, ...]], seen: dict[str, list[int]]) -> None:
         """Abort requests whose new text holds a stop string (the window re-decodes a few

@@ -24,6 +24,7 @@ import traceback
 from pathlib import Path
 
 from bulkgen.errors import UserError
+from bulkgen.io.fingerprint import fingerprints
 from bulkgen.io.job import STATS_FILE, JobDir, write_json_atomic
 from bulkgen.parallel import Share, job_stats, no_device_index, worker_count, worker_list
 from bulkgen.progress import Progress
@@ -46,6 +47,8 @@ def run_local(config: RunConfig, workers: int | str | None) -> dict:
     job = JobDir(config.out)
     job.check(config.job_settings(), config.overwrite)
     reader, model_dir, _, _ = preflight.checked_parts(config)
+    current = fingerprints(reader.sources)
+    job.check_inputs(current, config.allow_changed_input, config.overwrite)
     total = reader.count()
     started = time.perf_counter()
     context = multiprocessing.get_context("spawn")  # never fork a process that may hold CUDA

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from bulkgen.engine.fake import FAKE_ENGINE_ENV
 from bulkgen.errors import UserError
+from bulkgen.io.fingerprint import fingerprints
 from bulkgen.io.job import STATS_FILE, JobDir, write_json_atomic
 from bulkgen.parallel import Share, job_stats, worker_count, worker_list
 from bulkgen.progress import Progress
@@ -54,6 +55,8 @@ def run_ray(config: RunConfig, workers: int | str | None, address: str | None) -
     job = JobDir(config.out)
     job.check(config.job_settings(), config.overwrite)
     reader, model_dir, _, _ = preflight.checked_parts(config)
+    current = fingerprints(reader.sources)
+    job.check_inputs(current, config.allow_changed_input, config.overwrite)
     total = reader.count()
     connected = ray.is_initialized()
     if not connected:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -20,7 +21,9 @@ from bulkgen import stages
 from bulkgen.channel import Channel, Stopped
 from bulkgen.config import EngineConfig
 from bulkgen.errors import UserError
+from bulkgen.guard import RowGuard
 from bulkgen.idle import idle_stats, nothing_left
+from bulkgen.io.fingerprint import fingerprints
 from bulkgen.io.job import STATS_FILE, Done, JobDir, write_json_atomic
 from bulkgen.io.reader import Reader
 from bulkgen.io.writer import ShardWriter
@@ -37,6 +40,7 @@ EngineFactory = Callable[[EngineConfig], object]
 _READ_QUEUE, _TOKEN_QUEUE, _RESULT_QUEUE, _WRITE_QUEUE = 4, 8, 256, 16
 _ENGINE_START_TIMEOUT_S = 3600.0
 _JOIN_TIMEOUT_S = 60.0  # for the stages to stop; an engine step on a CPU can take seconds
+_SWITCH_INTERVAL_S = 0.0005
 
 
 def run(config: RunConfig, engine_factory: EngineFactory | None = None, worker=None) -> dict:
@@ -49,8 +53,11 @@ def run(config: RunConfig, engine_factory: EngineFactory | None = None, worker=N
     if worker is None:
         job.check(config.job_settings(), config.overwrite)
     reader = checked_reader(config)
-    if worker is None and (reason := nothing_left(config, job, reader)) is not None:
-        return idle_stats(config, job, reason)  # the model is not even loaded
+    if worker is None:
+        current = fingerprints(reader.sources)
+        job.check_inputs(current, config.allow_changed_input, config.overwrite)
+        if (reason := nothing_left(config, job, reader)) is not None:
+            return idle_stats(config, job, reason, current)  # the model is not even loaded
     reader, model_dir, tokenizer, tokenize = checked_parts(config, reader)
     try:
         return _Run(config, job, reader, model_dir, tokenizer, tokenize, worker).go(
@@ -71,6 +78,7 @@ class _Run:
         self.model_dir: Path = model_dir
         self.tokenize: Tokenize = tokenize
         self.detokenize = Detokenize(tokenizer)
+        self.guards = [RowGuard("the tokenizer stage"), RowGuard("the detokenizer")]
         self.stop = threading.Event()
         self.watcher = StopWatcher(self.detokenize.decode, self.stop)
         self.failure: BaseException | None = None
@@ -83,6 +91,11 @@ class _Run:
 
     def go(self, engine_factory: EngineFactory) -> dict:
         load_start = time.perf_counter()
+        # The engine thread releases the GIL while it waits for the device, and must get it back
+        # at once when the step lands: with Python's default 5 ms switch interval, a reader,
+        # tokenizer or writer thread running Python kept it waiting up to 5 ms per step.
+        switch_interval = sys.getswitchinterval()
+        sys.setswitchinterval(_SWITCH_INTERVAL_S)
         progress: Progress | None = None
         rows_in = Channel(_READ_QUEUE, self.stop)
         requests = Channel(_TOKEN_QUEUE, self.stop)
@@ -114,6 +127,9 @@ class _Run:
                 n=self.config.n,
             )
             batch_files = self.reader.has_batch_files()  # their rows may ask for n, logprobs
+            # One schema for every shard of the job: the one its shards have, else the inputs'.
+            keep_types = self.job.kept_types(self.config.keep_columns)
+            self.reader.keep_types = keep_types or self.reader.keep_schema()
             writer = ShardWriter(
                 Path(self.config.out),
                 self.config.format,
@@ -126,15 +142,32 @@ class _Run:
                 prefix="" if self.worker is None else self.worker.prefix,
                 fence=None if self.worker is None else self.worker.fence,
                 token_ids=self.config.output_token_ids,
+                keep_types=self.reader.keep_types,
             )
             samples = Samples(self.config.sampling, self.config.n, self.job.job_seed())
             resume = Resume(done, self.config.n)
             if self.worker is not None:
                 resume = self.worker.keep(resume)
             self._spawn("reader", stages.read, self.reader, resume, rows_in)
-            self._spawn("tokenizer", stages.tokenize, self.tokenize, samples, rows_in, requests)
+            tokenizer_guard, detokenizer_guard = self.guards
+            self._spawn(
+                "tokenizer",
+                stages.tokenize,
+                self.tokenize,
+                samples,
+                rows_in,
+                requests,
+                tokenizer_guard,
+            )
             self._spawn("stop-watcher", self.watcher.run)
-            self._spawn("detokenizer", stages.detokenize, self.detokenize, results, to_write)
+            self._spawn(
+                "detokenizer",
+                stages.detokenize,
+                self.detokenize,
+                results,
+                to_write,
+                detokenizer_guard,
+            )
             writer_ended = self._spawn("writer", stages.write, writer, progress, to_write)
             while not writer_ended.wait(0.1):
                 pass
@@ -146,11 +179,16 @@ class _Run:
             if progress is not None:
                 progress.close()
             raise
+        finally:
+            sys.setswitchinterval(switch_interval)
         if self.failure is not None:
             raise self.failure
         stats = self._stats(done, progress, writer, load_time)
         if self.worker is None:
             write_json_atomic(Path(self.config.out) / STATS_FILE, stats)
+        if self.reader.damaged:  # the rows before the damage are written; the run still failed
+            more = len(self.reader.damaged) - 1
+            raise UserError(self.reader.damaged[0] + (f" (and {more} more inputs)" if more else ""))
         return stats
 
     def _spawn(self, name: str, fn, *args) -> threading.Event:
@@ -228,6 +266,8 @@ class _Run:
             "prompt_tokens": done.prompt_tokens + run.prompt_tokens,
             "completion_tokens": done.completion_tokens + run.completion_tokens,
             "shards": len(done.shards) + len(writer.shards),
+            # Rows whose stage raised (a bug to report), written as error records.
+            "row_faults": self.reader.faults + sum(g.faults for g in self.guards) + writer.faults,
             "this_run": {
                 "rows": run.rows,
                 "errors": run.errors,

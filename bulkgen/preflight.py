@@ -11,11 +11,12 @@ import time
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from bulkgen.errors import UserError
+from bulkgen.io.fingerprint import fingerprints
 from bulkgen.io.inputs import find_sources
 from bulkgen.io.reader import Reader
+from bulkgen.io.tabular import table_schema
 from bulkgen.run_config import RunConfig
 from bulkgen.text.prompt_template import PromptTemplate, RenderPrompts
 from bulkgen.text.stage import Tokenize
@@ -31,6 +32,7 @@ def checked_reader(config: RunConfig) -> Reader:
         config.keep_columns,
         template_columns=None if template is None else template.variables,
         messages_column=config.messages_column,
+        limit=config.limit,
     )
     reader.check()
     return reader
@@ -55,10 +57,12 @@ def checked_parts(config: RunConfig, reader: Reader | None = None) -> tuple:
 
 
 def job_record(config: RunConfig, model_dir: Path, reader: Reader | None = None) -> dict:
-    """What job.json records of a job when it starts."""
+    """What job.json records of a job when it starts (reader: its inputs' fingerprints too)."""
+    files = {} if reader is None else {"input_files": fingerprints(reader.sources)}
     record = {
         "settings": config.job_settings(),
         "inputs": list(config.inputs),
+        **files,
         "model_path": str(model_dir),
         "bulkgen_version": bulkgen_version(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -71,8 +75,8 @@ def job_record(config: RunConfig, model_dir: Path, reader: Reader | None = None)
 
 def uses_job_seed(config: RunConfig, reader: Reader | None) -> bool:
     """Whether a row may sample without --seed: the job samples (temperature > 0), or its rows
-    may set their own temperature (JSONL and Batch rows may; Parquet and saved datasets when
-    they have a temperature column). Unknown inputs count as may."""
+    may set their own temperature (JSONL and Batch rows may; Parquet, CSV/TSV and saved datasets
+    when they have a temperature column). Unknown inputs count as may."""
     if config.sampling.seed is not None:
         return False
     if not config.sampling.greedy or reader is None:
@@ -81,19 +85,12 @@ def uses_job_seed(config: RunConfig, reader: Reader | None) -> bool:
         if source.kind == "jsonl":
             return True
         try:
-            names = _column_names(source)
+            names = table_schema(source).names
         except (OSError, ValueError, pa.ArrowException):  # the reader reports it; assume "may"
             return True
         if "temperature" in names:
             return True
     return False
-
-
-def _column_names(source) -> list[str]:
-    if source.kind == "parquet":
-        return pq.read_schema(source.paths[0]).names
-    with pa.memory_map(str(source.paths[0])) as f:  # a saved dataset's Arrow stream
-        return pa.ipc.open_stream(f).schema.names
 
 
 def bulkgen_version() -> str:

@@ -8,12 +8,45 @@ from bulkgen.config import SamplingParams
 
 # Optional input columns that override the job's sampling parameters for their row.
 PARAM_COLUMNS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop")
+PARAM_COLUMNS += ("repetition_penalty", "presence_penalty", "frequency_penalty")
+# Most samples one row may ask for (an OpenAI batch row's n): each is a copy of the row in memory.
+MAX_N = 4096
 
 
 def param_overrides(values: dict) -> dict | None:
     """The parameter columns a row gives (null means not given), or None."""
     given = {k: v for k, v in values.items() if v is not None}
     return given or None
+
+
+_INT_PARAMS = ("max_tokens", "top_k", "seed", "logprobs")
+_FLOAT_PARAMS = ("temperature", "top_p", "min_p")
+_FLOAT_PARAMS += ("repetition_penalty", "presence_penalty", "frequency_penalty")
+
+
+def checked_overrides(overrides: dict) -> dict:
+    """Per-row parameter values with their types checked; ValueError names the bad column."""
+    out = {}
+    for name, value in overrides.items():
+        if name == "n":  # the number of samples: see samples.py
+            continue
+        if name in _INT_PARAMS:
+            ok = isinstance(value, int) and not isinstance(value, bool)
+            if isinstance(value, float) and value.is_integer():
+                ok, value = True, int(value)
+            if not ok:
+                raise ValueError(f"column {name!r} must be an integer, got {value!r}")
+        elif name in _FLOAT_PARAMS:
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ValueError(f"column {name!r} must be a number, got {value!r}")
+            value = float(value)
+        elif name == "stop":
+            value = [value] if isinstance(value, str) else value
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise ValueError("column 'stop' must be a string or a list of strings")
+            value = tuple(value)
+        out[name] = value
+    return out
 
 
 @dataclass(slots=True, eq=False)
@@ -29,6 +62,8 @@ class Row:
     overrides: dict | None = None  # per-row sampling parameters (PARAM_COLUMNS present)
     columns: dict | None = None  # the --prompt-template variables the row has
     error: str | None = None
+    index: int = -1  # its row number in its input file (0-based, as in default ids)
+    line: int = 0  # its line number in a JSONL file (1-based), else 0
     prompt_text: str | None = None  # the prompt column of the output
     prompt_ids: list[int] | None = None
     token_ids: list[int] | None = None

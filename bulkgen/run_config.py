@@ -54,6 +54,8 @@ class RunConfig:
     n: int = 1  # samples per row
     prefix_cache: bool = True
     output_token_ids: bool = False  # a token_ids column: each completion's generated ids
+    limit: int | None = None  # --limit: only the first rows of the inputs
+    allow_changed_input: bool = False  # resume although an input file changed
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "inputs", tuple(self.inputs))
@@ -64,6 +66,8 @@ class RunConfig:
             raise ValueError(f"format must be parquet, jsonl or openai, got {self.format!r}")
         if self.n < 1:
             raise ValueError(f"n (samples per row) must be >= 1, got {self.n}")
+        if self.limit is not None and self.limit < 1:
+            raise ValueError(f"--limit must be >= 1 row, got {self.limit}")
         if self.shard_size < 1:
             raise ValueError(f"shard size must be >= 1 row, got {self.shard_size}")
         if not self.prompt_column:
@@ -110,7 +114,7 @@ class RunConfig:
             "prompt_template": self.prompt_template,
             "system": self.system,
             # Left out at their defaults, so that job folders of older versions still resume.
-            **self._non_default("n", "messages_column", "output_token_ids"),
+            **self._non_default("n", "messages_column", "output_token_ids", "limit"),
         }
 
     def _non_default(self, *names: str) -> dict:

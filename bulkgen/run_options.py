@@ -128,6 +128,30 @@ _OPTIONS = [
         help="Drop tokens less likely than min-p times the most likely one (0.0: off).",
     ),
     click.option(
+        "--repetition-penalty",
+        type=float,
+        default=1.0,
+        show_default=True,
+        help="Hugging Face's repetition_penalty: the logit of a token in the prompt or the "
+        "completion is divided by it if positive, else multiplied (1.0: off).",
+    ),
+    click.option(
+        "--presence-penalty",
+        type=float,
+        default=0.0,
+        show_default=True,
+        help="Subtract this from the logit of every token already in the completion, as OpenAI's "
+        "presence_penalty (-2 to 2; 0.0: off).",
+    ),
+    click.option(
+        "--frequency-penalty",
+        type=float,
+        default=0.0,
+        show_default=True,
+        help="Subtract this times its count in the completion from each token's logit, as "
+        "OpenAI's frequency_penalty (-2 to 2; 0.0: off).",
+    ),
+    click.option(
         "--seed",
         type=int,
         default=None,
@@ -251,12 +275,26 @@ _OPTIONS = [
         help="Run the engine loop without CPU/GPU overlap, to "
         "compare against the default asynchronous loop.",
     ),
+    click.option(
+        "--limit",
+        type=int,
+        default=None,
+        metavar="N",
+        help="Run only the first N rows of the inputs (to try a job on a sample); recorded in "
+        "job.json, so a rerun with another limit is a changed job.",
+    ),
     click.option("--quiet", "-q", is_flag=True, help="No progress bar or summary."),
     click.option(
         "--overwrite",
         is_flag=True,
         help="Delete the shards of an earlier job in --out "
         "and start over, even if its settings differ.",
+    ),
+    click.option(
+        "--allow-changed-input",
+        is_flag=True,
+        help="Resume a job although an input file changed since it started (job.json records "
+        "each file's size, time and a hash of its ends); rows are matched by id.",
     ),
     # ---- scaling out (issue 6) ----
     click.option(

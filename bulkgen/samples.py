@@ -15,7 +15,7 @@ import hashlib
 
 from bulkgen.config import SamplingParams
 from bulkgen.io.job import Done
-from bulkgen.row import Row
+from bulkgen.row import MAX_N, Row, checked_overrides
 
 
 def row_n(row: Row, n: int) -> int:
@@ -25,8 +25,10 @@ def row_n(row: Row, n: int) -> int:
         return n
     if isinstance(value, float) and value.is_integer():
         value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"bad sampling parameter: 'n' must be a positive integer, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_N:
+        raise ValueError(
+            f"bad sampling parameter: 'n' must be an integer in [1, {MAX_N}], got {value!r}"
+        )
     return value
 
 
@@ -86,35 +88,6 @@ class Resume:
         return keep
 
 
-_INT_PARAMS = ("max_tokens", "top_k", "seed", "logprobs")
-_FLOAT_PARAMS = ("temperature", "top_p", "min_p")
-
-
-def _checked_overrides(overrides: dict) -> dict:
-    """Per-row parameter values with their types checked; ValueError names the bad column."""
-    out = {}
-    for name, value in overrides.items():
-        if name == "n":  # the number of samples: see samples.py
-            continue
-        if name in _INT_PARAMS:
-            ok = isinstance(value, int) and not isinstance(value, bool)
-            if isinstance(value, float) and value.is_integer():
-                ok, value = True, int(value)
-            if not ok:
-                raise ValueError(f"column {name!r} must be an integer, got {value!r}")
-        elif name in _FLOAT_PARAMS:
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise ValueError(f"column {name!r} must be a number, got {value!r}")
-            value = float(value)
-        elif name == "stop":
-            value = [value] if isinstance(value, str) else value
-            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-                raise ValueError("column 'stop' must be a string or a list of strings")
-            value = tuple(value)
-        out[name] = value
-    return out
-
-
 class RowParams:
     """Sampling parameters per row: the job's, overridden by the row's own parameter columns.
 
@@ -131,7 +104,7 @@ class RowParams:
         params = self.params
         if row.overrides:
             try:
-                params = dataclasses.replace(params, **_checked_overrides(row.overrides))
+                params = dataclasses.replace(params, **checked_overrides(row.overrides))
             except ValueError as e:
                 raise ValueError(f"bad sampling parameter: {e}") from None
             if row.overrides.get("seed") is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from bulkgen.channel import EMPTY, Channel, Stopped
+from bulkgen.guard import RowGuard
 from bulkgen.io.reader import Reader
 from bulkgen.io.writer import ShardWriter
 from bulkgen.progress import Progress
@@ -32,11 +33,16 @@ def tokenize(
     expand: Callable[[list[Row]], list[Row]],
     inp: Channel,
     out: Channel,
+    guard: RowGuard,
 ) -> None:
     """fn() tokenizes a batch in place; expand() makes its rows' samples (see samples.py)."""
+
+    def both(rows: list[Row]) -> list[Row]:
+        fn(rows)
+        return expand(rows)
+
     while (batch := inp.get()) is not None:
-        fn(batch)
-        out.put(expand(batch))
+        out.put(guard(both, batch))
     out.close()
 
 
@@ -102,7 +108,9 @@ def _finish(row: Row, output) -> Row:
     return row
 
 
-def detokenize(fn: Callable[[list[Row]], None], inp: Channel, out: Channel) -> None:
+def detokenize(
+    fn: Callable[[list[Row]], None], inp: Channel, out: Channel, guard: RowGuard
+) -> None:
     while (rows := inp.get()) is not None:
         # Gather what else is waiting: one large decode call beats many small ones.
         closed = False
@@ -114,8 +122,7 @@ def detokenize(fn: Callable[[list[Row]], None], inp: Channel, out: Channel) -> N
                 closed = True
                 break
             rows = rows + more
-        fn(rows)
-        out.put(rows)
+        out.put(guard(fn, rows))
         if closed:
             break
     out.close()

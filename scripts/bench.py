@@ -53,6 +53,21 @@ def model_folder(tokenizer_dir: Path) -> Path:
 # ---- engines (each in its own process) -------------------------------------------------------
 
 
+def token_work(work, model_dir: Path):
+    """Text prompts as the ids bulkgen generates from (chat template, tokenizer): the roofline
+    counts tokens."""
+    if not work or not isinstance(work[0][0], str):
+        return work
+    from bulkgen.text.encoder import PromptEncoder
+    from bulkgen.text.template import ChatTemplate
+    from bulkgen.text.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(model_dir)
+    encoder = PromptEncoder(tokenizer, ChatTemplate(tokenizer))
+    ids = encoder.encode([p for p, _ in work])
+    return [(i, o) for i, (_, o) in zip(ids, work, strict=True)]
+
+
 def child(args) -> None:
     work = make_workload(args.workload, args.out_len, args.num_prompts)
     if args.engine.startswith("transformers"):
@@ -67,6 +82,8 @@ def child(args) -> None:
             workers=data_parallel(args.engine),
         )
     result["num_prompts"] = len(work)
+    work = token_work(work, Path(args.model_dir))
+    result["prompt_tokens"] = sum(len(p) for p, _ in work)
     result["roofline_s"] = split_roofline_s(work, data_parallel(args.engine), args)
     Path(args.result).write_text(json.dumps(result))
 
@@ -105,6 +122,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--workloads", default="blog,bulk")
     ap.add_argument("--engines", default="bulkgen,bulkgen-sync,transformers")
+    ap.add_argument(
+        "--sampling",
+        default="greedy",
+        help="comma-separated bulkgen sampling settings: greedy; sample (temperature 0.8, top-p "
+        "0.95, seeded); logprobs (greedy with the top 5 logprobs)",
+    )
     ap.add_argument("--out-len", type=int, default=2048)
     ap.add_argument("--num-prompts", type=int, default=None)
     ap.add_argument("--max-num-seqs", type=int, default=256)
@@ -142,6 +165,7 @@ def main() -> None:
     print(json.dumps({"ceilings": ceilings, "git_commit": git_commit()}), flush=True)
     model_dir = model_folder(Path(args.tokenizer))
     series = {}
+    sampling_list = args.sampling.split(",")
     for workload in args.workloads.split(","):
         for engine in args.engines.split(","):
             engines = (
@@ -149,8 +173,13 @@ def main() -> None:
                 if engine == "transformers"
                 else [engine]
             )
-            for eng in engines:
-                result_path = out / f"{workload}-{eng}.json"
+            runs = [
+                (eng, sampling)
+                for eng in engines
+                for sampling in (["greedy"] if eng.startswith("transformers") else sampling_list)
+            ]
+            for eng, sampling in runs:
+                result_path = out / f"{workload}-{eng}-{sampling}.json"
                 out_len = (
                     args.hf_out_len
                     if eng.startswith("transformers") and workload == "blog"
@@ -176,6 +205,8 @@ def main() -> None:
                     str(args.max_model_len),
                     "--hf-sample",
                     str(args.hf_sample),
+                    "--sampling",
+                    sampling,
                     *(["--profile-at", str(args.profile_at)] if args.profile_at else []),
                     *(["--idle-stacks"] if args.idle_stacks else []),
                     "--bandwidth",
@@ -195,13 +226,14 @@ def main() -> None:
                     )
                     continue
                 r = json.loads(result_path.read_text())
-                series[f"{workload}/{eng}"] = r.pop("series")
+                series[f"{workload}/{eng}/{sampling}"] = r.pop("series")
                 line = {"workload": workload}
                 if workload == "blog":
                     line["out_len"] = out_len
                 line.update(
                     {
                         "engine": eng,
+                        "sampling": sampling,
                         "wall_s": round(r["wall_s"], 2),
                         "out_tokens": r["out_tokens"],
                         "tok_per_s": round(r["out_tokens"] / r["wall_s"], 1),
@@ -219,7 +251,15 @@ def main() -> None:
                     line["attention"] = r["attention"]
                 if eng.startswith("transformers"):
                     line["note"] = f"first {r['num_prompts']} prompts of the workload"
-                for key in ("stats_gpu_busy_pct", "stats_decode_bw_eff"):
+                for key in (
+                    "stats_gpu_busy_pct",
+                    "stats_decode_bw_eff",
+                    "host_ms_per_step_median",
+                    "host_ms_per_step_p99",
+                    "preemptions",
+                    "eager_decode_steps",
+                    "max_idle_gap_s",
+                ):
                     if r.get(key) is not None:
                         line[key] = r[key]
                 if r.get("data_parallel"):

@@ -29,6 +29,16 @@ def run_bulkgen(args, work, sync: bool, prefix_cache: bool = True, workers: int 
     from bulkgen.run_config import RunConfig
 
     tmp = Path(tempfile.mkdtemp(prefix="bulkgen-bench-"))
+    max_tokens = max(o for _, o in work)
+    sampling = {
+        "greedy": SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
+        "sample": SamplingParams(
+            max_tokens=max_tokens, temperature=0.8, top_p=0.95, seed=1, ignore_eos=True
+        ),
+        "logprobs": SamplingParams(
+            max_tokens=max_tokens, temperature=0.0, logprobs=5, ignore_eos=True
+        ),
+    }[args.sampling]
     table = pa.table(
         {
             "id": [str(i) for i in range(len(work))],
@@ -41,9 +51,7 @@ def run_bulkgen(args, work, sync: bool, prefix_cache: bool = True, workers: int 
         inputs=(str(tmp / "prompts.parquet"),),
         out=str(tmp / "out"),
         model=str(args.model_dir),
-        sampling=SamplingParams(
-            max_tokens=max(o for _, o in work), temperature=0.0, ignore_eos=True
-        ),
+        sampling=sampling,
         max_num_seqs=args.max_num_seqs,
         max_model_len=args.max_model_len,
         load_format="dummy",
@@ -91,6 +99,7 @@ def run_bulkgen(args, work, sync: bool, prefix_cache: bool = True, workers: int 
         "wall_s": stats.get("wall_time_s", total - holder["startup_s"]),
         "out_tokens": stats["completion_tokens"],
         "gpu_busy": holder["sampler"].busy,
+        "max_idle_gap_s": holder["sampler"].max_idle_gap_s,
         "startup_s": round(holder["startup_s"], 1),
         "peak_mem_gb": round(torch.cuda.max_memory_allocated() / 1e9, 1),
         "series": holder["sampler"].series,
@@ -102,4 +111,13 @@ def run_bulkgen(args, work, sync: bool, prefix_cache: bool = True, workers: int 
         # what stats.json tells a user: the engine's own NVML busy and decode bandwidth
         "stats_gpu_busy_pct": stats.get("gpu_busy_pct"),
         "stats_decode_bw_eff": stats.get("decode_bandwidth_efficiency"),
+        **{
+            k: stats.get(k)
+            for k in (
+                "host_ms_per_step_median",
+                "host_ms_per_step_p99",
+                "preemptions",
+                "eager_decode_steps",
+            )
+        },
     }

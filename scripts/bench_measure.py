@@ -102,6 +102,20 @@ class Sampler:
         rates = [u for t, u, _ in self.series if t >= start]
         return float(np.mean(rates)) if rates else float("nan")
 
+    @property
+    def max_idle_gap_s(self) -> float:
+        """The longest run of NVML-idle samples between the first and the last token counted
+        (a mid-run compile or a host stall; the 50 ms sampling bounds its resolution)."""
+        final = self.series[-1][2] if self.series else 0
+        longest, start = 0.0, None
+        for t, util, tokens in self.series:
+            if util == 0 and 0 < tokens < final:
+                start = t if start is None else start
+                longest = max(longest, t - start)
+            else:
+                start = None
+        return round(longest, 3)
+
 
 def engine_stack() -> str:
     """The engine thread's innermost frame and its nearest frames outside Triton, one line; for

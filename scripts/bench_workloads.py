@@ -25,9 +25,43 @@ def weight_bytes_read() -> float:
     return 2.0 * (layers * per_layer + h + v * h)
 
 
-def make_workload(name: str, out_len: int, num_prompts: int | None) -> list[tuple[list[int], int]]:
-    """(prompt ids, output length) pairs; token ids drawn from the ordinary vocabulary."""
+_WORDS = (
+    "the of and to in is was for on that with as by at from his her they this which be are had"
+    " have not but or an were their one all we there been if more when will would who so no time"
+    " people year way day man thing woman life child world school state family student group"
+    " country problem hand part place case week company system program question work government"
+    " number night point home water room mother area money story fact month lot right study book"
+    " eye job word business issue side kind head house service friend father power hour game line"
+    " end member law car city community name president team minute idea kid body information back"
+    " parent face others level office door health person art war history party result change"
+    " morning reason research girl guy moment air teacher force education write explain describe"
+    " compare summarize analyze imagine consider improve build learn teach measure design plan"
+    " quickly carefully often rarely always never today tomorrow yesterday because although while"
+).split()
+
+
+def text_prompts(n: int, rng: np.random.Generator) -> list[str]:
+    """English-like prompts of 40-400 words: sentences of 6-18 common words."""
+    prompts = []
+    for _ in range(n):
+        words, sentences = int(rng.integers(40, 401)), []
+        while words > 0:
+            k = min(words, int(rng.integers(6, 19)))
+            picked = [_WORDS[i] for i in rng.integers(0, len(_WORDS), k)]
+            sentences.append(" ".join(picked).capitalize() + ".")
+            words -= k
+        prompts.append(" ".join(sentences))
+    return prompts
+
+
+def make_workload(name: str, out_len: int, num_prompts: int | None) -> list[tuple[object, int]]:
+    """(prompt, output length) pairs. Prompts are token ids drawn from the ordinary vocabulary,
+    except in `text`, whose prompts are English-like text that bulkgen wraps in the chat template
+    and tokenizes (as a user's job does)."""
     rng = np.random.default_rng(0)
+    if name == "text":
+        n = num_prompts or 2048
+        return [(p, out_len) for p in text_prompts(n, rng)]
     if name == "blog":
         n = num_prompts or 32
         return [(rng.integers(1000, 120000, 256).tolist(), out_len) for _ in range(n)]

@@ -223,3 +223,13 @@ def test_progress_of_stop_string_requests_is_streamed_and_abort_ends_them(tiny_m
     assert 5 <= len(finished["watched"].token_ids) < 40
     assert finished["watched"].token_ids == seen[: len(finished["watched"].token_ids)]
     assert len(finished["plain"].token_ids) == 40
+
+
+def test_stats_report_host_time_per_step(tiny_model_dir):
+    from bulkgen import LLM
+
+    llm = LLM(str(tiny_model_dir), dtype="float32", device="cpu")
+    llm.generate(["Hello there"] * 3, SamplingParams(max_tokens=8, temperature=0.0))
+    stats = llm.engine.stats
+    assert 0 < stats["host_ms_per_step_median"] <= stats["host_ms_per_step_p99"]
+    assert stats["decode_graph_steps"] == 0 and stats["eager_decode_steps"] > 0  # no graphs on CPU

@@ -87,3 +87,33 @@ def test_cuda_stats_report_gpu_busy_and_decode_bandwidth(tiny_model_dir):
     efficiency = stats["decode_bandwidth_gbs"] / stats["copy_bandwidth_gbs"]
     assert stats["decode_bandwidth_efficiency"] == pytest.approx(efficiency, abs=1e-3)
     assert "gpu_busy_pct" in stats  # NVML present on the GPU machine
+
+
+def test_every_sampling_setting_decodes_from_graphs_with_the_eager_outputs(tiny_model_dir):
+    """Forward-only graphs: greedy, temperature, top-k/p, min-p and logprobs rows in one batch
+    all replay graphs, and give what the same engine gives without graphs."""
+    from test_engine import PROMPTS
+
+    settings = [
+        dict(temperature=0.0),
+        dict(temperature=0.8),
+        dict(temperature=0.8, top_p=0.9),
+        dict(temperature=1.0, top_k=5),
+        dict(temperature=1.0, min_p=0.1),
+        dict(temperature=0.0, logprobs=3),
+        dict(temperature=0.7, top_p=0.95, logprobs=0),
+        dict(temperature=1.0, top_k=20, top_p=0.8, min_p=0.02),
+    ]
+    params = [SamplingParams(max_tokens=20, seed=i, ignore_eos=True, **s) for i, s in
+              enumerate(settings)]  # fmt: skip
+    runs = []
+    for graphs in (True, False):
+        llm = LLM(str(tiny_model_dir), device="cuda", dtype="float32", cuda_graphs=graphs)
+        runs.append(llm.generate(PROMPTS[: len(params)], params))
+        stats = llm.engine.stats
+        if graphs:
+            assert stats["eager_decode_steps"] == 0 and stats["decode_graph_steps"] > 0
+    for a, b in zip(*runs, strict=True):
+        assert a.token_ids == b.token_ids
+        if a.logprobs is not None:
+            assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)

@@ -147,9 +147,9 @@ def test_each_kind_of_bad_row_becomes_an_error_record(tmp_path, tiny_model_dir):
                          "good2"}  # fmt: skip
     errors = {k: r["error"] for k, r in rows.items() if r["finish_reason"] == "error"}
     assert errors == {
-        "in:1": "line 2 is not valid JSON: Expecting value",
+        "in:1": "row 1, line 2: not valid JSON: Expecting value",
         "null": "prompt is null",
-        "missing": "line 4 has no 'prompt' field",
+        "missing": "row 3, line 4: no 'prompt' field",
         "empty": "prompt is empty",
         "number": "prompt is float 3.5, not a string or a list of token ids",
         "dict": "prompt is dict {'role': 'user'}, not a string or a list of token ids",

@@ -59,9 +59,9 @@ def test_bad_jsonl_lines_become_error_rows_naming_the_line(tmp_path):
     rows = read_all(path)
     assert [r.error for r in rows] == [
         None,
-        "line 2 is not valid JSON: Expecting property name enclosed in double quotes",
-        "line 3 is a JSON list, not an object",
-        "line 4 has no 'prompt' field",
+        "row 1, line 2: not valid JSON: Expecting property name enclosed in double quotes",
+        "row 2, line 3: a JSON array, not an object",
+        "row 3, line 4: no 'prompt' field",
         None,
     ]
     assert [r.id for r in rows] == [f"p:{i}" for i in range(5)]
@@ -164,9 +164,9 @@ def test_missing_inputs_are_refused(tmp_path):
         find_sources([str(tmp_path / "nope.jsonl")])
     with pytest.raises(UserError, match="no files match"):
         find_sources([str(tmp_path / "*.jsonl")])
-    (tmp_path / "x.csv").write_text("a,b")
+    (tmp_path / "x.xlsx").write_text("a,b")
     with pytest.raises(UserError, match="unknown format"):
-        find_sources([str(tmp_path / "x.csv")])
+        find_sources([str(tmp_path / "x.xlsx")])
 
 
 def test_rows_already_done_are_skipped(tmp_path):

@@ -80,7 +80,7 @@ def test_kill_9_at_random_points_then_rerun_gives_every_row_exactly_once(tmp_pat
     assert len(ids) == len(set(ids)) == ROWS
     assert set(ids) == {f"in:{i}" for i in range(ROWS)}
     by_id = {r["id"]: r for r in rows}
-    assert by_id["in:17"]["error"].startswith("line 18 is not valid JSON")
+    assert by_id["in:17"]["error"].startswith("row 17, line 18: not valid JSON")
     assert by_id["in:1234"]["error"] == "prompt is null"
     assert all(r["text"] for r in rows if r["finish_reason"] != "error")
     stats = json.loads((out / "stats.json").read_text())

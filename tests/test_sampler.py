@@ -63,3 +63,13 @@ def test_noise_depends_only_on_seed_position_and_token():
     b = uniform_noise(torch.tensor([7]), torch.tensor([6]), 64)
     assert not torch.equal(a[0], b[0])
     assert 0.0 < a.min() and a.max() < 1.0
+
+
+def test_an_allowed_mask_restricts_greedy_and_sampled_tokens():
+    n = 2000
+    allowed = torch.tensor([False, True, False, True, True]).repeat(n, 1)
+    logits = PROBS.log().repeat(n, 1)
+    assert sample(logits, tensors(n, temperature=0), allowed).eq(1).all()
+    # Renormalised over the allowed tokens: 0.714, 0.2, 0.086; the mass before token 4 is 0.914.
+    ids = sample(logits, tensors(n, top_p=0.8), allowed)
+    assert set(ids.tolist()) == {1, 3}

@@ -84,7 +84,7 @@ def test_the_final_cut_needs_no_watcher(tmp_path, tiny_model_dir, tiny_tokenizer
     run(config, factory())
     row = output(tmp_path / "out")[0]
     assert (row["text"], row["finish_reason"]) == (free["text"][:at], "stop")
-    assert row["completion_tokens"] == free["completion_tokens"], "token counts stay the engine's"
+    assert row["completion_tokens"] < free["completion_tokens"], "the tokens are cut too"
 
 
 def test_stop_flags_reach_the_job(tmp_path, tiny_model_dir, monkeypatch):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -69,16 +70,19 @@ def test_jsonl_shards_hold_one_object_per_row(tmp_path):
     }
 
 
-def test_a_kept_column_of_mixed_types_is_kept_as_json_text(tmp_path):
-    writer = ShardWriter(tmp_path, "parquet", shard_size=10, keep_columns=("meta",))
+def test_a_row_the_shard_cannot_hold_is_its_own_error_record(tmp_path):
+    writer = ShardWriter(
+        tmp_path, "parquet", shard_size=10, keep_columns=("meta",), keep_types={"meta": pa.int64()}
+    )
     rows = done_rows(2)
     rows[0].extra, rows[1].extra = {"meta": 1}, {"meta": {"a": [1]}}
     writer.add(rows)
     writer.flush()
-    assert pq.read_table(tmp_path / "part-00000.parquet").column("meta").to_pylist() == [
-        "1",
-        '{"a": [1]}',
-    ]
+    table = pq.read_table(tmp_path / "part-00000.parquet").to_pylist()
+    assert [(r["meta"], r["finish_reason"]) for r in table] == [(1, rows[0].finish_reason),
+                                                                 (None, "error")]  # fmt: skip
+    assert table[1]["error"].startswith("writing this row failed: ArrowInvalid: Could not convert")
+    assert writer.faults == 1
 
 
 def config(tmp_path, **kw):

@@ -1,19 +1,48 @@
 """Block manager: fixed-size KV-cache blocks, reference counts, and a prefix cache.
 
-A full block is known by a chained hash of its tokens and every token before it, so equal hashes
-mean equal KV. Blocks whose last user is gone keep their contents and their hash and sit in the
-free list, least recently freed first; a request whose prompt starts with the same tokens takes
-them back instead of recomputing them. Allocation uses blocks holding nothing cached first, then
-evicts the least recently freed cached ones.
+A full block is known by a digest of its tokens and every token before it: a cryptographic hash
+(blake2b, 128 bits) of the parent block's digest and the block's own tokens, so that nobody can
+craft two prompts whose blocks share a key (Python's unkeyed tuple hash allowed that; vLLM moved
+to sha256 for the same reason, CVE-2025-25183). The digest only finds a candidate: a cached block
+is reused only when its tokens and its parent block (that very allocation of it) are equal too,
+so even a digest collision can never serve KV computed after a different prefix.
+
+Blocks whose last user is gone keep their contents and their key and sit in the free list, least
+recently freed first; a request whose prompt starts with the same tokens takes them back instead
+of recomputing them. Allocation uses blocks holding nothing cached first, then evicts the least
+recently freed cached ones.
 """
 
 from __future__ import annotations
 
+import hashlib
+from array import array
 from collections import OrderedDict
+from typing import NamedTuple
 
 
-def chain_hash(prev: int | None, tokens: tuple[int, ...]) -> int:
-    return hash((prev, tokens))
+def block_digest(parent: bytes | None, tokens: tuple[int, ...]) -> bytes:
+    """The 16-byte key of a full block: blake2b over the parent's digest and the token ids."""
+    h = hashlib.blake2b(parent or b"", digest_size=16)
+    h.update(array("q", tokens).tobytes())
+    return h.digest()
+
+
+class ChainKey(NamedTuple):
+    """Where a chain of full blocks stands: the digest of all its tokens, and the block holding
+    their KV (the cached one when there is one) with the allocation it was written in."""
+
+    digest: bytes
+    block: int
+    serial: int
+
+
+# What a cached block holds: its digest, its parent (block, serial) or None, and its tokens.
+_Entry = tuple[bytes, tuple[int, int] | None, tuple[int, ...]]
+
+
+def _parent(prev: ChainKey | None) -> tuple[int, int] | None:
+    return None if prev is None else (prev.block, prev.serial)
 
 
 class BlockManager:
@@ -23,9 +52,12 @@ class BlockManager:
         self.prefix_cache = prefix_cache
         self.ref_counts = [0] * num_blocks
         self.free_ids: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
-        # Per block: (chain hash, previous hash, tokens) while it holds a cached full block.
-        self.block_key: list[tuple[int, int | None, tuple[int, ...]] | None] = [None] * num_blocks
-        self.cached: dict[int, int] = {}  # chain hash -> block id
+        # Per block: which allocation it is in. A child's entry names its parent's (block,
+        # serial), so a parent evicted and rewritten can never be mistaken for the old one.
+        self.serial = [0] * num_blocks
+        self._next_serial = 1
+        self.block_key: list[_Entry | None] = [None] * num_blocks  # while it is cached
+        self.cached: dict[bytes, int] = {}  # digest -> block id
 
     @property
     def num_free(self) -> int:
@@ -42,6 +74,8 @@ class BlockManager:
             block, _ = self.free_ids.popitem(last=False)
             self._forget(block)
             self.ref_counts[block] = 1
+            self.serial[block] = self._next_serial
+            self._next_serial += 1
             ids.append(block)
         return ids
 
@@ -63,8 +97,9 @@ class BlockManager:
                 del self.cached[key[0]]
             self.block_key[block] = None
 
-    def hash_of(self, block: int) -> int:
-        return self.block_key[block][0]
+    def key_of(self, block: int) -> ChainKey:
+        """The chain key of a cached block (as lookup() returned it)."""
+        return ChainKey(self.block_key[block][0], block, self.serial[block])
 
     def lookup(self, token_ids: list[int], max_blocks: int) -> list[int]:
         """Cached blocks holding the longest prefix of token_ids (at most max_blocks); taken."""
@@ -73,23 +108,34 @@ class BlockManager:
         bs, prev, hits = self.block_size, None, []
         for i in range(max_blocks):
             tokens = tuple(token_ids[i * bs : (i + 1) * bs])
-            h = chain_hash(prev, tokens)
-            block = self.cached.get(h)
-            # Compare the tokens and the chain too: a hash collision must never reuse wrong KV.
-            if block is None or self.block_key[block] != (h, prev, tokens):
+            digest = block_digest(prev and prev.digest, tokens)
+            block = self.cached.get(digest)
+            # The digest only finds a candidate: its tokens and its parent must be equal too.
+            if block is None or self.block_key[block] != (digest, _parent(prev), tokens):
                 break
             hits.append(block)
-            prev = h
+            prev = ChainKey(digest, block, self.serial[block])
         for block in hits:
             if self.ref_counts[block] == 0:
                 del self.free_ids[block]
             self.ref_counts[block] += 1
         return hits
 
-    def register(self, block: int, prev: int | None, tokens: tuple[int, ...]) -> int:
-        """Record that `block` holds the KV of `tokens` after the chain `prev`; returns its hash."""
-        h = chain_hash(prev, tokens)
-        if self.prefix_cache and self.block_key[block] is None and h not in self.cached:
-            self.block_key[block] = (h, prev, tokens)
-            self.cached[h] = block
-        return h
+    def register(self, block: int, prev: ChainKey | None, tokens: tuple[int, ...]) -> ChainKey:
+        """Record that `block` holds the KV of `tokens` after the chain `prev`; returns the chain
+        key to pass for the next block.
+
+        When an equal block is cached already, the key names that one, so that the next blocks
+        chain onto what a later lookup will find. When a different block holds the same digest
+        (a collision), the chain goes on from `block` itself, which is not cached: the blocks
+        registered after it can never be found, and never be wrongly reused.
+        """
+        digest = block_digest(prev and prev.digest, tokens)
+        entry = (digest, _parent(prev), tokens)
+        holder = self.cached.get(digest) if self.prefix_cache else None
+        if holder is None and self.prefix_cache and self.block_key[block] is None:
+            self.block_key[block] = entry
+            self.cached[digest] = holder = block
+        elif holder is None or self.block_key[holder] != entry:
+            holder = block
+        return ChainKey(digest, holder, self.serial[holder])

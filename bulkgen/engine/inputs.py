@@ -1,12 +1,14 @@
 """Step inputs: a Plan packed into one pinned host buffer and copied to the device in one go.
 
-Two host buffers alternate between steps so that preparing step N+1 never overwrites the bytes
-step N's copy may still be reading; each buffer's copy event guards its reuse.
+Per-step host work is kept flat per row: block tables live on the device (BlockTable) and only
+the block ids a request gained since its last step travel; decode rows cost a few list appends,
+prefill chunks one numpy expression. Two host buffers alternate between steps so that preparing
+step N+1 never overwrites the bytes step N's copy may still be reading; each buffer's copy event
+guards its reuse.
 """
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -14,25 +16,35 @@ import torch
 
 from bulkgen.engine.scheduler import Plan
 
+# Float fields per sampled row, in packing order.
+FLOAT_FIELDS = ("temperature", "top_p", "min_p", "repetition", "presence", "frequency")
+
 
 @dataclass
 class StepInputs:
     """Device tensors of one step (views into one packed copy)."""
 
     input_ids: torch.Tensor  # [T] host-known ids (0 where the token comes from the prev step)
-    prev_index: torch.Tensor  # [T] row of the previous step's samples to take, or -1
+    prev_row: torch.Tensor  # [T] table row whose last sampled token is the input, or -1
     positions: torch.Tensor  # [T]
     slot_mapping: torch.Tensor  # [T]
     query_start_loc: torch.Tensor  # [B + 1] int32
     seq_lens: torch.Tensor  # [B] int32
-    block_tables: torch.Tensor  # [B, W] int32
+    rows: torch.Tensor  # [B] table row of each sequence
     logits_indices: torch.Tensor  # [S] rows of the step's tokens whose next token is sampled
     seeds: torch.Tensor  # [S]
     top_k: torch.Tensor  # [S]
     sample_positions: torch.Tensor  # [S] position of each sampled token
+    sample_rows: torch.Tensor  # [S] table row of each sampled sequence
+    update_rows: torch.Tensor  # [U] block-table appends: row, column, block id
+    update_cols: torch.Tensor
+    update_blocks: torch.Tensor
     temperature: torch.Tensor  # [S] float32
     top_p: torch.Tensor  # [S] float32
     min_p: torch.Tensor  # [S] float32
+    repetition: torch.Tensor  # [S] float32 penalties (1, 0, 0 = off)
+    presence: torch.Tensor
+    frequency: torch.Tensor
 
 
 @dataclass
@@ -42,31 +54,54 @@ class PackedStep:
     ints: torch.Tensor
     floats: torch.Tensor
     ready: torch.cuda.Event | None
-    sizes: tuple[int, int, int, int]  # T, B, S, W
+    sizes: tuple[int, int, int, int]  # T, B, S, U
     turn: int  # which of the two buffers it occupies
+    query_lens: list[int]  # host copies for the attention metadata
+    seq_lens: list[int]
+    fresh_penalized: list  # penalised requests in their first step since (re)admission
 
     def unpack(self) -> StepInputs:
         """Views and dtype casts; call on the compute stream after it waited for `ready`."""
-        T, B, S, W = self.sizes
-        split = [T, T, T, T, B + 1, B, B * W, S, S, S, S]
-        (ids, prev, pos, slot, qsl, sl, bt, li, sd, tk, sp) = self.ints.split(split)
-        f = self.floats
+        T, B, S, U = self.sizes
+        lengths = [T, T, T, T, B + 1, B, B, S, S, S, S, S, U, U, U]
+        fields = self.ints.split([_pad(n, 2) for n in lengths])
+        (ids, prev, pos, slot, qsl, sl, rows, li, sd, tk, sp, sr, ur, uc, ub) = (
+            f[:n] for f, n in zip(fields, lengths, strict=True)
+        )
+        f_fields = self.floats.split([_pad(S, 4)] * len(FLOAT_FIELDS))
+        floats = {name: f[:S] for name, f in zip(FLOAT_FIELDS, f_fields, strict=True)}
         return StepInputs(
             input_ids=ids,
-            prev_index=prev,
+            prev_row=prev,
             positions=pos,
             slot_mapping=slot,
             query_start_loc=qsl.int(),
             seq_lens=sl.int(),
-            block_tables=bt.view(B, W).int(),
+            rows=rows,
             logits_indices=li,
             seeds=sd,
             top_k=tk,
             sample_positions=sp,
-            temperature=f[:S],
-            top_p=f[S : 2 * S],
-            min_p=f[2 * S :],
+            sample_rows=sr,
+            update_rows=ur,
+            update_cols=uc,
+            update_blocks=ub.int(),
+            **floats,
         )
+
+
+def _pad(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def _padded_rows(fields: np.ndarray, multiple: int) -> np.ndarray:
+    """Fields [k, n] flattened with each padded to a multiple of `multiple` elements (16 bytes),
+    so every field's device view starts 16-byte aligned whatever the step's sizes: Triton
+    specialises kernels on pointer alignment and would otherwise compile variants mid-run."""
+    k, n = fields.shape
+    out = np.zeros((k, _pad(n, multiple)), fields.dtype)
+    out[:, :n] = fields
+    return out.reshape(-1)
 
 
 class InputPacker:
@@ -83,8 +118,10 @@ class InputPacker:
         self.device = device
         self.block_size = block_size
         self.pin = device.type == "cuda"
-        self.int_cap = 5 * max_tokens + 6 * max_seqs + 1 + max_seqs * max_blocks_per_seq
-        self.float_cap = 3 * max_seqs
+        # Table appends are at most every block of every row (a prefix-cache hit syncs many).
+        # Every field padded to 16 bytes (_pad), plus 1 per field for that.
+        self.int_cap = 4 * max_tokens + 8 * max_seqs + 3 * max_seqs * max_blocks_per_seq + 16
+        self.float_cap = len(FLOAT_FIELDS) * (max_seqs + 3)
         self.ints = [self._host(self.int_cap, torch.int64) for _ in range(2)]
         self.floats = [self._host(self.float_cap, torch.float32) for _ in range(2)]
         self.copied = [None, None]  # per host buffer: event of the last copy out of it
@@ -105,65 +142,73 @@ class InputPacker:
         """The step that read `packed` is enqueued; `event` fires once it is done with it."""
         self.consumed[packed.turn] = event
 
-    def pack(self, plan: Plan, prev_rows: dict[int, int], stream) -> PackedStep:
-        """prev_rows maps id(request) -> its row in the previous step's samples."""
-        seqs, sampled = plan.seqs, plan.sampled
-        T, B, S = plan.num_tokens, len(seqs), len(sampled)
+    def pack(self, plan: Plan, stream) -> PackedStep:
+        seqs = plan.seqs
         bs = self.block_size
         ids: list[int] = []
         prev: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
-        qsl, seq_lens, tables = [0], [], []
-        logits_idx, seeds, top_k, sample_pos = [], [], [], []
-        temp, top_p, min_p = [], [], []
+        rows: list[int] = []
+        ends: list[int] = []
+        updates: list[tuple[int, int, int]] = []  # (row, column, block id)
+        samples: list[tuple[int, int, int, int, int]] = []  # token, seed, top_k, position, row
+        floats: list[tuple[float, ...]] = []
+        fresh = []
         for s in seqs:
-            req, start, end = s.request, s.start, s.end
-            blocks = req.block_ids
-            if end - start == 1:  # decode rows: the common case, kept free of numpy calls
+            req, start, n = s.request, s.start, s.num_tokens
+            blocks, row = req.block_ids, req.table_row
+            end = start + n
+            if n == 1:  # decode rows: the common case, kept to a few appends
                 positions.append(start)
                 slots.append(blocks[start // bs] * bs + start % bs)
                 if s.from_prev:
                     ids.append(0)
-                    prev.append(prev_rows[id(req)])
+                    prev.append(row)
                 else:
                     ids.append(req.token_at(start))
                     prev.append(-1)
             else:
-                span = range(start, end)
-                positions.extend(span)
-                slots.extend(blocks[p // bs] * bs + p % bs for p in span)
+                span = np.arange(start, end)
+                positions.extend(span.tolist())
+                table = np.asarray(blocks[start // bs : -(-end // bs)])
+                slots.extend((table[span // bs - start // bs] * bs + span % bs).tolist())
                 ids.extend(req.token_slice(start, end))
-                prev.extend([-1] * (end - start))
-            tables.append(blocks)
-            qsl.append(qsl[-1] + end - start)
-            seq_lens.append(end)
+                prev.extend([-1] * n)
+            synced = req.num_synced_blocks
+            if synced < len(blocks):
+                if synced == 0 and req.params.penalized:
+                    fresh.append(req)
+                updates.extend((row, c, blocks[c]) for c in range(synced, len(blocks)))
+                req.num_synced_blocks = len(blocks)
+            rows.append(row)
+            ends.append(end)
             if s.sample:
                 p = req.params
-                logits_idx.append(qsl[-1] - 1)
-                seeds.append(req.seed)
-                top_k.append(p.top_k if p.top_k > 0 else 0)
-                sample_pos.append(end)
-                temp.append(0.0 if p.greedy else p.temperature)  # top_k=1 is greedy too
-                top_p.append(p.top_p)
-                min_p.append(p.min_p)
-        W = max(len(t) for t in tables)
-        flat_tables = np.zeros((B, W), np.int64)
-        lengths = np.fromiter((len(t) for t in tables), np.int64, B)
-        rows = np.repeat(np.arange(B), lengths)
-        cols = np.arange(len(rows)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-        flat_tables[rows, cols] = np.fromiter(itertools.chain.from_iterable(tables), np.int64)
+                samples.append((len(positions) - 1, req.seed, max(p.top_k, 0), end, row))
+                floats.append(p.sampling_floats)
+        T, B, S, U = len(positions), len(seqs), len(samples), len(updates)
+        qsl = np.zeros(B + 1, np.int64)
+        starts = np.fromiter((s.start for s in seqs), np.int64, B)
+        np.cumsum(np.asarray(ends, np.int64) - starts, out=qsl[1:])
+        per_token = np.asarray([ids, prev, positions, slots], np.int64).reshape(4, T)
+        per_sample = np.asarray(samples, np.int64).reshape(S, 5).T
+        per_update = np.asarray(updates, np.int64).reshape(U, 3).T
         ints = np.concatenate(
             [
-                np.asarray(ids + prev + positions + slots + qsl + seq_lens, np.int64),
-                flat_tables.reshape(-1),
-                np.asarray(logits_idx + seeds + top_k + sample_pos, np.int64),
+                _padded_rows(per_token, 2),
+                _padded_rows(qsl[None], 2),
+                _padded_rows(np.asarray([ends, rows], np.int64).reshape(2, B), 2),
+                _padded_rows(per_sample, 2),
+                _padded_rows(per_update, 2),
             ]
         )
-        floats = np.asarray(temp + top_p + min_p, np.float32)
+        per_field = np.asarray(floats, np.float32).reshape(S, len(FLOAT_FIELDS)).T
+        flat = _padded_rows(per_field, 4)
         turn = self.turn
-        dev_ints, dev_floats, ready = self._copy(ints, floats, stream)
-        return PackedStep(dev_ints, dev_floats, ready, (T, B, S, W), turn)
+        dev_ints, dev_floats, ready = self._copy(ints, flat, stream)
+        q_lens = np.diff(qsl).tolist()
+        return PackedStep(dev_ints, dev_floats, ready, (T, B, S, U), turn, q_lens, ends, fresh)
 
     def _copy(self, ints: np.ndarray, floats: np.ndarray, stream):
         i = self.turn

@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass, field
 
 from bulkgen.config import SamplingParams
+from bulkgen.engine.blocks import ChainKey
 
 
 class Status(enum.Enum):
@@ -47,9 +48,14 @@ class Request:
     # one-step lag). A request with a pending token cannot be preempted back to a prefill plan,
     # because the plan would need that token on the host.
     num_pending: int = 0
-    num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
+    admitted: bool = False  # has run at least once (a preempted request is re-admitted)
+    num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache at admission
+    # Row of the runner's device-resident tables (block table, last sampled token) while the
+    # request is running; its first num_synced_blocks block ids are already in the device table.
+    table_row: int | None = None
+    num_synced_blocks: int = 0
     num_hashed_blocks: int = 0  # leading blocks registered in the prefix cache
-    last_hash: int | None = None  # chain hash of the last of them
+    last_key: ChainKey | None = None  # the prefix-cache chain key of the last of them
     finish_reason: str | None = None
     error: str | None = None
     num_streamed: int = 0  # output tokens already handed out by Engine.take_progress()

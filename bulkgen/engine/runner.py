@@ -1,10 +1,11 @@
 """Model runner: owns the KV cache, the streams and the events; launches one step at a time.
 
 launch(plan) enqueues the whole step without waiting for the device: inputs go host -> device on a
-copy stream, the compute stream waits on that copy's event, runs forward and sampling, writes the
-sampled ids to the previous-samples table (where the next step's decode inputs are gathered) and
-copies them into pinned host memory, then records an event. Step.wait() on that event is the one
-place the host waits for the device.
+copy stream, the compute stream waits on that copy's event, applies the step's block-table appends,
+runs the forward (a CUDA graph replay for decode steps) and sampling, writes the sampled ids to the
+device's last-token table (where the next step's decode inputs are gathered) and copies them into
+pinned host memory, then records an event. Step.wait() on that event is the one place the host
+waits for the device. The KV cache is the runner's: it is passed to every forward.
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ from dataclasses import dataclass
 
 import torch
 
-from bulkgen.config import EngineConfig, SamplingParams
+from bulkgen.config import EngineConfig
 from bulkgen.engine.graphs import DecodeGraphs
 from bulkgen.engine.inputs import InputPacker, StepInputs
+from bulkgen.engine.penalty_state import PenaltyState
 from bulkgen.engine.sampler import SamplingTensors, sample, top_logprobs
-from bulkgen.engine.scheduler import Plan
+from bulkgen.engine.scheduler import Plan, ScheduledSeq
+from bulkgen.engine.tables import DeviceTables
 from bulkgen.model.attention.metadata import AttnMetadata
 from bulkgen.model.config import ModelConfig
 from bulkgen.model.llama import LlamaForCausalLM
@@ -41,9 +44,12 @@ class Step:
     logprob_tensors: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None
     done: torch.cuda.Event | None
 
-    def wait(self) -> StepResult:
+    def synchronize(self) -> None:
         if self.done is not None:
             self.done.synchronize()
+
+    def wait(self) -> StepResult:
+        self.synchronize()
         result = StepResult(self.ids.tolist())
         if self.logprob_tensors is not None:
             chosen, top_ids, top_vals = self.logprob_tensors
@@ -52,13 +58,29 @@ class Step:
         return result
 
 
-def _plain_sampling(p: SamplingParams) -> bool:
-    return p.logprobs is None and not p.filtered
-
-
 def kv_bytes_per_block(mcfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
     elem = torch.empty(0, dtype=dtype).element_size()
     return 2 * mcfg.num_layers * block_size * mcfg.num_kv_heads * mcfg.head_dim * elem
+
+
+class _HostOut:
+    """Pinned host memory one step's samples land in (two alternate between steps)."""
+
+    def __init__(self, rows: int, pin: bool) -> None:
+        self.rows, self.pin = rows, pin
+        self.ids = torch.empty(rows, dtype=torch.int64, pin_memory=pin)
+        self.k = -1  # top-k width of the logprob buffers, allocated on first use
+        self.chosen = self.top_ids = self.top_vals = torch.empty(0)
+
+    def logprobs(self, n: int, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Contiguous [n], [n, k], [n, k] views (a strided pinned destination would make the
+        device-to-host copy synchronous)."""
+        if k > self.k:
+            self.chosen = torch.empty(self.rows, dtype=torch.float32, pin_memory=self.pin)
+            self.top_ids = torch.empty(self.rows * k, dtype=torch.int64, pin_memory=self.pin)
+            self.top_vals = torch.empty(self.rows * k, dtype=torch.float32, pin_memory=self.pin)
+            self.k = k
+        return self.chosen[:n], self.top_ids[: n * k].view(n, k), self.top_vals[: n * k].view(n, k)
 
 
 class ModelRunner:
@@ -73,10 +95,11 @@ class ModelRunner:
         graphs: bool = True,
     ) -> None:
         self.model, self.mcfg, self.ecfg, self.device = model, mcfg, ecfg, device
+        self.attention = model.attention
         dtype = next(model.parameters()).dtype
         shape = (mcfg.num_layers, 2, num_blocks, ecfg.block_size, mcfg.num_kv_heads, mcfg.head_dim)
         self.kv_cache = torch.empty(shape, dtype=dtype, device=device)
-        model.bind_kv_cache(list(self.kv_cache[:, 0]), list(self.kv_cache[:, 1]))
+        self.kv = [(layer[0], layer[1]) for layer in self.kv_cache]  # per layer: (k, v) views
         self.max_blocks_per_seq = -(-max_model_len // ecfg.block_size)
         self.packer = InputPacker(
             device,
@@ -85,106 +108,117 @@ class ModelRunner:
             ecfg.max_num_seqs,
             self.max_blocks_per_seq,
         )
+        self.tables = DeviceTables(ecfg.max_num_seqs, self.max_blocks_per_seq, device)
+        self.penalties = PenaltyState(ecfg.max_num_seqs, mcfg.vocab_size, device)
+        self.fused_sample = None  # Triton is a GPU dependency only: imported on CUDA
+        if device.type == "cuda":
+            from bulkgen.engine.triton_sampler import fused_sample
+
+            self.fused_sample = fused_sample
         self.cuda = device.type == "cuda"
         self.copy_stream = torch.cuda.Stream(device) if self.cuda else None
         self.compute_stream = torch.cuda.Stream(device) if self.cuda else None
-        self.prev_samples: torch.Tensor | None = None  # device ids sampled by the last step
-        self.prev_rows: dict[int, int] = {}  # id(request) -> row in prev_samples
         self.graphs = None
-        if graphs and self.cuda and ecfg.cuda_graphs and model.uses_graph_safe_attention:
+        if graphs and self.cuda and ecfg.cuda_graphs and self.attention.graph_safe:
             self.graphs = DecodeGraphs(
-                model, ecfg.max_num_seqs, self.max_blocks_per_seq, device, self.compute_stream
+                model,
+                self.kv,
+                ecfg.max_num_seqs,
+                self.max_blocks_per_seq,
+                device,
+                self.compute_stream,
             )
+        self.graph_steps = 0  # decode steps replayed from a graph
+        self.eager_decode_steps = 0  # decode steps that ran eagerly (reported in stats.json)
         self.out_turn = 0
-        self.out_ids = [self._pinned(ecfg.max_num_seqs) for _ in range(2)]
-
-    def _pinned(self, n: int) -> torch.Tensor:
-        return torch.empty(n, dtype=torch.int64, pin_memory=self.cuda)
+        self.host_out = [_HostOut(ecfg.max_num_seqs, self.cuda) for _ in range(2)]
 
     def _stream_ctx(self):
         return torch.cuda.stream(self.compute_stream) if self.cuda else contextlib.nullcontext()
 
     @torch.inference_mode()
     def launch(self, plan: Plan) -> Step:
-        packed = self.packer.pack(plan, self.prev_rows, self.copy_stream)
         sampled = plan.sampled
+        packed = self.packer.pack(plan, self.copy_stream)
         with self._stream_ctx():
             if packed.ready is not None:
                 self.compute_stream.wait_event(packed.ready)
             inp = packed.unpack()
-            input_ids = self._gather_inputs(plan, inp)
-            if self._graphable(plan):
-                greedy = all(s.request.params.greedy for s in sampled)
-                ids, lp = self.graphs.replay(inp, input_ids, greedy), None
+            self.tables.apply_updates(inp)
+            self.penalties.reset(packed.fresh_penalized)
+            input_ids = self.tables.input_ids(inp, any(s.from_prev for s in plan.seqs))
+            meta = self.attention.metadata(
+                inp.slot_mapping,
+                inp.query_start_loc,
+                inp.seq_lens,
+                self.tables.block_tables(inp),
+                packed.query_lens,
+                packed.seq_lens,
+            )
+            if self._graphable(plan, meta):
+                self.graph_steps += 1
+                logits = self.graphs.replay(input_ids, inp.positions, meta)
             else:
-                hidden = self.model(input_ids, inp.positions, self._metadata(plan, inp))
-                ids, lp = self._sample(plan, inp, hidden)
+                self.eager_decode_steps += meta.decode_only
+                hidden = self.model(input_ids, inp.positions, meta, self.kv)
+                logits = self.model.compute_logits(hidden[inp.logits_indices]) if sampled else None
+            ids, lp = self._sample(sampled, inp, logits)
+            self.tables.record(inp, ids)
             step = self._copy_out(plan, ids, lp)
         self.packer.release(packed, step.done)
-        self.prev_samples = ids
-        self.prev_rows = {id(s.request): i for i, s in enumerate(sampled)}
         return step
 
-    def _graphable(self, plan: Plan) -> bool:
-        """Decode steps whose every row samples without filters or logprobs replay a graph."""
-        if self.graphs is None or not plan.decode_only or len(plan.seqs) > self.graphs.buckets[-1]:
-            return False
-        if len(plan.sampled) != len(plan.seqs):
-            return False
-        return all(_plain_sampling(s.request.params) for s in plan.seqs)
+    def _graphable(self, plan: Plan, meta: AttnMetadata) -> bool:
+        """Decode steps whose every row samples replay a graph, whatever their sampling."""
+        if self.graphs is None or not self.graphs.graphs or not meta.decode_only:
+            return False  # warm-up runs before the capture: its decode steps run eagerly
+        return len(plan.seqs) <= self.graphs.max_batch and len(plan.sampled) == len(plan.seqs)
 
     def warm_up(self, plans: list[Plan]) -> None:
-        """Run plans whose results are dropped (their fake requests write only their own blocks)."""
+        """Run plans whose results are dropped (their fake requests write only their own blocks
+        and table rows)."""
         for plan in plans:
             self.launch(plan).wait()
-        self.prev_samples, self.prev_rows = None, {}
+        self.graph_steps = self.eager_decode_steps = 0  # stats count the engine's own steps
 
     def capture_graphs(self) -> None:
-        """Both variants up front: a sampling variant captured on first use would stall the
-        step loop once per batch bucket (the capture synchronises the stream)."""
         if self.graphs is not None:
-            self.graphs.capture(greedy=True)
-            self.graphs.capture(greedy=False)
+            self.graphs.capture()
 
-    def _gather_inputs(self, plan: Plan, inp: StepInputs) -> torch.Tensor:
-        """Decode inputs whose token is the previous step's sample are taken on the device."""
-        if not any(s.from_prev for s in plan.seqs):
-            return inp.input_ids
-        prev = self.prev_samples[inp.prev_index.clamp(min=0)]
-        return torch.where(inp.prev_index >= 0, prev, inp.input_ids)
-
-    def _metadata(self, plan: Plan, inp: StepInputs) -> AttnMetadata:
-        q_lens = [s.num_tokens for s in plan.seqs]
-        seq_lens = [s.end for s in plan.seqs]
-        return AttnMetadata(
-            slot_mapping=inp.slot_mapping,
-            query_start_loc=inp.query_start_loc,
-            seq_lens=inp.seq_lens,
-            block_tables=inp.block_tables,
-            max_query_len=max(q_lens),
-            max_seq_len=max(seq_lens),
-            decode_only=plan.decode_only,
-            query_lens_host=q_lens,
-            seq_lens_host=seq_lens,
-        )
-
-    def _sample(self, plan: Plan, inp: StepInputs, hidden: torch.Tensor):
-        sampled = plan.sampled
+    def _sample(self, sampled: list[ScheduledSeq], inp: StepInputs, logits: torch.Tensor | None):
+        """Penalties, then sampling (the fused Triton sampler on CUDA, the torch reference
+        elsewhere); logprobs are those of the model's own distribution (before penalties)."""
         if not sampled:
-            return hidden.new_empty(0, dtype=torch.int64), None
-        logits = self.model.compute_logits(hidden[inp.logits_indices])
+            return inp.seeds.new_empty(0), None
         params = [s.request.params for s in sampled]
-        st = SamplingTensors(
-            temperature=inp.temperature,
-            top_k=inp.top_k,
-            top_p=inp.top_p,
-            min_p=inp.min_p,
-            seed=inp.seeds,
-            position=inp.sample_positions,
-            all_greedy=all(p.greedy for p in params),
-            any_filter=any(p.filtered for p in params),
-        )
-        ids = sample(logits, st)
+        scores = logits
+        if any(p.penalized for p in params):
+            scores = self.penalties.apply(logits, inp)
+        all_greedy = all(p.greedy for p in params)
+        if self.fused_sample is not None and not all_greedy:
+            ids = self.fused_sample(
+                scores,
+                inp.temperature,
+                inp.top_k,
+                inp.top_p,
+                inp.min_p,
+                inp.seeds,
+                inp.sample_positions,
+            )
+        else:
+            st = SamplingTensors(
+                temperature=inp.temperature,
+                top_k=inp.top_k,
+                top_p=inp.top_p,
+                min_p=inp.min_p,
+                seed=inp.seeds,
+                position=inp.sample_positions,
+                all_greedy=all_greedy,
+                any_filter=any(p.filtered for p in params),
+            )
+            ids = sample(scores, st)
+        if self.penalties.active:
+            self.penalties.record(inp, ids)
         want = [p.logprobs for p in params if p.logprobs is not None]
         lp = top_logprobs(logits, ids, max(want)) if want else None
         return ids, lp
@@ -193,12 +227,13 @@ class ModelRunner:
         n = ids.shape[0]
         if not self.cuda:
             return Step(plan, ids, lp, None)
-        out = self.out_ids[self.out_turn][:n]
+        host = self.host_out[self.out_turn]
         self.out_turn ^= 1
+        out = host.ids[:n]
         out.copy_(ids, non_blocking=True)
         lp_host = None
-        if lp is not None:  # rare (--logprobs): pageable-size copies into fresh pinned memory
-            lp_host = tuple(torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in lp)
+        if lp is not None:
+            lp_host = host.logprobs(n, lp[1].shape[1])
             for h, t in zip(lp_host, lp, strict=True):
                 h.copy_(t, non_blocking=True)
         done = torch.cuda.Event()

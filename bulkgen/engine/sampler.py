@@ -65,8 +65,23 @@ def apply_filters(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
     return logits.masked_fill(~keep, float("-inf"))
 
 
-def sample(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
-    """Token ids [B] int64 for float32 logits [B, V]."""
+def unpack_bitmask(words: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """bool [B, V] from an int32 [B, ceil(V / 32)] bitmask: bit j of word w is token 32 * w + j."""
+    bits = torch.arange(32, device=words.device, dtype=torch.int32)
+    unpacked = (words[:, :, None] >> bits) & 1
+    return unpacked.flatten(1)[:, :vocab_size].bool()
+
+
+def sample(
+    logits: torch.Tensor, st: SamplingTensors, allowed: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Token ids [B] int64 for float32 logits [B, V].
+
+    allowed, a bool [B, V] mask, restricts the distribution to the allowed tokens before anything
+    else: greedy rows take the allowed argmax and the filters see only allowed tokens.
+    """
+    if allowed is not None:
+        logits = logits.masked_fill(~allowed, float("-inf"))
     greedy_ids = logits.argmax(dim=-1)
     if st.all_greedy:
         return greedy_ids
@@ -82,8 +97,13 @@ def sample(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
 def top_logprobs(
     logits: torch.Tensor, ids: torch.Tensor, k: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Log-probabilities of the model's distribution: of the sampled ids [B], and the top k."""
-    logp = logits.log_softmax(dim=-1)
-    chosen = logp.gather(1, ids[:, None]).squeeze(1)
-    top_vals, top_ids = logp.topk(k, dim=-1) if k > 0 else (logp[:, :0], ids[:, None][:, :0])
-    return chosen, top_ids, top_vals
+    """Log-probabilities of the model's distribution: of the sampled ids [B], and the top k.
+
+    One logsumexp and one top-k over the logits: no [B, V] log-softmax is written.
+    """
+    lse = logits.logsumexp(dim=-1)
+    chosen = logits.gather(1, ids[:, None]).squeeze(1) - lse
+    if k == 0:
+        return chosen, ids[:, None][:, :0], logits[:, :0]
+    top_vals, top_ids = logits.topk(k, dim=-1)
+    return chosen, top_ids, top_vals - lse[:, None]

@@ -64,10 +64,15 @@ class Scheduler:
         self.eos_ids = frozenset(eos_ids)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # in admission order: the last is preempted first
+        # Rows of the runner's device tables, one per running request. A row freed at update(N)
+        # is reused at N+2 at the earliest; the runner writes rows on its compute stream only,
+        # after step N+1 (which may still read the old contents) in stream order.
+        self.free_rows = list(range(cfg.max_num_seqs - 1, -1, -1))
         self.finished: list[RequestOutput] = []
         self.num_preemptions = 0
         self.num_generated = 0  # tokens appended to outputs (read by progress and benchmarks)
-        self.num_cached_tokens = 0  # prompt tokens served from the prefix cache
+        # Prompt tokens that requests took from the prefix cache at their first admission.
+        self.num_cached_tokens = 0
 
     # ---- adding and ending requests -------------------------------------------------------
 
@@ -112,9 +117,14 @@ class Scheduler:
         self.finished.append(req.to_output())
 
     def _release(self, req: Request) -> None:
-        self.blocks.free(req.block_ids)
+        # Tail first: least-recently-freed eviction then takes a cached chain from its end, not its
+        # root (which would strand every block after it).
+        self.blocks.free(req.block_ids[::-1])
         req.block_ids = []
-        req.num_hashed_blocks, req.last_hash = 0, None
+        if req.table_row is not None:
+            self.free_rows.append(req.table_row)
+            req.table_row, req.num_synced_blocks = None, 0
+        req.num_hashed_blocks, req.last_key = 0, None
 
     def take_finished(self) -> list[RequestOutput]:
         done, self.finished = self.finished, []
@@ -132,6 +142,8 @@ class Scheduler:
         return generated >= req.params.max_tokens or req.num_tokens >= self.max_model_len
 
     def _reserve(self, req: Request, end: int) -> bool:
+        if end <= len(req.block_ids) * self.cfg.block_size:
+            return True  # the common decode case: the token fits in the last block
         need = self.blocks.blocks_for(end) - len(req.block_ids)
         if need <= 0:
             return True
@@ -182,7 +194,11 @@ class Scheduler:
                 req.num_computed = 0
                 break
             self.waiting.popleft()
+            if not req.admitted:  # counted once: not for failed attempts, nor after preemption
+                req.admitted, req.num_cached_tokens = True, req.num_computed
+                self.num_cached_tokens += req.num_computed
             req.status = Status.RUNNING
+            req.table_row = self.free_rows.pop()
             self.running.append(req)
             plan.seqs.append(self._scheduled(req, n))
             budget -= n
@@ -199,10 +215,7 @@ class Scheduler:
             return
         req.block_ids = hits
         req.num_computed = len(hits) * self.blocks.block_size
-        req.num_hashed_blocks, req.last_hash = len(hits), self.blocks.hash_of(hits[-1])
-        if not req.output_ids:
-            req.num_cached_tokens = req.num_computed
-            self.num_cached_tokens += req.num_computed
+        req.num_hashed_blocks, req.last_key = len(hits), self.blocks.key_of(hits[-1])
 
     def _register_full_blocks(self, req: Request) -> None:
         """Offer the prefix cache every block whose tokens are known and whose KV is computed
@@ -214,7 +227,7 @@ class Scheduler:
         while req.num_hashed_blocks < known // bs:
             i = req.num_hashed_blocks
             tokens = tuple(req.token_slice(i * bs, (i + 1) * bs))
-            req.last_hash = self.blocks.register(req.block_ids[i], req.last_hash, tokens)
+            req.last_key = self.blocks.register(req.block_ids[i], req.last_key, tokens)
             req.num_hashed_blocks += 1
 
     def _scheduled(self, req: Request, n: int) -> ScheduledSeq:
@@ -225,7 +238,8 @@ class Scheduler:
         req.num_computed += n
         if sample:
             req.num_pending += 1
-        self._register_full_blocks(req)
+        if (start + n) // self.cfg.block_size > req.num_hashed_blocks:  # a block may be full
+            self._register_full_blocks(req)
         return ScheduledSeq(req, start, n, sample, from_prev)
 
     def _finish_too_long(self, req: Request) -> None:
@@ -238,6 +252,7 @@ class Scheduler:
     # ---- applying a step's results ---------------------------------------------------------
 
     def update(self, plan: Plan, result: StepResult) -> None:
+        bs = self.cfg.block_size
         for row, (seq, token) in enumerate(zip(plan.sampled, result.ids, strict=True)):
             req = seq.request
             req.num_pending -= 1
@@ -245,7 +260,8 @@ class Scheduler:
                 continue  # finished at the previous step: this extra token is discarded
             req.output_ids.append(token)
             self.num_generated += 1
-            self._register_full_blocks(req)
+            if req.num_computed // bs > req.num_hashed_blocks:  # a block may be full
+                self._register_full_blocks(req)
             if req.params.logprobs is not None:
                 self._record_logprobs(req, result, row)
             reason = self._stop_reason(req, token)

@@ -12,7 +12,11 @@ from bulkgen.config import EngineConfig, SamplingParams
 from bulkgen.engine.request import Request
 from bulkgen.engine.scheduler import Plan, ScheduledSeq
 
-_FILTERED = SamplingParams(max_tokens=1, temperature=1.0, top_k=50, top_p=0.9, min_p=0.01)
+# Every filter and the widest logprobs (OpenAI's maximum of 20): the sampler's and the logprob
+# path's largest temporaries and pinned buffers exist before the KV cache is sized.
+_FILTERED = SamplingParams(
+    max_tokens=1, temperature=1.0, top_k=50, top_p=0.9, min_p=0.01, logprobs=20
+)
 
 
 def warmup_plans(cfg: EngineConfig, max_model_len: int) -> list[Plan]:
@@ -24,7 +28,9 @@ def warmup_plans(cfg: EngineConfig, max_model_len: int) -> list[Plan]:
     # other sizes would compile new variants in the middle of the run (seconds of idle GPU, seen
     # on the H200). Odd totals and lengths, and a lone token, cover those variants.
     odd = [n for n in (1, 17, 333) if n <= tokens] or [1]
-    plans = [long_prefill, wide, odd, [1] * min(3, seqs), [1]]
+    # A mixed step whose longest query is short picks the prefill kernel's small-tile variant.
+    short = [2, 1] if tokens >= 3 and seqs >= 2 else [1]
+    plans = [long_prefill, wide, odd, short, [1] * min(3, seqs), [1]]
     return [_plan(lengths, cfg.block_size) for lengths in plans]
 
 
@@ -38,7 +44,7 @@ def warmup_blocks(cfg: EngineConfig, max_model_len: int) -> int:
 def _plan(lengths: list[int], block_size: int) -> Plan:
     plan, next_block = Plan(), 0
     for i, n in enumerate(lengths):
-        req = Request(f"warmup-{i}", [1] * n, _FILTERED, seed=i)
+        req = Request(f"warmup-{i}", [1] * n, _FILTERED, seed=i, table_row=i)
         count = -(-n // block_size)
         req.block_ids = list(range(next_block, next_block + count))
         next_block += count

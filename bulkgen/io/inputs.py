@@ -15,14 +15,22 @@ from pathlib import Path
 
 from bulkgen.errors import UserError
 
-_SUFFIXES = {".jsonl.gz": "jsonl", ".jsonl": "jsonl", ".parquet": "parquet"}
-_KNOWN = ".jsonl, .jsonl.gz or .parquet"
+_SUFFIXES = {
+    ".jsonl.gz": "jsonl",
+    ".jsonl": "jsonl",
+    ".parquet": "parquet",
+    ".csv": "csv",
+    ".csv.gz": "csv",
+    ".tsv": "csv",
+    ".tsv.gz": "csv",
+}
+_KNOWN = ".jsonl, .jsonl.gz, .parquet, .csv or .tsv (.gz)"
 
 
 @dataclass(frozen=True)
 class Source:
     name: str
-    kind: str  # "jsonl" | "parquet" | "arrow" (a dataset saved by datasets' save_to_disk)
+    kind: str  # "jsonl" | "parquet" | "csv" (CSV or TSV) | "arrow" (a saved dataset)
     paths: tuple[Path, ...]  # one file, or a saved dataset's Arrow files in order
 
     @property

@@ -22,6 +22,7 @@ import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
 from bulkgen.errors import UserError
+from bulkgen.io.fingerprint import check_unchanged
 from bulkgen.io.openai import is_openai_output, openai_summary
 
 SETTINGS_FILE = "job.json"
@@ -110,6 +111,12 @@ class JobDir:
                 "another --out"
             )
 
+    def check_inputs(self, current: dict[str, dict], allow_changed: bool, overwrite: bool) -> None:
+        """Refuse to resume a job whose input files changed (fingerprints: io/fingerprint.py)."""
+        recorded = None if overwrite or allow_changed else self._recorded()
+        if recorded is not None:
+            check_unchanged(recorded.get("input_files"), current, self.path)
+
     def lock(self) -> None:
         """Hold an exclusive lock on the folder; the OS releases it if the process dies."""
         try:
@@ -144,8 +151,20 @@ class JobDir:
         if self._recorded() is None:
             write_json_atomic(self.path / SETTINGS_FILE, record)
             self._recorded_here = True
+        elif "input_files" in record:
+            self.update_inputs(record["input_files"])
         self.drop_duplicates()
         return self.scan()
+
+    def update_inputs(self, current: dict[str, dict]) -> None:
+        """Record the inputs' fingerprints as they are now in job.json, if it exists: checked (or
+        allowed) before, they are what a rerun compares."""
+        recorded = self._recorded()
+        if recorded is None:
+            return
+        files = {**recorded.get("input_files", {}), **current}
+        if files != recorded.get("input_files"):
+            write_json_atomic(self.path / SETTINGS_FILE, {**recorded, "input_files": files})
 
     def drop_duplicates(self) -> int:
         """Rows that two final shards hold (a fenced retry's race, io/fence.py) are kept in the
@@ -186,6 +205,15 @@ class JobDir:
                 done.next_index = max(done.next_index, int(match[2]) + 1)
         done.samples = {row_id: mask for row_id, mask in masks.items() if mask != 1}
         return done
+
+    def kept_types(self, columns: tuple[str, ...]) -> dict[str, pa.DataType] | None:
+        """The kept columns' types in the job's Parquet shards, if it has one: a rerun keeps
+        the schema its first run fixed."""
+        for path in self._shards():
+            if path.suffix == ".parquet":
+                schema = pq.read_schema(path)
+                return {n: schema.field(n).type for n in columns if n in schema.names}
+        return None
 
     def _shards(self) -> list[Path]:
         if not self.path.is_dir():

@@ -1,6 +1,8 @@
 """JSONL inputs (plain or gzip, OpenAI Batch files too), parsed line by line.
 
-One bad line becomes one error record instead of failing its whole block.
+One bad line becomes one error record instead of failing its whole block: invalid JSON, invalid
+UTF-8, nesting too deep to parse, anything but an object. A file that cannot be read on from some
+point (a damaged .jsonl.gz) yields the rows before the damage, then raises Damaged.
 """
 
 from __future__ import annotations
@@ -11,15 +13,31 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import pyarrow as pa
+
+from bulkgen.io.fields import faulted, finished, row_from
 from bulkgen.io.inputs import Source
 from bulkgen.io.openai import batch_row, is_batch_record
-from bulkgen.row import PARAM_COLUMNS, Row, param_overrides
+from bulkgen.io.schema import json_type
+from bulkgen.io.validate import checked_id
+from bulkgen.row import Row
 
 if TYPE_CHECKING:
     from bulkgen.io.reader import Reader
 
-# A JSONL field is taken as missing from the file only if none of its first rows has it.
+# A JSONL field is taken as missing from the file only if none of its first rows has it; its
+# kept-column type comes from the same rows.
 _JSONL_PROBE_ROWS = 100
+# What reading a damaged file raises (a truncated or corrupt gzip stream, a failing disk).
+READ_ERRORS = (OSError, EOFError, gzip.BadGzipFile, pa.ArrowException)
+
+
+class Damaged(Exception):
+    """A file could not be read on from row `index` (its rows before were yielded)."""
+
+    def __init__(self, index: int, cause: BaseException) -> None:
+        super().__init__(f"{type(cause).__name__}: {cause}")
+        self.index = index
 
 
 def open_jsonl(path: Path):
@@ -28,116 +46,119 @@ def open_jsonl(path: Path):
     return open(path, "rb", buffering=1 << 20)
 
 
-def jsonl_fields(path: Path) -> set[str] | None:
-    fields: set[str] = set()
-    parsed = 0
+def _probe(path: Path) -> list[dict]:
+    records: list[dict] = []
     with open_jsonl(path) as f:
         for line in f:
-            if parsed >= _JSONL_PROBE_ROWS:
+            if len(records) >= _JSONL_PROBE_ROWS:
                 break
-            if not line.strip():
-                continue
             try:
-                record = json.loads(line)
-            except ValueError:
+                record = json.loads(line) if line.strip() else None
+            except (ValueError, RecursionError):
                 continue
             if isinstance(record, dict):
-                fields.update(record)
-                parsed += 1
-    return fields if parsed else None
+                records.append(record)
+    return records
+
+
+def jsonl_fields(path: Path) -> set[str] | None:
+    records = _probe(path)
+    return {name for record in records for name in record} if records else None
+
+
+def jsonl_types(path: Path, columns: tuple[str, ...]) -> dict[str, pa.DataType]:
+    """The kept columns' types from the file's first rows (rule: bulkgen/io/schema.py)."""
+    records = _probe(path)
+    return {name: json_type([r.get(name) for r in records]) for name in columns}
 
 
 def read_jsonl(reader: Reader, source: Source) -> Iterator[list[Row]]:
-    prompt_col, id_col, keep = reader.prompt_column, reader.id_column, reader.keep_columns
-    templated = reader.template_columns
-    chat_col = reader.messages_column
     batch_file = is_batch_file(source)
     prefix = source.name + ":"
     batch: list[Row] = []
     index = 0
-    with open_jsonl(source.paths[0]) as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            row_id = prefix + str(index)
-            index += 1
-            try:
-                record = json.loads(line)
-            except ValueError as e:
-                row = Row(row_id, None)
-                row.fail(f"line {lineno} is not valid JSON: {_json_problem(e)}")
-            else:
-                # A conversation has no prompt but messages: read like a prompt, then moved.
-                chat = (
-                    templated is None
-                    and isinstance(record, dict)
-                    and record.get(prompt_col) is None
-                    and chat_col in record
-                )
-                column = chat_col if chat else prompt_col
-                if batch_file:
-                    row = _batch_row(record, row_id, lineno, keep)
-                else:
-                    row = _jsonl_row(record, row_id, lineno, column, id_col, keep, templated)
-                if chat and not batch_file:
-                    row.messages, row.prompt = row.prompt, None
-                    if row.messages is None and row.error is None:
-                        row.fail("messages is null")
-            batch.append(row)
-            if len(batch) >= reader.batch_rows:
-                yield batch
-                batch = []
+    ended = True  # whether the last line read ended with a newline
+    try:
+        with open_jsonl(source.paths[0]) as f:
+            for lineno, line in enumerate(f, 1):
+                ended = line.endswith(b"\n")
+                if not line.strip():
+                    continue
+                default_id = prefix + str(index)
+                try:
+                    row = _row(reader, line, default_id, index, lineno, batch_file)
+                except Exception as e:  # a bug: this row's error record, not the job's end
+                    row = faulted(reader, default_id, index, lineno, e)
+                batch.append(row)
+                index += 1
+                if len(batch) >= reader.batch_rows:
+                    yield batch
+                    batch = []
+    except READ_ERRORS as e:
+        if not ended and batch:  # a line cut short by the damage is part of it
+            batch.pop()
+            index -= 1
+        if batch:
+            yield batch
+        raise Damaged(index, e) from e
     if batch:
         yield batch
+
+
+def _row(reader: Reader, line: bytes, default_id: str, index: int, lineno: int, batch_file) -> Row:
+    where = f"row {index}, line {lineno}"
+    try:
+        record = json.loads(line)
+    except RecursionError:
+        row = Row(default_id, None)
+        row.fail(f"{where}: JSON nested too deeply to parse")
+    except UnicodeDecodeError as e:
+        row = Row(default_id, None)
+        row.fail(f"{where}: not valid UTF-8 ({e.reason} at byte {e.start})")
+    except ValueError as e:
+        row = Row(default_id, None)
+        row.fail(f"{where}: not valid JSON: {_json_problem(e)}")
+    else:
+        if not isinstance(record, dict):
+            row = Row(default_id, None)
+            row.fail(f"{where}: a JSON {_json_kind(record)}, not an object")
+        elif batch_file:
+            row = _batch_row(reader, record, default_id, where, lineno)
+        else:
+            row = row_from(reader, record, default_id, where)
+    return finished(reader, row, index, lineno)
 
 
 def is_batch_file(source: Source) -> bool:
     """An OpenAI Batch input file: its first parsable line has custom_id and body."""
     if source.kind != "jsonl":
         return False
-
-    def first_record():
-        with open_jsonl(source.paths[0]) as f:
-            for line in f:
-                try:
-                    return json.loads(line)
-                except ValueError:
-                    continue
-        return None
-
-    return is_batch_record(first_record())
+    records = _probe(source.paths[0])[:1]
+    return bool(records) and is_batch_record(records[0])
 
 
-def _batch_row(record, row_id, lineno, keep) -> Row:
+def _batch_row(reader: Reader, record: dict, default_id: str, where: str, lineno: int) -> Row:
     if not is_batch_record(record):
-        row = Row(row_id, None)
-        row.fail(f"line {lineno} is not an OpenAI batch request (it needs custom_id and body)")
+        row = Row(default_id, None)
+        row.fail(f"{where}: not an OpenAI batch request (it needs custom_id and body)")
         return row
+    row_id, bad_id = checked_id(record["custom_id"], default_id)
     row = batch_row(record, lineno)
-    if keep:
-        row.extra = {name: record.get(name) for name in keep}
+    row.id = row_id
+    if bad_id is not None:
+        row.fail(bad_id.replace("id", "custom_id", 1))
+    if reader.keep_columns:
+        row.extra = {name: record.get(name) for name in reader.keep_columns}
     return row
+
+
+def _json_kind(record: object) -> str:
+    names = {list: "array", str: "string", bool: "boolean", type(None): "null"}
+    return names.get(type(record), "number")
 
 
 def _json_problem(e: ValueError) -> str:
     return e.msg if isinstance(e, json.JSONDecodeError) else str(e)
-
-
-def _jsonl_row(record, row_id, lineno, prompt_col, id_col, keep, templated=None) -> Row:
-    if not isinstance(record, dict):
-        row = Row(row_id, None)
-        row.fail(f"line {lineno} is a JSON {type(record).__name__}, not an object")
-        return row
-    given_id = record.get(id_col)
-    row = Row(row_id if given_id is None else str(given_id), record.get(prompt_col))
-    if keep:
-        row.extra = {name: record.get(name) for name in keep}
-    row.overrides = param_overrides({name: record.get(name) for name in PARAM_COLUMNS})
-    if templated is not None:  # --prompt-template: the template makes the prompt
-        row.columns = {name: record[name] for name in templated if name in record}
-    elif prompt_col not in record:
-        row.fail(f"line {lineno} has no {prompt_col!r} field")
-    return row
 
 
 def count_lines(path: Path) -> int:

@@ -20,6 +20,7 @@ from bulkgen.row import Row
 _URLS = {"/v1/chat/completions": "chat", "/v1/completions": "text"}
 # Body fields that map onto per-row sampling parameters, as bulkgen names them.
 _SAME = ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "n")
+_SAME += ("presence_penalty", "frequency_penalty", "repetition_penalty")  # the last as vLLM's
 
 
 def is_batch_record(record: object) -> bool:
@@ -33,7 +34,10 @@ def batch_row(record: dict, lineno: int) -> Row:
     if not isinstance(body, dict):
         row.fail(f"line {lineno}: body is not an object")
         return row
-    row.api = _URLS.get(url) if url is not None else ("chat" if "messages" in body else "text")
+    if url is None:
+        row.api = "chat" if "messages" in body else "text"
+    else:
+        row.api = _URLS.get(url) if isinstance(url, str) else None
     if row.api is None:
         row.fail(f"line {lineno}: url {url!r} is not supported; use {' or '.join(_URLS)}")
         return row

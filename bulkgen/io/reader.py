@@ -1,8 +1,13 @@
-"""Read rows from the sources in bounded batches, skipping rows already done.
+"""Read rows from the sources in bounded batches: checked, deduplicated, limited.
 
-Parquet and saved datasets stream through pyarrow record batches; JSONL is parsed line by line so
-that one bad line becomes one error record instead of failing its whole block. Memory stays flat
-however large the input: only one batch per source is held at a time.
+Parquet, saved datasets and CSV/TSV stream through pyarrow record batches (io/tabular.py); JSONL
+is parsed line by line (io/jsonl.py) so that one bad line becomes one error record. Every row is
+checked where it is read (io/validate.py), so a bad value is its row's error record, and a row
+whose id repeats an earlier one's is a duplicate's error record (io/seen.py). Memory stays flat
+however large the input: one batch per source, plus an 8-byte hash per distinct id.
+
+A file that breaks midway (a damaged .jsonl.gz) keeps the rows before the damage; the reader goes
+on with the other inputs and records the damage in `damaged`, which the run reports at its end.
 """
 
 from __future__ import annotations
@@ -10,12 +15,22 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterator
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from bulkgen.errors import UserError
 from bulkgen.io.inputs import Source
-from bulkgen.io.jsonl import count_lines, is_batch_file, jsonl_fields, read_jsonl
-from bulkgen.row import PARAM_COLUMNS, Row, param_overrides
+from bulkgen.io.jsonl import (
+    READ_ERRORS,
+    Damaged,
+    count_lines,
+    is_batch_file,
+    jsonl_fields,
+    jsonl_types,
+    read_jsonl,
+)
+from bulkgen.io.schema import unified
+from bulkgen.io.seen import FirstSeen
+from bulkgen.io.tabular import count_rows, read_table, table_schema
+from bulkgen.row import Row
 
 BATCH_ROWS = 1024
 # Counting newlines costs a read of the file: do it only up to this size.
@@ -32,6 +47,7 @@ class Reader:
         batch_rows: int = BATCH_ROWS,
         template_columns: tuple[str, ...] | None = None,
         messages_column: str = "messages",
+        limit: int | None = None,
     ) -> None:
         self.sources = sources
         self.prompt_column = prompt_column
@@ -43,6 +59,11 @@ class Reader:
         self.template_columns = template_columns
         # Rows whose prompt is missing or null and that have this column are conversations.
         self.messages_column = messages_column
+        self.limit = limit  # --limit: read only the first rows of the inputs
+        # The kept columns' types, fixed for the job before reading (see io/schema.py).
+        self.keep_types: dict[str, pa.DataType] | None = None
+        self.faults = 0  # rows whose reading raised (a bug), written as error records
+        self.damaged: list[str] = []  # one line per input that broke midway
 
     def check(self) -> None:
         """Open every source and check its columns, so a bad input fails before any work."""
@@ -63,6 +84,21 @@ class Reader:
                         f"name the right one with {flag}"
                     )
 
+    def keep_schema(self) -> dict[str, pa.DataType]:
+        """The kept columns' types from the inputs (the rule is in io/schema.py)."""
+        found: dict[str, list] = {name: [] for name in self.keep_columns}
+        for source in self.sources:
+            if source.kind == "jsonl":
+                types = _with_file_errors(
+                    source, lambda s=source: jsonl_types(s.paths[0], self.keep_columns)
+                )
+            else:
+                schema = _with_file_errors(source, lambda s=source: table_schema(s))
+                types = {n: schema.field(n).type for n in self.keep_columns if n in schema.names}
+            for name, kind in types.items():
+                found[name].append(kind)
+        return {name: unified(kinds) for name, kinds in found.items()}
+
     def has_batch_files(self) -> bool:
         """Whether any source is an OpenAI Batch input file (its rows may ask for n, logprobs)."""
         return any(self._is_batch_file(source) for source in self.sources)
@@ -72,24 +108,44 @@ class Reader:
         return _with_file_errors(source, lambda: is_batch_file(source))
 
     def count(self) -> int | None:
-        """Total rows in all sources if cheap to know, else None."""
+        """Total rows in all sources (at most --limit) if cheap to know, else None."""
         total = 0
         for source in self.sources:
             n = _with_file_errors(source, lambda s=source: _count(s))
             if n is None:
                 return None
             total += n
-        return total
+        return total if self.limit is None else min(total, self.limit)
 
     def batches(self, skip: Collection[str] = ()) -> Iterator[list[Row]]:
         """Lists of Rows (at most batch_rows each), leaving out rows whose id is in skip."""
-        for source in self.sources:
-            read = read_jsonl if source.kind == "jsonl" else _read_arrow
+        if self.keep_types is None:
+            self.keep_types = self.keep_schema()
+        seen = FirstSeen(self.sources)
+        left = self.limit
+        for number, source in enumerate(self.sources):
+            if left == 0:
+                return
+            read = read_jsonl if source.kind == "jsonl" else read_table
             rows = read(self, source)
-            while True:
-                batch = _with_file_errors(source, lambda rows=rows: next(rows, None))
+            while left != 0:
+                try:
+                    batch = next(rows, None)
+                except Damaged as e:
+                    self.damaged.append(
+                        f"cannot read input {source.label} from row {e.index} on ({e}); the rows "
+                        "before were read. Repair or replace the file and rerun to resume"
+                    )
+                    break
+                except READ_ERRORS as e:
+                    self.damaged.append(f"cannot read input {source.label}: {e}")
+                    break
                 if batch is None:
                     break
+                if left is not None:
+                    batch, left = batch[:left], left - min(left, len(batch))
+                for row in batch:
+                    seen.check(row, number)
                 if skip:
                     batch = [row for row in batch if row.id not in skip]
                 if batch:
@@ -98,7 +154,7 @@ class Reader:
     def _columns(self, source: Source) -> set[str] | None:
         if source.kind == "jsonl":
             return _with_file_errors(source, lambda: jsonl_fields(source.paths[0]))
-        return set(_with_file_errors(source, lambda: _arrow_schema(source).names))
+        return set(_with_file_errors(source, lambda: table_schema(source).names))
 
 
 def _with_file_errors(source: Source, fn: Callable):
@@ -109,79 +165,9 @@ def _with_file_errors(source: Source, fn: Callable):
         raise UserError(f"cannot read input {source.label}: {e}") from e
 
 
-def _arrow_schema(source: Source) -> pa.Schema:
-    if source.kind == "parquet":
-        return pq.ParquetFile(source.paths[0]).schema_arrow
-    with pa.memory_map(str(source.paths[0])) as f:
-        return pa.ipc.open_stream(f).schema
-
-
-def _record_batches(source: Source, columns: list[str], batch_rows: int):
-    if source.kind == "parquet":
-        yield from pq.ParquetFile(source.paths[0]).iter_batches(batch_rows, columns=columns)
-        return
-    for path in source.paths:
-        # Memory-mapped: batches are views of the file, not copies.
-        with pa.memory_map(str(path)) as f:
-            for batch in pa.ipc.open_stream(f):
-                for start in range(0, batch.num_rows, batch_rows):
-                    yield batch.slice(start, batch_rows).select(columns)
-
-
-def _read_arrow(reader: Reader, source: Source) -> Iterator[list[Row]]:
-    names = _arrow_schema(source).names
-    has_id = reader.id_column in names
-    params = [name for name in PARAM_COLUMNS if name in names]
-    templated = [c for c in reader.template_columns or () if c in names]
-    has_prompt = reader.prompt_column in names
-    columns = [reader.prompt_column] if has_prompt else []
-    columns += [*reader.keep_columns, *params, *templated]
-    has_messages = reader.template_columns is None and reader.messages_column in names
-    if has_messages:
-        columns.append(reader.messages_column)
-    if has_id:
-        columns.append(reader.id_column)
-    columns = list(dict.fromkeys(columns))
-    prefix = source.name + ":"
-    index = 0
-    for batch in _record_batches(source, columns, reader.batch_rows):
-        n = batch.num_rows
-        prompts = batch.column(reader.prompt_column).to_pylist() if has_prompt else [None] * n
-        ids = batch.column(reader.id_column).to_pylist() if has_id else [None] * n
-        rows = [
-            Row(prefix + str(index + i) if ids[i] is None else str(ids[i]), prompts[i])
-            for i in range(n)
-        ]
-        if reader.keep_columns:
-            kept = {name: batch.column(name).to_pylist() for name in reader.keep_columns}
-            for i, row in enumerate(rows):
-                row.extra = {name: values[i] for name, values in kept.items()}
-        if params:
-            given = {name: batch.column(name).to_pylist() for name in params}
-            for i, row in enumerate(rows):
-                row.overrides = param_overrides({name: values[i] for name, values in given.items()})
-        if reader.template_columns is not None:
-            used = {name: batch.column(name).to_pylist() for name in templated}
-            for i, row in enumerate(rows):
-                row.columns = {name: values[i] for name, values in used.items()}
-        if has_messages:
-            chats = batch.column(reader.messages_column).to_pylist()
-            for row, messages in zip(rows, chats, strict=True):
-                if row.prompt is None:
-                    row.messages = messages
-        index += n
-        yield rows
-
-
 def _count(source: Source) -> int | None:
-    if source.kind == "parquet":
-        return pq.ParquetFile(source.paths[0]).metadata.num_rows
-    if source.kind == "arrow":
-        total = 0
-        for path in source.paths:
-            with pa.memory_map(str(path)) as f:
-                total += sum(b.num_rows for b in pa.ipc.open_stream(f))
-        return total
+    if source.kind != "jsonl":
+        return count_rows(source)
     path = source.paths[0]
     if path.name.lower().endswith(".gz") or path.stat().st_size > _COUNT_JSONL_BYTES:
         return None

@@ -18,9 +18,11 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from bulkgen.guard import fault
 from bulkgen.io.fence import Fenced
 from bulkgen.io.job import TEMP_PREFIX, fsync_dir, output_error, remove_quietly, shard_name
 from bulkgen.io.openai import output_line
+from bulkgen.io.validate import writable
 from bulkgen.row import Row
 from bulkgen.run_config import OUTPUT_COLUMNS
 
@@ -47,11 +49,13 @@ class ShardWriter:
         prefix: str = "",
         fence: Callable[[], None] | None = None,
         token_ids: bool = False,
+        keep_types: dict[str, pa.DataType] | None = None,
     ) -> None:
         """samples: write a `sample` column; logprobs: `logprobs` and `top_logprobs` columns;
         model: the model name of --format openai lines; prefix: in shard names after `part-`
         (a data-parallel worker's `wII-aAA-`); fence: called before a shard is made final,
-        raises io.fence.Fenced if a newer attempt of this worker exists."""
+        raises io.fence.Fenced if a newer attempt of this worker exists; keep_types: the job's
+        kept-column types (see io/schema.py), which every shard uses."""
         self.prefix = prefix
         self.fence = fence
         self.token_ids = token_ids  # a token_ids column (--output-token-ids)
@@ -67,9 +71,8 @@ class ShardWriter:
         self.next_index = first_index
         self.shards: list[str] = []
         self._buffer: list[Row] = []
-        # A kept column's type is fixed by the first shard that has a value in it, so that all
-        # shards of a job share one schema.
-        self._keep_types: dict[str, pa.DataType] = {}
+        self.keep_types = keep_types or {}
+        self.faults = 0  # rows that could not be written as they were (a bug): error records
 
     def add(self, rows: list[Row]) -> None:
         if self.fmt == "openai":
@@ -100,14 +103,14 @@ class ShardWriter:
         fmt = "jsonl" if self.fmt == "openai" else self.fmt
         name = shard_name(self.next_index, fmt, self.prefix)
         tmp = self.out / f"{TEMP_PREFIX}{name[len('part-') :]}.tmp"
-        data = None if self.fmt == "parquet" else self._encode(rows)
-        table = self._table(rows) if data is None else None
+        encode = {"parquet": self._table, "openai": self._openai}.get(self.fmt, self._jsonl)
+        content = self._encoded(encode, rows)
         try:
             with open(tmp, "wb") as f:
-                if table is not None:
-                    pq.write_table(table, f, compression="zstd")
+                if self.fmt == "parquet":
+                    pq.write_table(content, f, compression="zstd")
                 else:
-                    f.write(data)
+                    f.write(content)
                 f.flush()
                 os.fsync(f.fileno())
             if self.fence is not None:
@@ -124,8 +127,22 @@ class ShardWriter:
         self.shards.append(name)
         self.next_index += 1
 
-    def _encode(self, rows: list) -> bytes:
-        return self._openai(rows) if self.fmt == "openai" else self._jsonl(rows)
+    def _encoded(self, encode, rows: list):
+        """encode(rows); a row that cannot be encoded becomes an error record (a row fault)."""
+        try:
+            return encode(rows)
+        except Exception:
+            pass
+        for item in rows:
+            try:
+                encode([item])
+            except Exception as e:
+                for row in item if isinstance(item, list) else [item]:  # openai: a row's samples
+                    self.faults += 1
+                    fault(row, f"writing this row failed: {type(e).__name__}: {e}")
+                    row.id, row.prompt_text = writable(row.id), writable(row.prompt_text)
+                    row.extra = None
+        return encode(rows)
 
     def _table(self, rows: list[Row]) -> pa.Table:
         columns = [
@@ -155,16 +172,7 @@ class ShardWriter:
         return pa.Table.from_arrays(columns, names=names)
 
     def _kept(self, name: str, values: list) -> pa.Array:
-        known = self._keep_types.get(name)
-        try:
-            array = pa.array(values, known)
-        except (pa.ArrowInvalid, pa.ArrowTypeError):
-            # Mixed types in one column (JSONL allows it): keep each value as JSON text.
-            known = self._keep_types[name] = pa.string()
-            array = pa.array([None if v is None else json.dumps(v, default=str) for v in values])
-        if known is None and array.type != pa.null():
-            self._keep_types[name] = array.type
-        return array
+        return pa.array(values, self.keep_types.get(name))
 
     def _jsonl(self, rows: list[Row]) -> bytes:
         lines = []

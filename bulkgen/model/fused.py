@@ -24,7 +24,9 @@ NORM_TILE = 2048
 SILU_BLOCK = 1024
 
 
-@triton.jit
+# n_rows is the step's token count: specialising on it (== 1, divisible by 16) would compile
+# variants mid-run for step sizes the warm-up did not happen to use.
+@triton.jit(do_not_specialize=["n_rows"])
 def _rms_norm_kernel(
     x_ptr,
     res_ptr,

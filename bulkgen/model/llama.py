@@ -1,19 +1,22 @@
 """The Llama family in one file: Llama 2/3.x, Mistral, Qwen2/2.5 (QKV bias), Qwen3 (q/k norm).
 
 Tokens of a step arrive flattened ([T]) with their positions; attention reads and writes the paged
-KV cache through the backend chosen at construction and the AttnMetadata of the step. Parameter
+KV cache (passed to forward: one (k, v) pair of [blocks, block_size, kv_heads, head_dim] tensors
+per layer) through the backend chosen at construction and the AttnMetadata of the step. Parameter
 names follow Hugging Face's except for the fused qkv_proj and gate_up_proj.
 """
 
 from __future__ import annotations
 
 import math
-from types import ModuleType, SimpleNamespace
+from collections.abc import Sequence
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bulkgen.model.attention import AttentionBackend
 from bulkgen.model.attention.metadata import AttnMetadata
 from bulkgen.model.config import ModelConfig
 
@@ -61,7 +64,7 @@ class Rotary(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, backend: ModuleType, ops: SimpleNamespace) -> None:
+    def __init__(self, cfg: ModelConfig, backend: AttentionBackend, ops: SimpleNamespace) -> None:
         super().__init__()
         self.cfg = cfg
         self.backend = backend
@@ -72,11 +75,14 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         self.scale = cfg.head_dim**-0.5
-        self.k_cache: torch.Tensor | None = None  # bound by the runner once the cache exists
-        self.v_cache: torch.Tensor | None = None
 
     def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, meta: AttnMetadata, rotary: Rotary
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttnMetadata,
+        rotary: Rotary,
+        kv: tuple[torch.Tensor, torch.Tensor],
     ) -> torch.Tensor:
         cfg = self.cfg
         q, k, v = self.qkv_proj(x).split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
@@ -87,8 +93,9 @@ class Attention(nn.Module):
             q = self.ops.rms_norm(q, self.q_norm.weight, cfg.rms_norm_eps)
             k = self.ops.rms_norm(k, self.k_norm.weight, cfg.rms_norm_eps)
         q, k = self.ops.rotary(q, k, positions, rotary.cos, rotary.sin)
-        self.backend.write_kv(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
-        o = self.backend.paged_attention(q, self.k_cache, self.v_cache, meta, self.scale)
+        k_cache, v_cache = kv
+        self.backend.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        o = self.backend.attend(q, k_cache, v_cache, meta, self.scale)
         return self.o_proj(o.reshape(-1, cfg.q_size))
 
 
@@ -104,7 +111,7 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, backend: ModuleType, ops: SimpleNamespace) -> None:
+    def __init__(self, cfg: ModelConfig, backend: AttentionBackend, ops: SimpleNamespace) -> None:
         super().__init__()
         self.ops = ops
         self.self_attn = Attention(cfg, backend, ops)
@@ -119,6 +126,7 @@ class DecoderLayer(nn.Module):
         positions: torch.Tensor,
         meta: AttnMetadata,
         rotary: Rotary,
+        kv: tuple[torch.Tensor, torch.Tensor],
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(h, residual) -> (mlp output, residual before it); the sum is the layer's output.
 
@@ -129,13 +137,13 @@ class DecoderLayer(nn.Module):
             x, residual = self.ops.rms_norm(h, norm1.weight, norm1.eps), h
         else:
             x, residual = self.ops.add_rms_norm(h, residual, norm1.weight, norm1.eps)
-        h = self.self_attn(x, positions, meta, rotary)
+        h = self.self_attn(x, positions, meta, rotary, kv)
         x, residual = self.ops.add_rms_norm(h, residual, norm2.weight, norm2.eps)
         return self.mlp(x), residual
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, cfg: ModelConfig, backend: ModuleType, ops: SimpleNamespace) -> None:
+    def __init__(self, cfg: ModelConfig, backend: AttentionBackend, ops: SimpleNamespace) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, backend, ops) for _ in range(cfg.num_layers))
@@ -143,10 +151,11 @@ class LlamaModel(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, cfg: ModelConfig, backend: ModuleType, ops: SimpleNamespace) -> None:
+    def __init__(self, cfg: ModelConfig, backend: AttentionBackend, ops: SimpleNamespace) -> None:
         super().__init__()
         self.cfg = cfg
         self.ops = ops
+        self.attention = backend
         self.model = LlamaModel(cfg, backend, ops)
         self.rotary = Rotary(cfg)
         if cfg.tie_word_embeddings:
@@ -154,23 +163,17 @@ class LlamaForCausalLM(nn.Module):
         else:
             self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
 
-    @property
-    def uses_graph_safe_attention(self) -> bool:
-        """The torch backend reads host-side lengths, so only other backends can be captured."""
-        backend = self.model.layers[0].self_attn.backend
-        return not backend.__name__.endswith("torch_backend")
-
-    def bind_kv_cache(self, k_caches: list[torch.Tensor], v_caches: list[torch.Tensor]) -> None:
-        for layer, k, v in zip(self.model.layers, k_caches, v_caches, strict=True):
-            layer.self_attn.k_cache, layer.self_attn.v_cache = k, v
-
     def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttnMetadata
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttnMetadata,
+        kv_cache: Sequence[tuple[torch.Tensor, torch.Tensor]],
     ) -> torch.Tensor:
-        """Hidden states [T, hidden] after the final norm."""
+        """Hidden states [T, hidden] after the final norm; kv_cache holds one (k, v) per layer."""
         h, residual = self.model.embed_tokens(input_ids), None
-        for layer in self.model.layers:
-            h, residual = layer(h, residual, positions, meta, self.rotary)
+        for layer, kv in zip(self.model.layers, kv_cache, strict=True):
+            h, residual = layer(h, residual, positions, meta, self.rotary, kv)
         norm = self.model.norm
         return self.ops.add_rms_norm(h, residual, norm.weight, norm.eps)[0]
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 
 import torch
 
+from bulkgen.model.attention import AttentionBackend
 from bulkgen.model.config import ModelConfig
 from bulkgen.model.llama import LlamaForCausalLM
 from bulkgen.model.ops import get_ops
@@ -40,7 +40,7 @@ def resolve_dtype(dtype: str, device: torch.device, cfg: ModelConfig) -> torch.d
 def load_model(
     model_dir: str | Path | None,
     cfg: ModelConfig,
-    backend: ModuleType,
+    backend: AttentionBackend,
     dtype: torch.dtype,
     device: torch.device,
     load_format: str = "auto",

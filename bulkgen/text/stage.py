@@ -9,7 +9,7 @@ from __future__ import annotations
 from bulkgen.row import Row
 from bulkgen.text.chat import Conversations, checked_messages
 from bulkgen.text.encoder import PromptEncoder
-from bulkgen.text.stop import cut_at_stop
+from bulkgen.text.stop import cut_at_stop, keep_first_tokens, kept_token_counts
 from bulkgen.text.template import ChatTemplate
 
 
@@ -115,12 +115,18 @@ class Detokenize:
 
     def __call__(self, rows: list[Row]) -> None:
         done = [r for r in rows if r.token_ids is not None]
+        stopped = []
         for row, text in zip(done, self.decode([r.token_ids for r in done]), strict=True):
             row.text = text
             stops = row.params.stop if row.params is not None else ()
             # The authoritative cut: the earliest stop string and all after it leave the text.
             if stops and (cut := cut_at_stop(text, stops)) is not None:
                 row.text, row.finish_reason = cut, "stop"
+                stopped.append(row)
+        if stopped:  # the token columns follow the text (see kept_token_counts for the rule)
+            ids, texts = [r.token_ids for r in stopped], [r.text for r in stopped]
+            for row, count in zip(stopped, kept_token_counts(ids, texts, self.decode), strict=True):
+                keep_first_tokens(row, count)
         with_logprobs = [r for r in done if r.logprobs is not None]
         if with_logprobs:
             self._name_tokens(with_logprobs)

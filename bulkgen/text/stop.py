@@ -6,7 +6,9 @@ ids of the requests whose text now holds a stop string; the engine loop aborts t
 next step, so no decode is wasted past a stop string for more than a step or two.
 
 The watcher only ends requests early. The final text is cut by cut_at_stop() in the detokenizer,
-on the whole decoded output: that cut is authoritative, whatever the watcher saw or missed.
+on the whole decoded output: that cut is authoritative, whatever the watcher saw or missed. The
+token columns (token ids, logprobs, top logprobs) are cut to match by kept_token_counts(), so a
+rerun writes the same rows however many tokens the engine made before the abort landed.
 """
 
 from __future__ import annotations
@@ -27,6 +29,39 @@ def cut_at_stop(text: str, stops: tuple[str, ...]) -> str | None:
     """text up to its earliest stop string, or None if it holds none."""
     cuts = [i for i in (text.find(s) for s in stops if s) if i >= 0]
     return text[: min(cuts)] if cuts else None
+
+
+def kept_token_counts(
+    ids: list[list[int]], texts: list[str], decode: Callable[[list[list[int]]], list[str]]
+) -> list[int]:
+    """How many leading token ids each output cut at a stop string keeps, given its cut text.
+
+    The rule: the fewest leading tokens whose decoded text starts with the cut text. A stop string
+    that begins on a token boundary drops the token it begins with, and decode(kept) == text; one
+    that begins inside a token keeps that token, whose first characters are the end of the text
+    (decode(kept) is text plus the start of the stop string). Only the tokens up to the stop
+    string decide it. Found by bisection, each step one decode call for all outputs: decoding a
+    longer prefix only appends characters.
+    """
+    lo, hi = [0] * len(ids), [len(i) for i in ids]
+    while active := [j for j in range(len(ids)) if lo[j] < hi[j]]:
+        mids = [(lo[j] + hi[j]) // 2 for j in active]
+        decoded = decode([ids[j][:m] for j, m in zip(active, mids, strict=True)])
+        for j, m, text in zip(active, mids, decoded, strict=True):
+            if text.startswith(texts[j]):
+                hi[j] = m
+            else:
+                lo[j] = m + 1
+    return lo
+
+
+def keep_first_tokens(output, count: int) -> None:
+    """Cut an output's token columns (a Row or a RequestOutput) to its first `count` tokens."""
+    output.token_ids = output.token_ids[:count]
+    if output.logprobs is not None:
+        output.logprobs = output.logprobs[:count]
+    if output.top_logprobs is not None:
+        output.top_logprobs = output.top_logprobs[:count]
 
 
 @dataclass

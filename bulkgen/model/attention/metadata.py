@@ -1,6 +1,7 @@
 """Attention metadata: what a forward pass needs to know about the paged KV cache.
 
-Built by the runner for each step and passed explicitly to every attention layer (no globals).
+Built by the attention backend for each step (AttentionBackend.metadata) and passed explicitly to
+every attention layer (no globals).
 A step's tokens are flattened: sequence b owns query rows query_start_loc[b]:query_start_loc[b+1],
 which are the last query_len tokens of its seq_lens[b] tokens of context. Query row i of b sits at
 absolute position seq_lens[b] - query_len_b + i and attends causally to positions <= its own.
@@ -26,3 +27,35 @@ class AttnMetadata:
     # from the scheduler's plan, so reading them never waits on the device. None in graphs.
     query_lens_host: list[int] | None = None
     seq_lens_host: list[int] | None = None
+
+
+class DecodeGraphBuffers:
+    """Static metadata tensors of the decode CUDA graphs: one set sized for the largest bucket,
+    sliced per bucket at capture and refilled (with padding rows) before each replay."""
+
+    def __init__(self, max_seqs: int, width: int, device: torch.device) -> None:
+        self.slot_mapping = torch.full((max_seqs,), -1, dtype=torch.int64, device=device)
+        self.seq_lens = torch.ones(max_seqs, dtype=torch.int32, device=device)
+        self.block_tables = torch.zeros(max_seqs, width, dtype=torch.int32, device=device)
+        self.query_start_loc = torch.arange(max_seqs + 1, dtype=torch.int32, device=device)
+
+    def view(self, bucket: int) -> AttnMetadata:
+        return AttnMetadata(
+            slot_mapping=self.slot_mapping[:bucket],
+            query_start_loc=self.query_start_loc[: bucket + 1],
+            seq_lens=self.seq_lens[:bucket],
+            block_tables=self.block_tables[:bucket],
+            max_query_len=1,
+            max_seq_len=0,  # unused by graph-safe decode attention
+            decode_only=True,
+        )
+
+    def fill(self, meta: AttnMetadata, bucket: int) -> None:
+        """Copy a step's metadata of b <= bucket rows in; rows b.. are padding: they write no KV
+        (slot -1) and attend to one token of whatever block their stale table row names."""
+        b = meta.seq_lens.shape[0]
+        self.slot_mapping[:b].copy_(meta.slot_mapping)
+        self.slot_mapping[b:bucket].fill_(-1)
+        self.seq_lens[:b].copy_(meta.seq_lens)
+        self.seq_lens[b:bucket].fill_(1)
+        self.block_tables[:b].copy_(meta.block_tables)

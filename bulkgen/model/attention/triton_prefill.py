@@ -95,7 +95,10 @@ def _attend(
     return acc, l_i, m_i
 
 
-@triton.jit
+# num_seqs changes from step to step; Triton would compile a variant for each "== 1 / divisible by
+# 16 / other" value of it in the middle of a run (seconds of idle GPU on the H200 bulk workload).
+# It is a binary-search bound and gains nothing from the specialisation.
+@triton.jit(do_not_specialize=["num_seqs"])
 def _prefill_kernel(
     q_ptr,
     k_cache_ptr,

@@ -1,0 +1,42 @@
+"""Device-resident per-request tables, one row per running request (Request.table_row).
+
+- block_table [rows, max_blocks_per_seq] int32: each request's KV block ids, updated by appends
+  (only the ids a request gained since its last step travel with the step's inputs), as vLLM V1's
+  BlockTable or SGLang's req_to_token. A step's tables are a gather of its rows, always of the
+  full width, so kernel launches never change with the longest context.
+- last_token [rows] int64: each request's latest sampled id, written right after sampling, so
+  the next decode step takes its input token on the device without waiting for the host.
+
+Rows are written on the compute stream only: a row the scheduler frees and hands to another
+request is rewritten after every launched step that read it, in stream order.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from bulkgen.engine.inputs import StepInputs
+
+
+class DeviceTables:
+    def __init__(self, rows: int, max_blocks_per_seq: int, device: torch.device) -> None:
+        self.block_table = torch.zeros(rows, max_blocks_per_seq, dtype=torch.int32, device=device)
+        self.last_token = torch.zeros(rows, dtype=torch.int64, device=device)
+
+    def apply_updates(self, inp: StepInputs) -> None:
+        if inp.update_rows.numel():
+            self.block_table[inp.update_rows, inp.update_cols] = inp.update_blocks
+
+    def block_tables(self, inp: StepInputs) -> torch.Tensor:
+        """[B, max_blocks_per_seq] int32 block tables of the step's sequences."""
+        return self.block_table.index_select(0, inp.rows)
+
+    def input_ids(self, inp: StepInputs, any_from_prev: bool) -> torch.Tensor:
+        """Decode inputs whose token is the previous step's sample are taken on the device."""
+        if not any_from_prev:
+            return inp.input_ids
+        prev = self.last_token[inp.prev_row.clamp(min=0)]
+        return torch.where(inp.prev_row >= 0, prev, inp.input_ids)
+
+    def record(self, inp: StepInputs, ids: torch.Tensor) -> None:
+        self.last_token.index_copy_(0, inp.sample_rows, ids)

@@ -1,0 +1,157 @@
+"""Tabular inputs: Parquet, Arrow files of a saved dataset, CSV and TSV, read in record batches.
+
+Only the columns a job uses are read. CSV and TSV values are all read as text (a type inferred
+from the first block could not hold a later row); their per-row parameter columns are parsed as
+numbers, and an empty field is null.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+from bulkgen.io.fields import faulted, finished, row_from
+from bulkgen.io.inputs import Source
+from bulkgen.io.jsonl import Damaged
+from bulkgen.row import PARAM_COLUMNS, Row
+
+if TYPE_CHECKING:
+    from bulkgen.io.reader import Reader
+
+_CSV_BLOCK_BYTES = 1 << 20
+
+
+class _Unreadable:
+    """A value pyarrow could not convert to Python (invalid UTF-8 in a string column, say)."""
+
+    def __init__(self, e: Exception) -> None:
+        self.reason = f"{type(e).__name__}: {e}"
+
+
+def table_schema(source: Source) -> pa.Schema:
+    if source.kind == "parquet":
+        return pq.ParquetFile(source.paths[0]).schema_arrow
+    if source.kind == "csv":
+        with _open_csv(source, None) as f:
+            return pa.schema([(name, pa.string()) for name in f.schema.names])
+    with pa.memory_map(str(source.paths[0])) as f:
+        return pa.ipc.open_stream(f).schema
+
+
+def _open_csv(source: Source, names: list[str] | None):
+    path = source.paths[0]
+    tsv = path.name.lower().removesuffix(".gz").endswith(".tsv")
+    convert = pacsv.ConvertOptions(
+        column_types={name: pa.string() for name in names or ()}, strings_can_be_null=True
+    )
+    return pacsv.open_csv(
+        str(path),  # a path, so that pyarrow detects .gz from the name
+        read_options=pacsv.ReadOptions(block_size=_CSV_BLOCK_BYTES),
+        parse_options=pacsv.ParseOptions(delimiter="\t" if tsv else ",", newlines_in_values=True),
+        convert_options=convert,
+    )
+
+
+def _record_batches(source: Source, columns: list[str], batch_rows: int):
+    if source.kind == "parquet":
+        yield from pq.ParquetFile(source.paths[0]).iter_batches(batch_rows, columns=columns)
+        return
+    if source.kind == "csv":
+        with _open_csv(source, table_schema(source).names) as f:
+            for batch in f:
+                for start in range(0, batch.num_rows, batch_rows):
+                    yield batch.slice(start, batch_rows).select(columns)
+        return
+    for path in source.paths:
+        # Memory-mapped: batches are views of the file, not copies.
+        with pa.memory_map(str(path)) as f:
+            for batch in pa.ipc.open_stream(f):
+                for start in range(0, batch.num_rows, batch_rows):
+                    yield batch.slice(start, batch_rows).select(columns)
+
+
+def read_table(reader: Reader, source: Source) -> Iterator[list[Row]]:
+    schema = table_schema(source)
+    used = [reader.id_column, reader.prompt_column, *reader.keep_columns, *PARAM_COLUMNS]
+    used += reader.template_columns or ()
+    if reader.template_columns is None:
+        used.append(reader.messages_column)
+    columns = [name for name in dict.fromkeys(used) if name in schema.names]
+    types = reader.keep_types or {}
+    trusted = frozenset(n for n in reader.keep_columns if schema.field(n).type == types.get(n))
+    prefix = source.name + ":"
+    index = 0
+    batches = _record_batches(source, columns, reader.batch_rows)
+    while True:
+        try:
+            batch = next(batches, None)
+        except (OSError, EOFError, pa.ArrowException) as e:
+            raise Damaged(index, e) from e
+        if batch is None:
+            return
+        values = {name: _pylist(batch.column(name)) for name in columns}
+        rows = []
+        for i in range(batch.num_rows):
+            default_id = prefix + str(index)
+            try:
+                record = {name: column[i] for name, column in values.items()}
+                row = _row(reader, source, record, default_id, index, trusted)
+            except Exception as e:  # a bug: this row's error record, not the job's end
+                row = faulted(reader, default_id, index, 0, e)
+            rows.append(row)
+            index += 1
+        yield rows
+
+
+def _row(reader, source, record: dict, default_id: str, index: int, trusted) -> Row:
+    bad = [name for name, value in record.items() if isinstance(value, _Unreadable)]
+    for name in bad:
+        reason, record[name] = record[name].reason, None
+    if source.kind == "csv":
+        for name in PARAM_COLUMNS:
+            if name != "stop" and isinstance(record.get(name), str):
+                record[name] = _number(record[name])
+    row = row_from(reader, record, default_id, f"row {index}")
+    if bad and row.error is None:
+        row.fail(f"column {bad[0]!r} cannot be read ({reason})")
+    return finished(reader, row, index, 0, trusted)
+
+
+def _pylist(column: pa.Array) -> list:
+    """The column's values; a value that cannot be converted is _Unreadable, not the batch's end."""
+    try:
+        return column.to_pylist()
+    except Exception:
+        values = []
+        for i in range(len(column)):
+            try:
+                values.append(column[i].as_py())
+            except Exception as e:
+                values.append(_Unreadable(e))
+        return values
+
+
+def _number(text: str) -> object:
+    """A CSV parameter's text as an int or float; left as text (an error later) if neither."""
+    for parse in (int, float):
+        try:
+            return parse(text.strip())
+        except ValueError:
+            continue
+    return text
+
+
+def count_rows(source: Source) -> int | None:
+    if source.kind == "parquet":
+        return pq.ParquetFile(source.paths[0]).metadata.num_rows
+    if source.kind == "arrow":
+        total = 0
+        for path in source.paths:
+            with pa.memory_map(str(path)) as f:
+                total += sum(b.num_rows for b in pa.ipc.open_stream(f))
+        return total
+    return None  # CSV: quoted newlines make a line count wrong

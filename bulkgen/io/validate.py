@@ -1,0 +1,104 @@
+"""What the reader checks of each row's values, so that nothing a row holds can fail a later stage.
+
+A row's carried values (prompt, messages, template columns, kept columns, parameters) must nest at
+most MAX_DEPTH levels and hold only text that encodes as UTF-8 (no lone surrogates, which JSON's
+`\\ud800` escapes can produce); its parameters must make valid SamplingParams. A value that fails
+makes the row an error record naming the field. An error record's own values are made writable
+(writable()): unencodable characters become backslash escapes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from bulkgen.config import SamplingParams
+from bulkgen.row import Row, checked_overrides
+
+# Deeper values are refused: the writers (json, pyarrow) and templates recurse over them.
+MAX_DEPTH = 32
+_SHOWN_CHARS = 40
+
+
+def shown(value: object) -> str:
+    """A short printable form of a value for an error message (repr escapes surrogates)."""
+    text = repr(value)
+    return text if len(text) <= _SHOWN_CHARS else text[: _SHOWN_CHARS - 3] + "..."
+
+
+def problem(value: object) -> str | None:
+    """Why a value cannot travel through the pipeline, or None. Iterative: any depth is safe."""
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError as e:
+                return f"holds {item[e.start]!r} at character {e.start}, which is not valid UTF-8"
+        elif isinstance(item, dict | list | tuple):
+            if depth >= MAX_DEPTH:
+                return f"nests deeper than {MAX_DEPTH} levels"
+            children = [*item.keys(), *item.values()] if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+    return None
+
+
+def writable(value: object) -> object:
+    """The value with unencodable characters as backslash escapes, and None past MAX_DEPTH."""
+    if problem(value) is None:
+        return value
+    return _escaped(value, 0)
+
+
+def _escaped(value: object, depth: int) -> object:
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if depth >= MAX_DEPTH and isinstance(value, dict | list | tuple):
+        return None
+    if isinstance(value, dict):
+        return {_escaped(k, depth + 1): _escaped(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_escaped(v, depth + 1) for v in value]
+    return value
+
+
+def checked_id(value: object, default: str) -> tuple[str, str | None]:
+    """The row id for an id column's value (default when null), and what is wrong with it.
+
+    A bad id (not a string or integer, empty, not valid UTF-8) gives the row its default id
+    `<file>:<row>`, so that its error record is still found by its row number.
+    """
+    if value is None:
+        return default, None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value), None
+    if not isinstance(value, str):
+        return default, f"id is {type(value).__name__} {shown(value)}, not a string or an integer"
+    if not value:
+        return default, "id is empty"
+    if (bad := problem(value)) is not None:
+        return default, f"id {shown(value)} {bad}"
+    return value, None
+
+
+def check_row(row: Row) -> None:
+    """Fail the row, naming the field, if a value it carries cannot go through the pipeline."""
+    if row.error is None:
+        fields = {"prompt": row.prompt, "messages": row.messages}
+        fields.update({f"column {k!r}": v for k, v in (row.columns or {}).items()})
+        fields.update({f"column {k!r}": v for k, v in (row.extra or {}).items()})
+        fields.update({f"column {k!r}": v for k, v in (row.overrides or {}).items()})
+        for name, value in fields.items():
+            if (bad := problem(value)) is not None:
+                row.fail(f"{name} {bad}")
+                break
+    if row.error is None and row.overrides:
+        try:
+            dataclasses.replace(SamplingParams(), **checked_overrides(row.overrides))
+        except (ValueError, TypeError) as e:
+            row.fail(f"bad sampling parameter: {e}")
+    if row.error is not None:
+        # Only what the error record writes must be writable; the rest is dropped.
+        row.prompt = row.messages = row.columns = row.overrides = None
+        if row.extra is not None:
+            row.extra = {k: writable(v) for k, v in row.extra.items()}

@@ -1,0 +1,88 @@
+"""Host time of the engine's step, without a device: schedule(), pack() and update() for decode
+steps of N running requests of a given context (issue 10's target: <= 1.5 ms at 256 rows, 2K).
+
+    python scripts/bench_host.py --rows 256 --context 2048 --steps 200
+
+Prints one JSON line: milliseconds per step (median) for each phase. The device copy is left out
+(CPU tensors are cloned instead); the GPU's launch calls come on top and are measured by the
+engine's own host_ms_per_step in stats.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import pstats
+import statistics
+import time
+
+import torch
+
+from bulkgen.config import EngineConfig, SamplingParams
+from bulkgen.engine.blocks import BlockManager
+from bulkgen.engine.inputs import InputPacker
+from bulkgen.engine.request import Request
+from bulkgen.engine.runner import StepResult
+from bulkgen.engine.scheduler import Scheduler
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--rows", type=int, default=256)
+    ap.add_argument("--context", type=int, default=2048)
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--sampling", default="greedy", choices=["greedy", "sample"])
+    ap.add_argument("--profile", action="store_true", help="cProfile the timed steps")
+    args = ap.parse_args()
+    bs, max_len = 16, args.context + args.steps + 1024  # room for decodes during the prefills
+    cfg = EngineConfig(model="-", max_num_seqs=args.rows, max_batch_tokens=args.rows * 16)
+    blocks = BlockManager(args.rows * (max_len // bs + 2), bs, prefix_cache=True)
+    sched = Scheduler(cfg, blocks, max_len, eos_ids=[0])
+    temperature = 0.0 if args.sampling == "greedy" else 0.8
+    params = SamplingParams(
+        max_tokens=max_len, ignore_eos=True, temperature=temperature, top_p=0.95
+    )
+    gen = torch.Generator().manual_seed(0)
+    for i in range(args.rows):
+        prompt = torch.randint(1000, 100000, (args.context,), generator=gen).tolist()
+        sched.add(Request(str(i), prompt, params, seed=i))
+    packer = InputPacker(
+        torch.device("cpu"), bs, cfg.max_batch_tokens, args.rows, max_len // bs + 1
+    )
+    # Prefill until every request decodes (not timed).
+    while any(r.num_computed < len(r.prompt_ids) for r in sched.running) or sched.waiting:
+        plan = sched.schedule()
+        packer.pack(plan, None)
+        sched.update(plan, StepResult([7] * len(plan.sampled)))
+    times: dict[str, list[float]] = {"schedule": [], "pack": [], "update": []}
+    prev = None
+    profiler = cProfile.Profile() if args.profile else None
+    if profiler:
+        profiler.enable()
+    for _ in range(args.steps):
+        t0 = time.perf_counter()
+        plan = sched.schedule()
+        t1 = time.perf_counter()
+        packer.pack(plan, None)
+        t2 = time.perf_counter()
+        if prev is not None:
+            sched.update(prev, StepResult([7] * len(prev.sampled)))
+        t3 = time.perf_counter()
+        prev = plan
+        times["schedule"].append(t1 - t0)
+        times["pack"].append(t2 - t1)
+        times["update"].append(t3 - t2)
+    if profiler:
+        profiler.disable()
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(15)
+    line = {k: round(1e3 * statistics.median(v), 3) for k, v in times.items()}
+    line["pack_min_ms"] = round(1e3 * min(times["pack"]), 3)
+    line["total_ms"] = round(sum(line[k] for k in times), 3)
+    line.update(rows=args.rows, context=args.context, sampling=args.sampling,
+                seqs_per_step=len(prev.seqs))  # fmt: skip
+    print(json.dumps(line))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+"""Repeated ids: the first occurrence is generated, each repeat is an error record of its own row,
+on the first run and on every rerun alike (resume stays exactly once)."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow.parquet as pq
+
+from bulkgen.engine.fake import FakeEngine
+from bulkgen.io.inputs import find_sources
+from bulkgen.io.reader import Reader
+from bulkgen.pipeline import run
+from bulkgen.run_config import RunConfig
+
+
+def write_jsonl(path, records) -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def output(out) -> list[dict]:
+    return [r for p in sorted(out.glob("part-*.parquet")) for r in pq.read_table(p).to_pylist()]
+
+
+def test_a_repeated_id_is_an_error_record_naming_the_first_occurrence(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    records = [{"id": "x", "prompt": "a"}, {"id": "y", "prompt": "b"}, {"id": "x", "prompt": "c"},
+               {"prompt": "d"}, {"id": "prompts:3", "prompt": "e"}]  # fmt: skip
+    write_jsonl(path, records)
+    reader = Reader(find_sources([str(path)]), "prompt", "id")
+    rows = [row for batch in reader.batches() for row in batch]
+    assert [(r.id, r.error) for r in rows] == [
+        ("x", None),
+        ("y", None),
+        ("prompts:2", f"duplicate id 'x' (first at {path} row 0, line 1)"),
+        ("prompts:3", None),
+        ("prompts:4", f"duplicate id 'prompts:3' (first at {path} row 3, line 4)"),
+    ]
+
+
+def test_repeated_ids_resume_exactly_once(tmp_path, tiny_model_dir):
+    """The issue's repro: 40 rows, 20 distinct ids, the last two shards deleted, a rerun."""
+    path = tmp_path / "in.jsonl"
+    write_jsonl(path, [{"id": f"id{i % 20}", "prompt": f"prompt {i}"} for i in range(40)])
+    config = RunConfig(inputs=(str(path),), out=str(tmp_path / "out"), model=str(tiny_model_dir),
+                       quiet=True, shard_size=5, max_num_seqs=4)  # fmt: skip
+    run(config, lambda c: FakeEngine(c))
+    first = output(tmp_path / "out")
+    shards = sorted((tmp_path / "out").glob("part-*.parquet"))
+    for shard in shards[-2:]:
+        shard.unlink()
+    stats = run(config, lambda c: FakeEngine(c))
+    rows = output(tmp_path / "out")
+    assert len(rows) == 40 and stats["rows"] == 40
+    assert sorted((r["id"], r["error"]) for r in rows) == sorted(
+        (r["id"], r["error"]) for r in first
+    )
+    generated = sorted(r["id"] for r in rows if r["error"] is None)
+    duplicates = sorted(r["id"] for r in rows if r["error"] is not None)
+    assert generated == sorted(f"id{i}" for i in range(20))
+    assert duplicates == sorted(f"in:{i}" for i in range(20, 40))
+    assert all(r["error"].startswith(f"duplicate id 'id{int(r['id'][3:]) - 20}' (first at ")
+               for r in rows if r["error"])  # fmt: skip

@@ -1,0 +1,99 @@
+"""Changed inputs, --limit, and CSV/TSV inputs, as a user of `bulkgen run` meets them."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from bulkgen.cli import main
+from bulkgen.engine.fake import FAKE_ENGINE_ENV
+
+
+@pytest.fixture(autouse=True)
+def fake_engine(monkeypatch):
+    monkeypatch.setenv(FAKE_ENGINE_ENV, json.dumps({"steps": 2}))
+
+
+def bulkgen(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def output(out) -> list[dict]:
+    return [r for p in sorted(out.glob("part-*.parquet")) for r in pq.read_table(p).to_pylist()]
+
+
+def write_prompts(path, count: int) -> None:
+    path.write_text("".join(json.dumps({"prompt": f"question {i}"}) + "\n" for i in range(count)))
+
+
+def test_a_changed_input_is_refused_unless_allowed_or_overwritten(tmp_path, tiny_model_dir):
+    path, out = tmp_path / "in.jsonl", tmp_path / "out"
+    write_prompts(path, 6)
+    args = [path, "-m", tiny_model_dir, "-o", out, "-q", "--shard-size", "2"]
+    assert bulkgen("run", *args).exit_code == 0
+    recorded = json.loads((out / "job.json").read_text())["input_files"][str(path.resolve())]
+    assert recorded["size"] == path.stat().st_size and len(recorded["edges"]) == 32
+    assert bulkgen("run", *args).exit_code == 0  # unchanged: resumes (nothing left)
+    write_prompts(path, 8)  # two rows added
+    result = bulkgen("run", *args)
+    assert result.exit_code == 1
+    line = result.stderr.strip()
+    assert "\n" not in line and f"input {path.resolve()} changed since the job" in line
+    assert "--overwrite" in line and "--allow-changed-input" in line
+    assert bulkgen("run", *args, "--allow-changed-input").exit_code == 0
+    assert sorted(r["id"] for r in output(out)) == sorted(f"in:{i}" for i in range(8))
+    assert bulkgen("run", *args).exit_code == 0  # the allowed change is the new reference
+    os.utime(path, ns=(0, 0))  # touched: a change too (the content could differ mid-file)
+    assert "changed since" in bulkgen("run", *args).stderr
+
+
+def test_an_allowed_change_to_a_finished_job_is_the_new_reference(tmp_path, tiny_model_dir):
+    path, out = tmp_path / "in.jsonl", tmp_path / "out"
+    write_prompts(path, 4)
+    args = [path, "-m", tiny_model_dir, "-o", out, "-q"]
+    assert bulkgen("run", *args).exit_code == 0
+    os.utime(path, ns=(0, 0))  # changed, but every row is still done: nothing to generate
+    assert "changed since" in bulkgen("run", *args).stderr  # refused before "nothing to do"
+    allowed = bulkgen("run", *args, "--allow-changed-input")
+    assert allowed.exit_code == 0 and "nothing to generate" in allowed.stderr
+    rerun = bulkgen("run", *args)
+    assert rerun.exit_code == 0 and "nothing to generate" in rerun.stderr
+    assert len(output(out)) == 4
+
+
+def test_limit_runs_the_first_rows_and_is_part_of_the_job(tmp_path, tiny_model_dir):
+    path, out = tmp_path / "in.jsonl", tmp_path / "out"
+    write_prompts(path, 10)
+    args = [path, "-m", tiny_model_dir, "-o", out, "-q"]
+    assert bulkgen("run", *args, "--limit", "3").exit_code == 0
+    assert sorted(r["id"] for r in output(out)) == ["in:0", "in:1", "in:2"]
+    assert json.loads((out / "job.json").read_text())["settings"]["limit"] == 3
+    result = bulkgen("run", *args, "--limit", "5")
+    assert result.exit_code == 1 and "limit was 3, now 5" in result.stderr
+    assert bulkgen("run", *args, "--limit", "5", "--overwrite").exit_code == 0
+    assert len(output(out)) == 5
+    assert bulkgen("run", *args, "--limit", "0").exit_code == 2
+
+
+@pytest.mark.parametrize("name, sep", [("in.csv", ","), ("in.tsv", "\t")])
+def test_csv_and_tsv_inputs_read_like_jsonl(tmp_path, tiny_model_dir, name, sep):
+    path, out = tmp_path / name, tmp_path / "out"
+    lines = [sep.join(["id", "prompt", "topic", "max_tokens"]),
+             sep.join(["a", '"Hello, there"' if sep == "," else "Hello, there", "7", "3"]),
+             sep.join(["b", '"two\nlines"' if sep == "," else "two lines", "x", "abc"]),
+             sep.join(["c", "", "", ""])]  # fmt: skip
+    path.write_text("\n".join(lines) + "\n")
+    result = bulkgen("run", path, "-m", tiny_model_dir, "-o", out, "-q", "--keep-columns", "topic")
+    assert result.exit_code == 0, result.output
+    rows = {r["id"]: r for r in output(out)}
+    assert rows["a"]["prompt"] == "Hello, there" and rows["a"]["error"] is None
+    assert rows["a"]["topic"] == "7"  # CSV values are text
+    assert (
+        rows["b"]["error"]
+        == "bad sampling parameter: column 'max_tokens' must be an integer, got 'abc'"
+    )
+    assert rows["c"]["error"] == "prompt is null"
