@@ -43,6 +43,12 @@ class Channel:
             except queue.Full:
                 continue
 
+    def check(self) -> None:
+        """Raise Stopped if the pipeline is stopping (for a loop that may not touch the
+        channel for a while, such as the engine's between finished requests)."""
+        if self._stop.is_set():
+            raise Stopped
+
     def close(self) -> None:
         self.put(_CLOSED)
 

@@ -1,7 +1,8 @@
 """The bulkgen command: `bulkgen run` and `bulkgen models`.
 
 A mistake a user can fix ends in one line on stderr and exit status 1; bad flag values in a usage
-message and status 2; Ctrl-C in status 130, with the finished shards kept for a rerun.
+message and status 2; Ctrl-C in status 130 and SIGTERM in 143, with the finished shards kept for a
+rerun (exits.py says how the process ends without a C++ abort).
 """
 
 from __future__ import annotations
@@ -28,10 +29,7 @@ def main() -> None:
 @main.command(no_args_is_help=True)
 @click.argument("inputs", nargs=-1, required=True, metavar="INPUT...")
 @run_options
-def run(inputs, model, out, prompt_column, prompt_template, id_column, keep_columns, fmt,
-        shard_size, max_tokens, temperature, top_p, top_k, min_p, seed, chat_template,
-        dtype, device, max_num_seqs, max_batch_tokens, kv_memory, sync, quiet,
-        overwrite, **generation) -> None:  # fmt: skip
+def run(**options) -> None:
     """Generate a completion for every row of INPUT... and write sharded results to --out.
 
     INPUT is a .jsonl, .jsonl.gz or .parquet file, a folder or quoted glob of them, or a folder
@@ -39,6 +37,27 @@ def run(inputs, model, out, prompt_column, prompt_template, id_column, keep_colu
     empty or non-string prompt, a prompt longer than the model's context) are written as error
     records and the run goes on.
     """
+    from bulkgen import cpu, exits
+
+    cpu.before_torch()
+    try:
+        with exits.sigterm_interrupts():
+            _run(**options)
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM (exits.Terminated)
+        click.echo(f"interrupted: rerun the same command to resume into {options['out']}",
+                   err=True)  # fmt: skip
+        exits.exit_process(exits.interrupt_status(e))
+    except SystemExit as e:
+        exits.exit_process(e.code if isinstance(e.code, int) else 1)
+    exits.exit_process(0)
+
+
+def _run(inputs, model, out, prompt_column, prompt_template, id_column, keep_columns, fmt,
+         shard_size, max_tokens, temperature, top_p, top_k, min_p, seed, chat_template,
+         dtype, device, max_num_seqs, max_batch_tokens, kv_memory, sync, quiet,
+         overwrite, **generation) -> None:  # fmt: skip
+    if not quiet:
+        _show_progress_messages()
     from bulkgen.config import SamplingParams
     from bulkgen.errors import UserError
     from bulkgen.pipeline import run as run_pipeline
@@ -100,17 +119,10 @@ def run(inputs, model, out, prompt_column, prompt_template, id_column, keep_colu
     except UserError as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(1)
-    except KeyboardInterrupt:
-        click.echo(f"interrupted: rerun the same command to resume into {out}", err=True)
-        sys.exit(130)
-    if not quiet:
-        this = stats["this_run"]
-        click.echo(
-            f"{this['rows']} rows ({this['errors']} errors) written to {out} in "
-            f"{stats['wall_time_s']:.1f} s, {stats['generated_tokens_per_s']:,.0f} generated "
-            f"tokens/s; {stats['rows']} rows in all",
-            err=True,
-        )
+    if "nothing_left" in stats:  # the model was not loaded
+        click.echo(f"nothing to generate: {stats['nothing_left']} ({out})", err=True)
+    elif not quiet:
+        click.echo(summary(stats, out, config.n), err=True)
     from bulkgen.recipes import after_run
 
     try:
@@ -118,6 +130,37 @@ def run(inputs, model, out, prompt_column, prompt_template, id_column, keep_colu
     except UserError as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(1)
+
+
+def _show_progress_messages() -> None:
+    """The model hub's INFO lines (fetching and converting the demo model: the first run's
+    wait) on stderr, as `bulkgen: ...`."""
+    import logging
+
+    class Stderr(logging.Handler):  # the stderr of now, not of when it was added
+        def emit(self, record: logging.LogRecord) -> None:
+            click.echo(f"bulkgen: {record.getMessage()}", err=True)
+
+    log = logging.getLogger("bulkgen.model.hub")
+    if not any(type(h).__name__ == "Stderr" for h in log.handlers):
+        log.addHandler(Stderr())
+        log.setLevel(logging.INFO)
+
+
+def summary(stats: dict, out: str, n: int = 1) -> str:
+    """The line a finished run prints: with --n, input rows and samples counted apart."""
+    from bulkgen.progress import format_rate
+
+    this = stats["this_run"]
+    if n > 1 and "input_rows" in this:
+        what = f"{this['input_rows']} input rows x {n} samples: {this['rows']} results"
+        total = f"{stats['rows']} results in all"
+    else:
+        what, total = f"{this['rows']} rows", f"{stats['rows']} rows in all"
+    return (
+        f"{what} ({this['errors']} errors) written to {out} in {stats['wall_time_s']:.1f} s, "
+        f"{format_rate(stats['generated_tokens_per_s'])} generated tokens/s; {total}"
+    )
 
 
 @main.command()

@@ -17,8 +17,10 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from bulkgen.errors import UserError
+from bulkgen.io.fence import Fenced, claim_attempt, is_current
 from bulkgen.io.job import TEMP_PREFIX, Done, JobDir
 from bulkgen.progress import Counts
 from bulkgen.row import Row
@@ -44,10 +46,22 @@ class Share:
     report: Callable[[Counts], None] | None = None  # the counts of each batch of rows written
     ready: Callable[[], None] | None = None  # called once the engine has loaded; returns when
     # the parent has prepared the folder
+    attempt: int | None = None  # claimed in start(): this run of the worker (io/fence.py)
+    folder: Path | None = None
 
     @property
     def prefix(self) -> str:
-        return f"w{self.index:02d}-"
+        """Of this attempt's shard names: part-wII-aAA-NNNNN."""
+        return f"w{self.index:02d}-a{self.attempt:02d}-"
+
+    def fence(self) -> None:
+        """Raise Fenced if a newer attempt of this worker has started (the writer calls it
+        before making a shard final)."""
+        if not is_current(self.folder, self.index, self.attempt):
+            raise Fenced(
+                f"data-parallel worker {self.index}: attempt {self.attempt} was superseded by a "
+                "newer one; its unfinished shard is discarded"
+            )
 
     def keep(self, resume: Callable[[list[Row]], list[Row]]) -> Callable[[list[Row]], list[Row]]:
         """The reader's row filter: this worker's rows, less those done (resume)."""
@@ -62,8 +76,10 @@ class Share:
             self.ready()
         # An earlier attempt of this worker (a restarted Ray actor) may have left half-written
         # shards. Only its own: the other workers are writing theirs now.
-        for path in job.path.glob(f"{TEMP_PREFIX}{self.prefix}*"):
+        for path in job.path.glob(f"{TEMP_PREFIX}w{self.index:02d}-*"):
             path.unlink(missing_ok=True)
+        self.folder = job.path
+        self.attempt = claim_attempt(job.path, self.index)
         return job.scan(self.prefix)
 
 

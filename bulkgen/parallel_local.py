@@ -73,11 +73,14 @@ def run_local(config: RunConfig, workers: int | str | None) -> dict:
         job.lock()
         start = job.prepare(preflight.job_record(config, model_dir, reader), config.overwrite)
         go.set()
-        progress = Progress(total and total * config.n, start.rows, start.errors, config.quiet)
+        progress = Progress(
+            total and total * config.n, start.rows, start.errors, config.quiet, n=config.n
+        )
         parent.progress = progress
         worker_stats = parent.wait_for("done")
         wall = progress.counts.elapsed
         progress.close()
+        job.drop_duplicates()  # a fenced attempt's shard that slipped in (io/fence.py)
         stats = job_stats(config, model_dir, job, start, wall, load_time)
         stats["workers"] = worker_list(worker_stats)
     except KeyboardInterrupt:

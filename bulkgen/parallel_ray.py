@@ -100,10 +100,13 @@ def run_ray(config: RunConfig, workers: int | str | None, address: str | None) -
             actor = remote.options(name=actor_name(config.out, i), **options).remote()
             actors.append(actor)
             calls[actor.run.remote(i, count, worker_config, progress_queue)] = i
-        progress = Progress(total and total * config.n, start.rows, start.errors, config.quiet)
+        progress = Progress(
+            total and total * config.n, start.rows, start.errors, config.quiet, n=config.n
+        )
         worker_stats = _wait(ray, calls, progress_queue, progress, config.out)
         wall = progress.counts.elapsed
         progress.close()
+        job.drop_duplicates()  # a fenced attempt's shard that slipped in (io/fence.py)
         stats = job_stats(config, model_dir, job, start, wall, 0.0)
     except BaseException:  # an actor that cannot load the model fails the job after job.json
         job.forget_if_empty()

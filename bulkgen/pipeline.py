@@ -22,11 +22,12 @@ from bulkgen.channel import Channel, Stopped
 from bulkgen.config import EngineConfig
 from bulkgen.errors import UserError
 from bulkgen.guard import RowGuard
+from bulkgen.idle import idle_stats, nothing_left
 from bulkgen.io.fingerprint import fingerprints
 from bulkgen.io.job import STATS_FILE, Done, JobDir, write_json_atomic
 from bulkgen.io.reader import Reader
 from bulkgen.io.writer import ShardWriter
-from bulkgen.preflight import bulkgen_version, checked_parts, job_record
+from bulkgen.preflight import bulkgen_version, checked_parts, checked_reader, job_record
 from bulkgen.progress import Progress
 from bulkgen.run_config import RunConfig
 from bulkgen.samples import Resume, Samples
@@ -38,6 +39,7 @@ EngineFactory = Callable[[EngineConfig], object]
 # on the text stages.
 _READ_QUEUE, _TOKEN_QUEUE, _RESULT_QUEUE, _WRITE_QUEUE = 4, 8, 256, 16
 _ENGINE_START_TIMEOUT_S = 3600.0
+_JOIN_TIMEOUT_S = 60.0  # for the stages to stop; an engine step on a CPU can take seconds
 _SWITCH_INTERVAL_S = 0.0005
 
 
@@ -50,10 +52,13 @@ def run(config: RunConfig, engine_factory: EngineFactory | None = None, worker=N
     job = JobDir(config.out)
     if worker is None:
         job.check(config.job_settings(), config.overwrite)
-    reader, model_dir, tokenizer, tokenize = checked_parts(config)
+    reader = checked_reader(config)
     if worker is None:
         current = fingerprints(reader.sources)
         job.check_inputs(current, config.allow_changed_input, config.overwrite)
+        if (reason := nothing_left(config, job, reader)) is not None:
+            return idle_stats(config, job, reason, current)  # the model is not even loaded
+    reader, model_dir, tokenizer, tokenize = checked_parts(config, reader)
     try:
         return _Run(config, job, reader, model_dir, tokenizer, tokenize, worker).go(
             engine_factory or _default_engine_factory()
@@ -79,9 +84,10 @@ class _Run:
         self.failure: BaseException | None = None
         self.engine_ready = threading.Event()
         self.engine_stats: dict = {}
-        # Set when a stage's thread ends. Waited on instead of Thread.join: a Ctrl-C that lands
+        # Set when a stage's thread ends. Waited on before Thread.join: a Ctrl-C that lands
         # inside join() can mark a live thread as finished (Python 3.11, bpo-45274's fix).
         self.ended: list[threading.Event] = []
+        self.threads: list[threading.Thread] = []
 
     def go(self, engine_factory: EngineFactory) -> dict:
         load_start = time.perf_counter()
@@ -112,7 +118,13 @@ class _Run:
                 done = self.worker.start(self.job)
             report = None if self.worker is None else self.worker.report
             progress = Progress(
-                total, done.rows, done.errors, self.config.quiet, report, self._live_tokens
+                total,
+                done.rows,
+                done.errors,
+                self.config.quiet,
+                report,
+                self._live_tokens,
+                n=self.config.n,
             )
             batch_files = self.reader.has_batch_files()  # their rows may ask for n, logprobs
             # One schema for every shard of the job: the one its shards have, else the inputs'.
@@ -128,6 +140,8 @@ class _Run:
                 logprobs=self.config.sampling.logprobs is not None or batch_files,
                 model=self.config.model,
                 prefix="" if self.worker is None else self.worker.prefix,
+                fence=None if self.worker is None else self.worker.fence,
+                token_ids=self.config.output_token_ids,
                 keep_types=self.reader.keep_types,
             )
             samples = Samples(self.config.sampling, self.config.n, self.job.job_seed())
@@ -193,12 +207,20 @@ class _Run:
                 ended.set()
 
         self.ended.append(ended)
-        threading.Thread(target=body, name=f"bulkgen-{name}", daemon=True).start()
+        # daemon: a stage stuck past _join_all's timeout must not hold the process open (the
+        # CLI then ends it with os._exit; see exits.py).
+        thread = threading.Thread(target=body, name=f"bulkgen-{name}", daemon=True)
+        self.threads.append(thread)
+        thread.start()
         return ended
 
     def _join_all(self) -> None:
-        for ended in self.ended:
-            ended.wait(timeout=30.0)
+        """Wait for every stage's thread to end: none may be alive when the interpreter
+        finalizes, or the C++ under it can abort the process (see exits.py)."""
+        deadline = time.monotonic() + _JOIN_TIMEOUT_S
+        for ended, thread in zip(self.ended, self.threads, strict=True):
+            if ended.wait(timeout=max(0.0, deadline - time.monotonic())):
+                thread.join(timeout=1.0)  # it is returning: only its frames are left
 
     def _wait_for_engine(self) -> None:
         deadline = time.monotonic() + _ENGINE_START_TIMEOUT_S
@@ -225,6 +247,10 @@ class _Run:
             self.engine_stats = dict(engine.stats)
         finally:
             engine.close()
+            # Freed here, on its own thread, not by whichever thread drops the last reference
+            # (a daemon thread freeing tensors at interpreter exit aborts: see exits.py).
+            self.engine = None
+            del engine
 
     # Records.
 
@@ -248,6 +274,7 @@ class _Run:
                 "prompt_tokens": run.prompt_tokens,
                 "completion_tokens": run.completion_tokens,
                 "resumed_after_rows": done.rows,
+                **({"input_rows": run.inputs} if self.config.n > 1 else {}),
             },
             "wall_time_s": round(wall, 3),
             "load_time_s": round(load_time, 3),
@@ -258,6 +285,10 @@ class _Run:
             "format": self.config.format,
             "bulkgen_version": bulkgen_version(),
         }
+        if self.engine_stats.get("device") == "cpu":
+            import torch
+
+            stats["torch_threads"] = torch.get_num_threads()  # see cpu.py
         # Engine-side figures (GPU busy and the like) join in, without replacing ours.
         return {**{k: v for k, v in self.engine_stats.items() if k not in stats}, **stats}
 
@@ -271,8 +302,12 @@ def _default_engine_factory() -> EngineFactory:
         return lambda config: FakeEngine(config, **options)
 
     def real(config: EngineConfig):
-        from bulkgen.engine.engine import Engine
+        from bulkgen.engine.engine import Engine, resolve_device
 
+        if resolve_device(config.device).type == "cpu":
+            from bulkgen.cpu import use_cpu_threads
+
+            use_cpu_threads()  # before the engine loads: no thread oversubscription (cpu.py)
         return Engine(config)
 
     return real

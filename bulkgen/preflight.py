@@ -10,18 +10,20 @@ import random
 import time
 from pathlib import Path
 
+import pyarrow as pa
+
 from bulkgen.errors import UserError
 from bulkgen.io.fingerprint import fingerprints
 from bulkgen.io.inputs import find_sources
 from bulkgen.io.reader import Reader
+from bulkgen.io.tabular import table_schema
 from bulkgen.run_config import RunConfig
 from bulkgen.text.prompt_template import PromptTemplate, RenderPrompts
 from bulkgen.text.stage import Tokenize
 
 
-def checked_parts(config: RunConfig) -> tuple:
-    """What a user can get wrong about the inputs and the model, checked before any work: the
-    reader, the model folder, its tokenizer and the tokenizer stage."""
+def checked_reader(config: RunConfig) -> Reader:
+    """The inputs, checked (files, columns); nothing about the model yet."""
     template = None if config.prompt_template is None else PromptTemplate(config.prompt_template)
     reader = Reader(
         find_sources(config.inputs, exclude=config.out),
@@ -33,6 +35,14 @@ def checked_parts(config: RunConfig) -> tuple:
         limit=config.limit,
     )
     reader.check()
+    return reader
+
+
+def checked_parts(config: RunConfig, reader: Reader | None = None) -> tuple:
+    """What a user can get wrong about the inputs and the model, checked before any work: the
+    reader, the model folder, its tokenizer and the tokenizer stage."""
+    template = None if config.prompt_template is None else PromptTemplate(config.prompt_template)
+    reader = reader or checked_reader(config)
     model_dir = model_folder(config.model, weights=config.load_format != "dummy")
     tokenizer = tokenizer_of(model_dir)
     tokenize = Tokenize(
@@ -49,16 +59,38 @@ def checked_parts(config: RunConfig) -> tuple:
 def job_record(config: RunConfig, model_dir: Path, reader: Reader | None = None) -> dict:
     """What job.json records of a job when it starts (reader: its inputs' fingerprints too)."""
     files = {} if reader is None else {"input_files": fingerprints(reader.sources)}
-    return {
+    record = {
         "settings": config.job_settings(),
         "inputs": list(config.inputs),
         **files,
         "model_path": str(model_dir),
         "bulkgen_version": bulkgen_version(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        # Seeds sampled rows without --seed: a rerun into this folder samples the same.
-        "job_seed": random.getrandbits(62),
     }
+    if uses_job_seed(config, reader):
+        # Seeds sampled rows without --seed: a rerun into this folder samples the same.
+        record["job_seed"] = random.getrandbits(62)
+    return record
+
+
+def uses_job_seed(config: RunConfig, reader: Reader | None) -> bool:
+    """Whether a row may sample without --seed: the job samples (temperature > 0), or its rows
+    may set their own temperature (JSONL and Batch rows may; Parquet, CSV/TSV and saved datasets
+    when they have a temperature column). Unknown inputs count as may."""
+    if config.sampling.seed is not None:
+        return False
+    if not config.sampling.greedy or reader is None:
+        return True
+    for source in reader.sources:
+        if source.kind == "jsonl":
+            return True
+        try:
+            names = table_schema(source).names
+        except (OSError, ValueError, pa.ArrowException):  # the reader reports it; assume "may"
+            return True
+        if "temperature" in names:
+            return True
+    return False
 
 
 def bulkgen_version() -> str:

@@ -18,8 +18,8 @@ OUTPUT_COLUMNS = (
     "completion_tokens",
 )
 FORMATS = ("parquet", "jsonl", "openai")
-# Output columns that only some jobs have: with --n > 1, with --logprobs.
-OPTIONAL_COLUMNS = ("sample", "logprobs", "top_logprobs")
+# Output columns that only some jobs have: with --n > 1, with --logprobs, --output-token-ids.
+OPTIONAL_COLUMNS = ("sample", "logprobs", "top_logprobs", "token_ids")
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,7 @@ class RunConfig:
     system: str | None = None  # a system message before each conversation or prompt
     n: int = 1  # samples per row
     prefix_cache: bool = True
+    output_token_ids: bool = False  # a token_ids column: each completion's generated ids
     limit: int | None = None  # --limit: only the first rows of the inputs
     allow_changed_input: bool = False  # resume although an input file changed
 
@@ -113,7 +114,7 @@ class RunConfig:
             "prompt_template": self.prompt_template,
             "system": self.system,
             # Left out at their defaults, so that job folders of older versions still resume.
-            **self._non_default("n", "messages_column", "limit"),
+            **self._non_default("n", "messages_column", "output_token_ids", "limit"),
         }
 
     def _non_default(self, *names: str) -> dict:

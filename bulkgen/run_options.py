@@ -211,6 +211,13 @@ _OPTIONS = [
         "alternatives per position (top_logprobs); 0 stores the sampled token's only.",
     ),
     click.option(
+        "--output-token-ids",
+        is_flag=True,
+        default=False,
+        help="Keep each completion's generated token ids in a token_ids column (a list of ints; "
+        "with --format openai, in each choice), for RL and distillation pipelines.",
+    ),
+    click.option(
         "--prefix-cache/--no-prefix-cache",
         default=True,
         show_default=True,

@@ -84,6 +84,7 @@ def generate(engine, inp: Channel, out: Channel, bound: int, watcher: StopWatche
             if closed:
                 break
             continue
+        out.check()  # Ctrl-C or a failure elsewhere: stop now, not when a request finishes
         if watch:
             for request_id in watcher.take_aborts():
                 engine.abort(request_id)

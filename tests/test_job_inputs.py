@@ -51,6 +51,20 @@ def test_a_changed_input_is_refused_unless_allowed_or_overwritten(tmp_path, tiny
     assert "changed since" in bulkgen("run", *args).stderr
 
 
+def test_an_allowed_change_to_a_finished_job_is_the_new_reference(tmp_path, tiny_model_dir):
+    path, out = tmp_path / "in.jsonl", tmp_path / "out"
+    write_prompts(path, 4)
+    args = [path, "-m", tiny_model_dir, "-o", out, "-q"]
+    assert bulkgen("run", *args).exit_code == 0
+    os.utime(path, ns=(0, 0))  # changed, but every row is still done: nothing to generate
+    assert "changed since" in bulkgen("run", *args).stderr  # refused before "nothing to do"
+    allowed = bulkgen("run", *args, "--allow-changed-input")
+    assert allowed.exit_code == 0 and "nothing to generate" in allowed.stderr
+    rerun = bulkgen("run", *args)
+    assert rerun.exit_code == 0 and "nothing to generate" in rerun.stderr
+    assert len(output(out)) == 4
+
+
 def test_limit_runs_the_first_rows_and_is_part_of_the_job(tmp_path, tiny_model_dir):
     path, out = tmp_path / "in.jsonl", tmp_path / "out"
     write_prompts(path, 10)

@@ -8,6 +8,7 @@ match on a rerun; the input list is recorded but may change (new files add rows 
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -28,9 +29,33 @@ SETTINGS_FILE = "job.json"
 STATS_FILE = "stats.json"
 LOCK_FILE = ".lock"
 TEMP_PREFIX = ".part-"  # a shard being written; never matches part-*
-# part-NNNNN, or part-wII-NNNNN: a data-parallel worker's own numbering (bulkgen/parallel.py).
-_SHARD = re.compile(r"part-((?:w\d+-)?)(\d+)\.(parquet|jsonl)")
+# part-NNNNN, or part-wII-aAA-NNNNN: a data-parallel worker's attempt's own numbering
+# (bulkgen/parallel.py, io/fence.py); part-wII-NNNNN from before attempts were named.
+_SHARD = re.compile(r"part-((?:w\d+-(?:a\d+-)?)?)(\d+)\.(parquet|jsonl)")
 _SUMMARY_COLUMNS = ["id", "finish_reason", "prompt_tokens", "completion_tokens"]
+
+
+class OutputError(UserError):
+    """The output folder cannot be written (a full disk, an I/O error, the folder removed or
+    made read-only): the job stops in one line; complete shards stay for a rerun."""
+
+
+def output_error(folder: Path, what: str, error: OSError) -> OutputError:
+    cause = error.strerror or str(error)
+    if error.errno is not None and error.errno in errno.errorcode:
+        cause += f" ({errno.errorcode[error.errno]})"
+    return OutputError(
+        f"cannot {what} in {folder}: {cause}; the complete shards are kept: free space "
+        "or fix the folder, then rerun the same command to resume"
+    )
+
+
+def remove_quietly(path: Path) -> None:
+    """Remove a temporary file, if the folder still allows it (it may be gone or read-only)."""
+    try:
+        path.unlink(missing_ok=True)
+    except OSError:
+        pass
 
 
 def shard_name(index: int, fmt: str, prefix: str = "") -> str:
@@ -94,8 +119,11 @@ class JobDir:
 
     def lock(self) -> None:
         """Hold an exclusive lock on the folder; the OS releases it if the process dies."""
-        self.path.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise output_error(self.path, f"create {LOCK_FILE}", e) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -110,20 +138,43 @@ class JobDir:
 
     def prepare(self, record: dict, overwrite: bool) -> Done:
         """Clear the folder on overwrite, drop stray temporaries, record the job, scan shards."""
-        if overwrite:
-            for path in self._shards() + [self.path / STATS_FILE, self.path / SETTINGS_FILE]:
+        try:
+            if overwrite:
+                for path in self._shards() + [self.path / STATS_FILE, self.path / SETTINGS_FILE]:
+                    path.unlink(missing_ok=True)
+                for path in self.path.glob(".attempt-*"):  # io/fence.py's attempt claims
+                    path.unlink(missing_ok=True)
+            for path in self.path.glob(TEMP_PREFIX + "*"):
                 path.unlink(missing_ok=True)
-        for path in self.path.glob(TEMP_PREFIX + "*"):
-            path.unlink(missing_ok=True)
-        recorded = self._recorded()
-        if recorded is None:
+        except OSError as e:
+            raise output_error(self.path, "remove old files", e) from None
+        if self._recorded() is None:
             write_json_atomic(self.path / SETTINGS_FILE, record)
             self._recorded_here = True
-        elif "input_files" in record and recorded.get("input_files") != record["input_files"]:
-            # Checked (or allowed) before: the inputs as they are now are what a rerun compares.
-            recorded["input_files"] = {**recorded.get("input_files", {}), **record["input_files"]}
-            write_json_atomic(self.path / SETTINGS_FILE, recorded)
+        elif "input_files" in record:
+            self.update_inputs(record["input_files"])
+        self.drop_duplicates()
         return self.scan()
+
+    def update_inputs(self, current: dict[str, dict]) -> None:
+        """Record the inputs' fingerprints as they are now in job.json, if it exists: checked (or
+        allowed) before, they are what a rerun compares."""
+        recorded = self._recorded()
+        if recorded is None:
+            return
+        files = {**recorded.get("input_files", {}), **current}
+        if files != recorded.get("input_files"):
+            write_json_atomic(self.path / SETTINGS_FILE, {**recorded, "input_files": files})
+
+    def drop_duplicates(self) -> int:
+        """Rows that two final shards hold (a fenced retry's race, io/fence.py) are kept in the
+        first one only. Call it holding the lock, with no worker running."""
+        from bulkgen.io.fence import drop_duplicates
+
+        try:
+            return drop_duplicates(self._shards())
+        except OSError as e:
+            raise output_error(self.path, "rewrite a shard holding repeated rows", e) from None
 
     def forget_if_empty(self) -> None:
         """Undo the record prepare() wrote, if the job failed before writing any shard, so that
@@ -207,14 +258,19 @@ class JobDir:
 
 
 def write_json_atomic(path: Path, data: dict) -> None:
+    """Write path whole or not at all; an OutputError (its temporary removed) if it cannot."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=2, default=str)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
+    try:
+        with open(tmp, "w") as f:
+            json.dump(data, f, indent=2, default=str)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+    except OSError as e:
+        remove_quietly(tmp)
+        raise output_error(path.parent, f"write {path.name}", e) from None
 
 
 def fsync_dir(path: Path) -> None:

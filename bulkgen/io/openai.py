@@ -72,8 +72,9 @@ def _hex(*parts: object) -> str:
     return hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=12).hexdigest()
 
 
-def output_line(samples: list[Row], model: str, created: int) -> dict:
-    """The Batch API output line of one input row, from all of its samples."""
+def output_line(samples: list[Row], model: str, created: int, token_ids: bool = False) -> dict:
+    """The Batch API output line of one input row, from all of its samples; token_ids: each
+    choice also carries its generated ids (not a Batch API field: readers ignore it)."""
     first = samples[0]
     line = {"id": f"batch_req_{_hex('req', first.id)}", "custom_id": first.id}
     failed = next((r for r in samples if r.error is not None), None)
@@ -83,6 +84,9 @@ def output_line(samples: list[Row], model: str, created: int) -> dict:
         return line
     chat = first.api != "text"
     choices = [_choice(r, chat) for r in sorted(samples, key=lambda r: r.sample)]
+    if token_ids:
+        for choice, r in zip(choices, sorted(samples, key=lambda r: r.sample), strict=True):
+            choice["token_ids"] = r.token_ids
     completion = sum(r.completion_tokens for r in samples)
     body = {
         "id": ("chatcmpl-" if chat else "cmpl-") + _hex("body", first.id),

