@@ -52,6 +52,10 @@ def run(**options) -> None:
     exits.exit_process(0)
 
 
+# The structured-output flags, in flag_fields' order.
+_CONSTRAINT_FLAGS = ("json_schema", "json_object", "regex", "choice")
+
+
 def _run(inputs, model, out, prompt_column, prompt_template, id_column, keep_columns, fmt,
          shard_size, max_tokens, temperature, top_p, top_k, min_p, seed, chat_template,
          dtype, device, max_num_seqs, max_batch_tokens, kv_memory, sync, quiet,
@@ -62,6 +66,7 @@ def _run(inputs, model, out, prompt_column, prompt_template, id_column, keep_col
     from bulkgen.errors import UserError
     from bulkgen.pipeline import run as run_pipeline
     from bulkgen.run_config import RunConfig
+    from bulkgen.structured import flag_fields
     from bulkgen.text.prompt_template import template_source
 
     ray_address = generation.pop("ray_address")  # scaling out (issue 6)
@@ -92,6 +97,7 @@ def _run(inputs, model, out, prompt_column, prompt_template, id_column, keep_col
                 repetition_penalty=generation.pop("repetition_penalty"),
                 presence_penalty=generation.pop("presence_penalty"),
                 frequency_penalty=generation.pop("frequency_penalty"),
+                **flag_fields(*(generation.pop(k) for k in _CONSTRAINT_FLAGS)),
             ),
             chat_template=chat_template,
             dtype=dtype,
@@ -106,7 +112,7 @@ def _run(inputs, model, out, prompt_column, prompt_template, id_column, keep_col
         )
     except ValueError as e:
         raise click.UsageError(str(e)) from e
-    except UserError as e:  # an unreadable --prompt-template file
+    except UserError as e:  # an unreadable --prompt-template or --json-schema file
         click.echo(f"error: {e}", err=True)
         sys.exit(1)
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import numbers
 from dataclasses import dataclass
@@ -19,6 +20,9 @@ class SamplingParams:
     Penalties (engine/penalties.py): repetition_penalty as Hugging Face's (over prompt and output
     tokens; 1.0 is off), presence_penalty and frequency_penalty as OpenAI's (over output tokens;
     0.0 is off).
+    Structured output (at most one): json_schema, a JSON Schema as JSON text (a dict is accepted
+    and stored as canonical text, so equal schemas compare and hash equal); regex, a pattern the
+    whole completion matches; choice, the completion is exactly one of these strings.
     """
 
     max_tokens: int = 256
@@ -34,9 +38,13 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    json_schema: str | None = None
+    regex: str | None = None
+    choice: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         self._check_penalties()
+        self._check_constraint()
         for name in ("max_tokens", "top_k", "seed", "logprobs"):
             value = getattr(self, name)
             if value is not None and (
@@ -89,6 +97,34 @@ class SamplingParams:
                 raise ValueError(
                     f"{name} must be a number in [-2, 2] as in OpenAI's API (0.0 is off), got {v!r}"
                 )
+
+    def _check_constraint(self) -> None:
+        schema = self.json_schema
+        if schema is not None:
+            if isinstance(schema, str):
+                try:
+                    schema = json.loads(schema)
+                except ValueError as e:
+                    raise ValueError(f"json_schema is not valid JSON: {e}") from None
+            if not isinstance(schema, dict):
+                raise ValueError(f"json_schema must be a JSON object, got {type(schema).__name__}")
+            canonical = json.dumps(schema, sort_keys=True, separators=(",", ":"))
+            object.__setattr__(self, "json_schema", canonical)
+        if self.regex is not None and not isinstance(self.regex, str):
+            raise ValueError(f"regex must be a string, got {self.regex!r}")
+        if self.choice is not None:
+            choice = (self.choice,) if isinstance(self.choice, str) else tuple(self.choice)
+            if not choice or not all(isinstance(c, str) and c for c in choice):
+                raise ValueError(f"choice must be one or more non-empty strings, got {choice!r}")
+            object.__setattr__(self, "choice", choice)
+        given = [n for n in ("json_schema", "regex", "choice") if getattr(self, n) is not None]
+        if len(given) > 1:
+            raise ValueError(f"give at most one of json_schema, regex and choice, got {given}")
+
+    @property
+    def constrained(self) -> bool:
+        """The completion must follow a JSON schema, a regex or a choice of strings."""
+        return self.json_schema is not None or self.regex is not None or self.choice is not None
 
     @property
     def penalized(self) -> bool:

@@ -18,12 +18,15 @@ from bulkgen.io.inputs import find_sources
 from bulkgen.io.reader import Reader
 from bulkgen.io.tabular import table_schema
 from bulkgen.run_config import RunConfig
+from bulkgen.structured import check_job_constraint
 from bulkgen.text.prompt_template import PromptTemplate, RenderPrompts
 from bulkgen.text.stage import Tokenize
 
 
 def checked_reader(config: RunConfig) -> Reader:
-    """The inputs, checked (files, columns); nothing about the model yet."""
+    """The inputs, checked (files, columns), and the job's structured-output constraint;
+    nothing about the model yet."""
+    check_job_constraint(config.sampling)
     template = None if config.prompt_template is None else PromptTemplate(config.prompt_template)
     reader = Reader(
         find_sources(config.inputs, exclude=config.out),

@@ -6,8 +6,9 @@ A field is a flag's long name with underscores (`max_tokens`, `keep_columns`, `p
 or `inputs` (`input`) for the INPUT arguments. The names come from the click command itself, so
 every option of `bulkgen run` works in a recipe with no change here. The recipe's values become
 the command's defaults (click's default_map): a flag on the command line overrides its field.
-Relative paths in a recipe (inputs, out, a `@file` prompt template, a model folder, a score
-baseline or references file) are relative to the recipe's folder. Two fields are the recipe's own:
+Relative paths in a recipe (inputs, out, a `@file` prompt template, a model folder, a JSON
+schema file, a score baseline or references file) are relative to the recipe's folder; a
+`json_schema` field may also hold the schema itself as a YAML mapping. Two fields are the recipe's own:
 `description` (free text) and `score` (`{reference_column, baseline, references}`: score the
 results when the run ends).
 """
@@ -15,6 +16,7 @@ results when the run ends).
 from __future__ import annotations
 
 import difflib
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,6 +94,10 @@ def load_recipe(path: str | Path, command: click.Command) -> Recipe:
 
 def _value(path: Path, name: str, param: click.Parameter, value, command: click.Command):
     many = param.multiple or param.nargs == -1
+    if name == "json_schema" and isinstance(value, dict):  # the schema itself, as YAML
+        value = json.dumps(value)
+    elif name == "json_schema" and isinstance(value, str) and (path.parent / value).exists():
+        value = _near(path, value)  # a schema file beside the recipe; else inline JSON
     if isinstance(value, list) and not many:
         if param.type is not click.STRING:
             raise UserError(f"recipe {path}: field {name!r} takes one value, not a list")

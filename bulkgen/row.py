@@ -5,10 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bulkgen.config import SamplingParams
+from bulkgen.grammar_check import check_grammar
+from bulkgen.structured import response_format_fields
 
 # Optional input columns that override the job's sampling parameters for their row.
 PARAM_COLUMNS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop")
 PARAM_COLUMNS += ("repetition_penalty", "presence_penalty", "frequency_penalty")
+PARAM_COLUMNS += ("response_format",)  # structured output, OpenAI's shape (structured.py)
 # Most samples one row may ask for (an OpenAI batch row's n): each is a copy of the row in memory.
 MAX_N = 4096
 
@@ -45,8 +48,21 @@ def checked_overrides(overrides: dict) -> dict:
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
                 raise ValueError("column 'stop' must be a string or a list of strings")
             value = tuple(value)
+        elif name == "response_format":
+            out.update(_response_format(value))
+            continue
         out[name] = value
     return out
+
+
+def _response_format(value: object) -> dict:
+    """The constraint fields of a response_format value, its grammar checked."""
+    try:
+        fields = response_format_fields(value)
+        check_grammar(SamplingParams(**fields))
+    except ValueError as e:
+        raise ValueError(f"column 'response_format': {e}") from None
+    return fields
 
 
 @dataclass(slots=True)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import click
 
+from bulkgen.structured_options import STRUCTURED_OPTIONS
+
 DEFAULT_MODEL = "smollm2-135m"  # the same as bulkgen.model.hub.DEFAULT_MODEL
 
 
@@ -217,6 +219,7 @@ _OPTIONS = [
         help="Keep each completion's generated token ids in a token_ids column (a list of ints; "
         "with --format openai, in each choice), for RL and distillation pipelines.",
     ),
+    *STRUCTURED_OPTIONS,  # --json-schema, --json, --regex, --choice (issue 12)
     click.option(
         "--prefix-cache/--no-prefix-cache",
         default=True,

@@ -21,6 +21,7 @@ _URLS = {"/v1/chat/completions": "chat", "/v1/completions": "text"}
 # Body fields that map onto per-row sampling parameters, as bulkgen names them.
 _SAME = ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "n")
 _SAME += ("presence_penalty", "frequency_penalty", "repetition_penalty")  # the last as vLLM's
+_SAME += ("response_format",)  # structured output, for chat and completions alike
 
 
 def is_batch_record(record: object) -> bool:

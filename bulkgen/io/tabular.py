@@ -113,7 +113,7 @@ def _row(reader, source, record: dict, default_id: str, index: int, trusted) -> 
         reason, record[name] = record[name].reason, None
     if source.kind == "csv":
         for name in PARAM_COLUMNS:
-            if name != "stop" and isinstance(record.get(name), str):
+            if name not in ("stop", "response_format") and isinstance(record.get(name), str):
                 record[name] = _number(record[name])
     row = row_from(reader, record, default_id, f"row {index}")
     if bad and row.error is None:
