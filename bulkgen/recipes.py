@@ -8,9 +8,9 @@ every option of `bulkgen run` works in a recipe with no change here. The recipe'
 the command's defaults (click's default_map): a flag on the command line overrides its field.
 Relative paths in a recipe (inputs, out, a `@file` prompt template, a model folder, a JSON
 schema file, a score baseline or references file) are relative to the recipe's folder; a
-`json_schema` field may also hold the schema itself as a YAML mapping. Two fields are the recipe's own:
-`description` (free text) and `score` (`{reference_column, baseline, references}`: score the
-results when the run ends).
+`json_schema` field may also hold the schema itself as a YAML mapping. Two fields are the
+recipe's own: `description` (free text) and `score` (`{reference_column, baseline,
+references}`: score the results when the run ends).
 """
 
 from __future__ import annotations
