@@ -104,6 +104,11 @@ def _value(path: Path, name: str, param: click.Parameter, value, command: click.
         value = ",".join(str(v) for v in value)  # keep_columns: [a, b] -> "a,b"
     if many:
         value = list(value) if isinstance(value, list | tuple) else [value]
+    if name == "choice" and any(isinstance(v, bool) for v in value):
+        raise UserError(
+            f"recipe {path}: field 'choice': YAML reads yes/no/on/off as true/false; quote the "
+            "strings: choice: ['yes', 'no']"
+        )
     if name in ("inputs", "input", "out"):
         value = [_near(path, v) for v in value] if many else _near(path, value)
     elif name == "prompt_template" and isinstance(value, str) and value.startswith("@"):

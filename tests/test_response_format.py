@@ -14,6 +14,7 @@ from test_pipeline import RecordingEngine, factory, make_config, output, write_j
 
 from bulkgen.cli import run as run_command
 from bulkgen.config import SamplingParams
+from bulkgen.errors import UserError
 from bulkgen.io.openai import output_line
 from bulkgen.pipeline import run
 from bulkgen.recipes import load_recipe
@@ -159,3 +160,18 @@ def test_a_recipe_json_schema_file_is_relative_to_the_recipe(tmp_path):
     (tmp_path / "job.yaml").write_text("json_schema: schemas/n.json\n")
     options = load_recipe(tmp_path / "job.yaml", run_command).options
     assert options["json_schema"] == str(tmp_path / "schemas" / "n.json")
+
+
+def test_recipe_fields_of_the_constraint_flags(tmp_path):
+    (tmp_path / "job.yaml").write_text("json: true\nregex: '[0-9]+'\nchoice: ['yes', 'no']\n")
+    options = load_recipe(tmp_path / "job.yaml", run_command).options
+    assert options["json_object"] is True and options["regex"] == "[0-9]+"
+    assert options["choice"] == ["yes", "no"]
+
+
+@pytest.mark.parametrize("field", ["choice: [yes, no]", "choice: on"])
+def test_unquoted_yes_no_choices_in_a_recipe_are_refused(tmp_path, field):
+    """YAML 1.1 reads yes and no as booleans: the run would constrain to 'True'/'False'."""
+    (tmp_path / "job.yaml").write_text(field + "\n")
+    with pytest.raises(UserError, match="field 'choice'.*quote"):
+        load_recipe(tmp_path / "job.yaml", run_command)
