@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bulkgen.config import SamplingParams
-from bulkgen.grammar_check import check_grammar
 from bulkgen.structured import response_format_fields
 
 # Optional input columns that override the job's sampling parameters for their row.
@@ -56,10 +55,10 @@ def checked_overrides(overrides: dict) -> dict:
 
 
 def _response_format(value: object) -> dict:
-    """The constraint fields of a response_format value, its grammar checked."""
+    """The constraint fields of a response_format value (its grammar is checked by the reader:
+    io/validate.py)."""
     try:
         fields = response_format_fields(value)
-        check_grammar(SamplingParams(**fields))
     except ValueError as e:
         raise ValueError(f"column 'response_format': {e}") from None
     return fields

@@ -75,6 +75,30 @@ def check_job_constraint(params: SamplingParams) -> None:
         raise UserError(f"{flag}: {e}") from None
 
 
+class GrammarChecks:
+    """check_grammar once per distinct constraint: a million rows with one schema check it once
+    (a JSON Schema check costs milliseconds). Bad constraints are remembered with their error."""
+
+    MAX_KEPT = 4096  # distinct constraints remembered; past it, start afresh
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple, str | None] = {}
+
+    def __call__(self, params: SamplingParams) -> None:
+        """ValueError (one line) if the params' constraint cannot be used."""
+        key = (params.json_schema, params.regex, params.choice)
+        if key not in self._seen:
+            if len(self._seen) >= self.MAX_KEPT:
+                self._seen.clear()
+            try:
+                check_grammar(params)
+                self._seen[key] = None
+            except ValueError as e:
+                self._seen[key] = str(e)
+        if (error := self._seen[key]) is not None:
+            raise ValueError(error)
+
+
 def response_format_fields(value: object) -> dict:
     """The constraint fields of a row's response_format (OpenAI's shape), all three set so that
     they replace the job's flags: {"type": "text"} is unconstrained, "json_object" any JSON

@@ -175,3 +175,16 @@ def test_unquoted_yes_no_choices_in_a_recipe_are_refused(tmp_path, field):
     (tmp_path / "job.yaml").write_text(field + "\n")
     with pytest.raises(UserError, match="field 'choice'.*quote"):
         load_recipe(tmp_path / "job.yaml", run_command)
+
+
+def test_rows_with_one_schema_check_it_once(tmp_path, tiny_model_dir, monkeypatch):
+    import bulkgen.structured
+
+    checked = []
+    monkeypatch.setattr(bulkgen.structured, "check_grammar", checked.append)
+    records = [{"id": str(i), "prompt": "Hi", "response_format": AS_SCHEMA} for i in range(5)]
+    records.append({"id": "other", "prompt": "Hi", "response_format": {"type": "json_object"}})
+    path = write_jsonl(tmp_path / "in.jsonl", records)
+    run(make_config(tmp_path, tiny_model_dir, [path]), factory())
+    schemas = sorted(p.json_schema for p in checked if p.constrained)
+    assert schemas == sorted([CANONICAL, '{"type":"object"}'])  # once each, not once per row

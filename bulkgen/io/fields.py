@@ -47,7 +47,7 @@ def finished(
     """The row with its position set, its values checked and its kept columns fitted to the job's
     schema."""
     row.index, row.line = index, line
-    check_row(row)
+    check_row(row, reader.grammar_checks)
     if row.extra and reader.keep_types:
         fit_kept(row, reader.keep_types, trusted)
     return row

@@ -31,6 +31,7 @@ from bulkgen.io.schema import unified
 from bulkgen.io.seen import FirstSeen
 from bulkgen.io.tabular import count_rows, read_table, table_schema
 from bulkgen.row import Row
+from bulkgen.structured import GrammarChecks
 
 BATCH_ROWS = 1024
 # Counting newlines costs a read of the file: do it only up to this size.
@@ -63,6 +64,7 @@ class Reader:
         # The kept columns' types, fixed for the job before reading (see io/schema.py).
         self.keep_types: dict[str, pa.DataType] | None = None
         self.faults = 0  # rows whose reading raised (a bug), written as error records
+        self.grammar_checks = GrammarChecks()  # rows' response_format, checked once per schema
         self.damaged: list[str] = []  # one line per input that broke midway
 
     def check(self) -> None:

@@ -12,7 +12,9 @@ from __future__ import annotations
 import dataclasses
 
 from bulkgen.config import SamplingParams
+from bulkgen.grammar_check import check_grammar
 from bulkgen.row import Row, checked_overrides
+from bulkgen.structured import GrammarChecks
 
 # Deeper values are refused: the writers (json, pyarrow) and templates recurse over them.
 MAX_DEPTH = 32
@@ -81,8 +83,9 @@ def checked_id(value: object, default: str) -> tuple[str, str | None]:
     return value, None
 
 
-def check_row(row: Row) -> None:
-    """Fail the row, naming the field, if a value it carries cannot go through the pipeline."""
+def check_row(row: Row, grammar_checks: GrammarChecks | None = None) -> None:
+    """Fail the row, naming the field, if a value it carries cannot go through the pipeline.
+    grammar_checks: the reader's cache of checked response_format constraints."""
     if row.error is None:
         fields = {"prompt": row.prompt, "messages": row.messages}
         fields.update({f"column {k!r}": v for k, v in (row.columns or {}).items()})
@@ -94,9 +97,15 @@ def check_row(row: Row) -> None:
                 break
     if row.error is None and row.overrides:
         try:
-            dataclasses.replace(SamplingParams(), **checked_overrides(row.overrides))
+            params = dataclasses.replace(SamplingParams(), **checked_overrides(row.overrides))
         except (ValueError, TypeError) as e:
             row.fail(f"bad sampling parameter: {e}")
+        else:
+            if "response_format" in row.overrides and params.constrained:
+                try:
+                    (grammar_checks or check_grammar)(params)
+                except ValueError as e:
+                    row.fail(f"bad sampling parameter: column 'response_format': {e}")
     if row.error is not None:
         # Only what the error record writes must be writable; the rest is dropped.
         row.prompt = row.messages = row.columns = row.overrides = None
