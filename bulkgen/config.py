@@ -105,9 +105,10 @@ class SamplingParams:
                 try:
                     schema = json.loads(schema)
                 except ValueError as e:
-                    raise ValueError(f"json_schema is not valid JSON: {e}") from None
+                    raise ValueError(f"invalid JSON schema: not JSON ({e})") from None
             if not isinstance(schema, dict):
-                raise ValueError(f"json_schema must be a JSON object, got {type(schema).__name__}")
+                kind = type(schema).__name__
+                raise ValueError(f"invalid JSON schema: must be a JSON object, got a {kind}")
             canonical = json.dumps(schema, sort_keys=True, separators=(",", ":"))
             object.__setattr__(self, "json_schema", canonical)
         if self.regex is not None and not isinstance(self.regex, str):
@@ -115,7 +116,7 @@ class SamplingParams:
         if self.choice is not None:
             choice = (self.choice,) if isinstance(self.choice, str) else tuple(self.choice)
             if not choice or not all(isinstance(c, str) and c for c in choice):
-                raise ValueError(f"choice must be one or more non-empty strings, got {choice!r}")
+                raise ValueError(f"choice must be a list of non-empty strings, got {self.choice!r}")
             object.__setattr__(self, "choice", choice)
         given = [n for n in ("json_schema", "regex", "choice") if getattr(self, n) is not None]
         if len(given) > 1:

@@ -11,16 +11,17 @@ from bulkgen.config import SamplingParams
 
 
 def check_grammar(params: SamplingParams) -> None:
-    """Raise ValueError (one line naming the field) if the params' constraint cannot be used."""
+    """Raise ValueError (one line naming the problem) if the params' constraint cannot be used;
+    its messages start as the engine's do ("invalid JSON schema: ...", "invalid regex: ...")."""
     if params.json_schema is not None:
         _check_schema(json.loads(params.json_schema))  # SamplingParams made it canonical JSON
     if params.regex is not None:
         try:
             re.compile(params.regex)
         except re.error as e:
-            raise ValueError(f"regex {params.regex!r} does not compile: {e}") from None
+            raise ValueError(f"invalid regex: {e} in {params.regex!r}") from None
     if params.choice is not None and not all(isinstance(c, str) and c for c in params.choice):
-        raise ValueError(f"choice must be non-empty strings, got {params.choice!r}")
+        raise ValueError(f"choice must be a list of non-empty strings, got {params.choice!r}")
 
 
 def _check_schema(schema: dict) -> None:
@@ -33,5 +34,5 @@ def _check_schema(schema: dict) -> None:
         validator_for(schema).check_schema(schema)
     except SchemaError as e:
         where = "/".join(str(p) for p in e.path) or "the top level"
-        message = f"json_schema is not a valid JSON Schema at {where}: {e.message}"
+        message = f"invalid JSON schema: {e.message} (at {where})"
         raise ValueError(message) from None

@@ -67,7 +67,7 @@ def test_a_bad_response_format_is_that_rows_error_and_the_run_goes_on(tmp_path, 
         assert rows[row_id]["finish_reason"] == "error"
         assert "response_format" in rows[row_id]["error"], rows[row_id]["error"]
     assert "xml" in rows["kind"]["error"]
-    assert "not a valid JSON Schema" in rows["not-a-schema"]["error"]
+    assert "invalid JSON schema" in rows["not-a-schema"]["error"]
 
 
 def test_parquet_response_format_as_json_text_or_a_struct(tmp_path, tiny_model_dir):
