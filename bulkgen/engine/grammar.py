@@ -67,7 +67,13 @@ def _llguidance_grammar(kind: str, text: str) -> str:
 
 
 def _first_line(message: str) -> str:
-    return next((line.strip() for line in message.splitlines() if line.strip()), message)
+    """llguidance's multi-line error in one line: its first line, plus the detail line a regex
+    parse error puts below a picture of the pattern."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()] or [message]
+    detail = next((line for line in lines[1:] if line.startswith("error:")), None)
+    if detail is None:
+        return lines[0]
+    return f"{lines[0].rstrip(':')}: {detail.removeprefix('error:').strip()}"
 
 
 _NAMES = {"json_schema": "JSON schema", "regex": "regex", "choice": "choice"}
