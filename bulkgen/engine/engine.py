@@ -106,9 +106,7 @@ class Engine:
         self._watched: dict[str, Request] = {}  # the unfinished ones with stop strings
         self._rng = random.Random(cfg.seed)
         self._prev: Step | None = None
-        # A Hugging Face tokenizer for grammars: set it, or it is loaded from the model folder at
-        # the first constrained request.
-        self.tokenizer = None
+        self.tokenizer = None  # for grammars; else loaded from the model folder when first needed
         self._grammars: GrammarCompiler | None = None
         self.num_constrained = 0  # unfinished constrained requests: none, no mask work at all
         self.mask_s = array.array("d")  # host seconds filling masks, per constrained step
@@ -203,12 +201,9 @@ class Engine:
     @property
     def grammars(self) -> GrammarCompiler:
         if self._grammars is None:
-            if self.tokenizer is None:
-                if self.model_dir is None:
-                    raise ValueError("constrained output needs a tokenizer: set engine.tokenizer")
-                self.tokenizer = load_tokenizer(self.model_dir)
+            tokenizer = self.tokenizer or load_tokenizer(self.model_dir)
             vocab = self.model_config.vocab_size
-            self._grammars = GrammarCompiler(self.tokenizer, vocab, self.eos_token_ids)
+            self._grammars = GrammarCompiler(tokenizer, vocab, self.eos_token_ids)
         return self._grammars
 
     @property
@@ -240,8 +235,7 @@ class Engine:
             self._prev, launched = launched, None
         waited = self._apply_prev()
         if forward is not None:
-            # Step N is applied (its ids advanced the matchers); N+1's forward runs meanwhile.
-            t_mask = time.perf_counter()
+            t_mask = time.perf_counter()  # N applied (matchers advanced); N+1's forward runs
             words = self.runner.mask_words(len(plan.sampled))
             self.grammars.fill_masks(plan.sampled, words.numpy())
             self.mask_s.append(time.perf_counter() - t_mask)
@@ -254,15 +248,13 @@ class Engine:
         for out in done:
             req = self._requests.pop(out.request_id, None)
             self._watched.pop(out.request_id, None)
-            if req is not None and req.matcher is not None:
-                self.num_constrained -= 1
+            self.num_constrained -= req is not None and req.matcher is not None
         if plan:
             self.host_s.append(time.perf_counter() - t0 - waited)
         return done
 
     def _apply_prev(self) -> float:
-        """Wait for the launched step (the only host wait of a step) and apply its ids; returns
-        the seconds waited."""
+        """Wait for the launched step (the one host wait of a step), apply its ids; seconds."""
         if self._prev is None:
             return 0.0
         t_wait = time.perf_counter()

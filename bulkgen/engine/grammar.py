@@ -127,8 +127,10 @@ class Matcher:
         return self.ll.get_error() or None
 
 
-def load_tokenizer(model_dir: Path):
+def load_tokenizer(model_dir: Path | None):
     """The model folder's Hugging Face tokenizer (only the grammar needs it in the engine)."""
+    if model_dir is None:
+        raise ValueError("constrained output needs a tokenizer: set engine.tokenizer")
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(model_dir)
