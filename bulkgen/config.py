@@ -19,6 +19,9 @@ class SamplingParams:
     Penalties (engine/penalties.py): repetition_penalty as Hugging Face's (over prompt and output
     tokens; 1.0 is off), presence_penalty and frequency_penalty as OpenAI's (over output tokens;
     0.0 is off).
+    Structured output (engine/grammar.py): at most one of json_schema (a JSON Schema as JSON
+    text), regex (the whole output must match it) and choice (the output is exactly one of these
+    strings). The row stops with finish_reason "stop" once its grammar is complete.
     """
 
     max_tokens: int = 256
@@ -34,9 +37,13 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    json_schema: str | None = None
+    regex: str | None = None
+    choice: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         self._check_penalties()
+        self._check_constraint()
         for name in ("max_tokens", "top_k", "seed", "logprobs"):
             value = getattr(self, name)
             if value is not None and (
@@ -89,6 +96,25 @@ class SamplingParams:
                 raise ValueError(
                     f"{name} must be a number in [-2, 2] as in OpenAI's API (0.0 is off), got {v!r}"
                 )
+
+    def _check_constraint(self) -> None:
+        if self.choice is not None:
+            choice = (self.choice,) if isinstance(self.choice, str) else tuple(self.choice)
+            if not choice or not all(isinstance(c, str) and c for c in choice):
+                raise ValueError(f"choice must be a list of non-empty strings, got {self.choice!r}")
+            object.__setattr__(self, "choice", choice)
+        for name in ("json_schema", "regex"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise ValueError(f"{name} must be a string (JSON text for a schema), got {value!r}")
+        given = [n for n in ("json_schema", "regex", "choice") if getattr(self, n) is not None]
+        if len(given) > 1:
+            raise ValueError(f"give at most one of json_schema, regex and choice, got {given}")
+
+    @property
+    def constrained(self) -> bool:
+        """Output restricted by a grammar (JSON schema, regex or choice)."""
+        return self.json_schema is not None or self.regex is not None or self.choice is not None
 
     @property
     def penalized(self) -> bool:

@@ -60,6 +60,8 @@ class LLM:
                 f"{len(sampling_params)} SamplingParams given for {len(prompts)} prompts"
             )
         sampling_params = [_sample_params(p, k) for p in sampling_params for k in range(n)]
+        if self.engine.tokenizer is None and any(p.constrained for p in sampling_params):
+            self.engine.tokenizer = self.tokenizer  # the grammars' tokenizer: loaded once
         for i, prompt in enumerate(prompts):
             ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
             for k in range(n):
