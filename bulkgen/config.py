@@ -20,9 +20,10 @@ class SamplingParams:
     Penalties (engine/penalties.py): repetition_penalty as Hugging Face's (over prompt and output
     tokens; 1.0 is off), presence_penalty and frequency_penalty as OpenAI's (over output tokens;
     0.0 is off).
-    Structured output (at most one): json_schema, a JSON Schema as JSON text (a dict is accepted
-    and stored as canonical text, so equal schemas compare and hash equal); regex, a pattern the
-    whole completion matches; choice, the completion is exactly one of these strings.
+    Structured output (engine/grammar.py): at most one of json_schema (a JSON Schema as JSON
+    text; a dict is accepted and stored as canonical text, so equal schemas compare and hash
+    equal), regex (the whole output must match it) and choice (the output is exactly one of these
+    strings). The row stops with finish_reason "stop" once its grammar is complete.
     """
 
     max_tokens: int = 256
@@ -124,7 +125,7 @@ class SamplingParams:
 
     @property
     def constrained(self) -> bool:
-        """The completion must follow a JSON schema, a regex or a choice of strings."""
+        """Output restricted by a grammar (JSON schema, regex or choice)."""
         return self.json_schema is not None or self.regex is not None or self.choice is not None
 
     @property

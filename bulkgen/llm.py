@@ -8,7 +8,6 @@ from dataclasses import fields, replace
 from bulkgen.config import EngineConfig, SamplingParams
 from bulkgen.engine.engine import Engine
 from bulkgen.engine.request import RequestOutput
-from bulkgen.grammar_check import check_grammar
 from bulkgen.samples import derive_seed
 from bulkgen.text.stop import cut_at_stop, keep_first_tokens, kept_token_counts
 
@@ -60,9 +59,9 @@ class LLM:
             raise ValueError(
                 f"{len(sampling_params)} SamplingParams given for {len(prompts)} prompts"
             )
-        for params in {p for p in sampling_params if p.constrained}:  # before any request is added
-            check_grammar(params)
         sampling_params = [_sample_params(p, k) for p in sampling_params for k in range(n)]
+        if self.engine.tokenizer is None and any(p.constrained for p in sampling_params):
+            self.engine.tokenizer = self.tokenizer  # the grammars' tokenizer: loaded once
         for i, prompt in enumerate(prompts):
             ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
             for k in range(n):

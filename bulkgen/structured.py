@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 
 from bulkgen.config import SamplingParams
+from bulkgen.engine.grammar import check_grammar
 from bulkgen.errors import UserError
-from bulkgen.grammar_check import check_grammar
 
 # --json and {"type": "json_object"}: any JSON object.
 ANY_OBJECT = '{"type":"object"}'

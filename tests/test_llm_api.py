@@ -52,12 +52,3 @@ def test_generate_n_below_one_is_refused(tiny_model_dir):
 
     with pytest.raises(ValueError, match="n .completions per prompt. must be >= 1"):
         LLM(str(tiny_model_dir), device="cpu").generate(["Hi"], n=0)
-
-
-def test_generate_refuses_a_bad_regex_before_any_request(tiny_model_dir):
-    import pytest
-
-    llm = LLM(str(tiny_model_dir), device="cpu")
-    with pytest.raises(ValueError, match="invalid regex"):
-        llm.generate(["Hi", "Ho"], [SamplingParams(), SamplingParams(regex="(a")])
-    assert not llm.engine.has_unfinished()

@@ -3,6 +3,11 @@
 Asynchronous by default: step N+1 is planned and launched while step N runs on the device, and
 only then does the host wait for N's sampled ids (the one wait per step) and apply them.
 With async_loop=False the same code waits right after each launch (the `--sync` baseline).
+
+A step with constrained rows (structured output) is launched in two parts: its forward pass at
+once, then, after the wait for the previous step and its update (which advance the matchers), the
+token masks are filled on the host while the device runs that forward, and its sampling is
+enqueued with them. Steps without constrained rows take the one-launch path unchanged.
 Only the thread that created the engine may call it: it owns the device.
 """
 
@@ -21,6 +26,7 @@ import torch
 
 from bulkgen.config import EngineConfig, SamplingParams
 from bulkgen.engine.blocks import BlockManager
+from bulkgen.engine.grammar import GrammarCompiler, load_tokenizer
 from bulkgen.engine.monitor import GpuMonitor
 from bulkgen.engine.request import Request, RequestOutput
 from bulkgen.engine.runner import ModelRunner, Step, kv_bytes_per_block
@@ -100,6 +106,10 @@ class Engine:
         self._watched: dict[str, Request] = {}  # the unfinished ones with stop strings
         self._rng = random.Random(cfg.seed)
         self._prev: Step | None = None
+        self.tokenizer = None  # for grammars; else loaded from the model folder when first needed
+        self._grammars: GrammarCompiler | None = None
+        self.num_constrained = 0  # unfinished constrained requests: none, no mask work at all
+        self.mask_s = array.array("d")  # host seconds filling masks, per constrained step
         self.async_loop = cfg.async_loop  # settable, so one loaded engine can run both loops
         self.num_steps = 0
         # Host time of each step (everything but the wait for the device), for stats.json.
@@ -158,6 +168,12 @@ class Engine:
     def add(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
         seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
         req = Request(str(request_id), list(prompt_ids), params, seed)
+        if params.constrained:
+            try:
+                req.matcher = self.grammars.matcher(params)
+                self.num_constrained += 1
+            except ValueError as e:
+                req.error = f"{e}"  # the request ends as an error record; the run goes on
         self._requests[req.request_id] = req
         if params.stop:
             self._watched[req.request_id] = req
@@ -183,6 +199,14 @@ class Engine:
         return progress
 
     @property
+    def grammars(self) -> GrammarCompiler:
+        if self._grammars is None:
+            tokenizer = self.tokenizer or load_tokenizer(self.model_dir)
+            vocab = self.model_config.vocab_size
+            self._grammars = GrammarCompiler(tokenizer, vocab, self.eos_token_ids)
+        return self._grammars
+
+    @property
     def generated_tokens(self) -> int:
         """Tokens generated so far (read by the progress bar from its own thread)."""
         return self.scheduler.num_generated
@@ -198,35 +222,59 @@ class Engine:
         """One step of the loop; returns the requests that finished during it."""
         t0 = time.perf_counter()
         plan = self.scheduler.schedule()
-        launched = self.runner.launch(plan) if plan else None
-        if launched is not None:
+        launched = forward = None
+        if plan:
             self.num_steps += 1
+            if self.num_constrained and any(s.request.matcher for s in plan.sampled):
+                forward = self.runner.forward(plan)  # its sampling waits for the masks below
+            else:
+                launched = self.runner.launch(plan)
             if self.monitor is not None:
                 self.monitor.step(plan.decode_only, sum(s.end for s in plan.seqs))
         if not self.async_loop:
             self._prev, launched = launched, None
-        waited = 0.0
-        if self._prev is not None:
-            t_wait = time.perf_counter()
-            self._prev.synchronize()  # the only host wait of the step: N-1's copy-out event
-            waited = time.perf_counter() - t_wait
-            self.scheduler.update(self._prev.plan, self._prev.wait())
-        self._prev = launched
+        waited = self._apply_prev()
+        if forward is not None:
+            t_mask = time.perf_counter()  # N applied (matchers advanced); N+1's forward runs
+            words = self.runner.mask_words(len(plan.sampled))
+            self.grammars.fill_masks(plan.sampled, words.numpy())
+            self.mask_s.append(time.perf_counter() - t_mask)
+            self._prev = self.runner.sample(forward, words)
+            if not self.async_loop:
+                waited += self._apply_prev()
+        else:
+            self._prev = launched
         done = self.scheduler.take_finished()
         for out in done:
-            self._requests.pop(out.request_id, None)
+            req = self._requests.pop(out.request_id, None)
             self._watched.pop(out.request_id, None)
+            self.num_constrained -= req is not None and req.matcher is not None
         if plan:
             self.host_s.append(time.perf_counter() - t0 - waited)
         return done
 
+    def _apply_prev(self) -> float:
+        """Wait for the launched step (the one host wait of a step), apply its ids; seconds."""
+        if self._prev is None:
+            return 0.0
+        t_wait = time.perf_counter()
+        self._prev.synchronize()
+        waited = time.perf_counter() - t_wait
+        self.scheduler.update(self._prev.plan, self._prev.wait())
+        self._prev = None
+        return waited
+
     def host_time_stats(self) -> dict:
-        """Median and p99 host milliseconds per step (schedule, pack, launch, update)."""
-        if not self.host_s:
-            return {}
-        times = sorted(self.host_s)
-        pick = lambda q: round(1e3 * times[min(len(times) - 1, int(q * len(times)))], 3)  # noqa: E731
-        return {"host_ms_per_step_median": pick(0.5), "host_ms_per_step_p99": pick(0.99)}
+        """Median and p99 host milliseconds per step (schedule, pack, launch, update), and of the
+        mask filling of constrained steps (part of the host time)."""
+        stats = {}
+        for name, samples in (("host", self.host_s), ("mask", self.mask_s)):
+            times = sorted(samples)
+            for label, q in (("median", 0.5), ("p99", 0.99)):
+                if times:
+                    ms = 1e3 * times[min(len(times) - 1, int(q * len(times)))]
+                    stats[f"{name}_ms_per_step_{label}"] = round(ms, 3)
+        return stats
 
     @property
     def stats(self) -> dict:

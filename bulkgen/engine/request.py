@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from bulkgen.config import SamplingParams
 from bulkgen.engine.blocks import ChainKey
+from bulkgen.engine.grammar import Matcher
 
 
 class Status(enum.Enum):
@@ -61,6 +62,8 @@ class Request:
     num_streamed: int = 0  # output tokens already handed out by Engine.take_progress()
     logprobs: list[float] | None = None
     top_logprobs: list[list[tuple[int, float]]] | None = None
+    # With a constrained SamplingParams: the grammar state, advanced on every output token.
+    matcher: Matcher | None = None
 
     @property
     def num_tokens(self) -> int:

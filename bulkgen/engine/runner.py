@@ -1,6 +1,8 @@
 """Model runner: owns the KV cache, the streams and the events; launches one step at a time.
 
-launch(plan) enqueues the whole step without waiting for the device: inputs go host -> device on a
+launch(plan) enqueues the whole step without waiting for the device (as forward(plan) then
+sample(forward): the engine enqueues a constrained step's sampling later, once its token masks
+are on the host): inputs go host -> device on a
 copy stream, the compute stream waits on that copy's event, applies the step's block-table appends,
 runs the forward (a CUDA graph replay for decode steps) and sampling, writes the sampled ids to the
 device's last-token table (where the next step's decode inputs are gathered) and copies them into
@@ -17,9 +19,9 @@ import torch
 
 from bulkgen.config import EngineConfig
 from bulkgen.engine.graphs import DecodeGraphs
-from bulkgen.engine.inputs import InputPacker, StepInputs
+from bulkgen.engine.inputs import InputPacker, PackedStep, StepInputs
 from bulkgen.engine.penalty_state import PenaltyState
-from bulkgen.engine.sampler import SamplingTensors, sample, top_logprobs
+from bulkgen.engine.sampler import SamplingTensors, sample, top_logprobs, unpack_bitmask
 from bulkgen.engine.scheduler import Plan, ScheduledSeq
 from bulkgen.engine.tables import DeviceTables
 from bulkgen.model.attention.metadata import AttnMetadata
@@ -56,6 +58,16 @@ class Step:
             result.logprobs = chosen.tolist()
             result.top_ids, result.top_logprobs = top_ids.tolist(), top_vals.tolist()
         return result
+
+
+@dataclass
+class Forward:
+    """A launched forward pass whose sampling is not enqueued yet."""
+
+    plan: Plan
+    packed: PackedStep
+    inp: StepInputs
+    logits: torch.Tensor | None
 
 
 def kv_bytes_per_block(mcfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
@@ -132,13 +144,19 @@ class ModelRunner:
         self.eager_decode_steps = 0  # decode steps that ran eagerly (reported in stats.json)
         self.out_turn = 0
         self.host_out = [_HostOut(ecfg.max_num_seqs, self.cuda) for _ in range(2)]
+        self.mask_host: torch.Tensor | None = None  # allocated at the first constrained step
+        self.mask_device: torch.Tensor | None = None
 
     def _stream_ctx(self):
         return torch.cuda.stream(self.compute_stream) if self.cuda else contextlib.nullcontext()
 
-    @torch.inference_mode()
     def launch(self, plan: Plan) -> Step:
-        sampled = plan.sampled
+        """Forward and sampling of one step, enqueued back to back."""
+        return self.sample(self.forward(plan))
+
+    @torch.inference_mode()
+    def forward(self, plan: Plan) -> Forward:
+        """Enqueue the step's forward pass; sample() enqueues its sampling (with a mask)."""
         packed = self.packer.pack(plan, self.copy_stream)
         with self._stream_ctx():
             if packed.ready is not None:
@@ -161,12 +179,38 @@ class ModelRunner:
             else:
                 self.eager_decode_steps += meta.decode_only
                 hidden = self.model(input_ids, inp.positions, meta, self.kv)
-                logits = self.model.compute_logits(hidden[inp.logits_indices]) if sampled else None
-            ids, lp = self._sample(sampled, inp, logits)
-            self.tables.record(inp, ids)
-            step = self._copy_out(plan, ids, lp)
-        self.packer.release(packed, step.done)
+                logits = None
+                if plan.sampled:
+                    logits = self.model.compute_logits(hidden[inp.logits_indices])
+        return Forward(plan, packed, inp, logits)
+
+    @torch.inference_mode()
+    def sample(self, fwd: Forward, mask: torch.Tensor | None = None) -> Step:
+        """Enqueue the sampling of a forward. mask: host int32 words [len(plan.sampled), W]
+        from mask_words(), the allowed tokens of each sampled row."""
+        with self._stream_ctx():
+            allowed = None
+            if mask is not None:
+                allowed = mask
+                if self.cuda:  # stream order: sampled after the upload, reused after `done`
+                    allowed = self.mask_device[: mask.shape[0]]
+                    allowed.copy_(mask, non_blocking=True)
+            ids, lp = self._sample(fwd.plan.sampled, fwd.inp, fwd.logits, allowed)
+            self.tables.record(fwd.inp, ids)
+            step = self._copy_out(fwd.plan, ids, lp)
+        self.packer.release(fwd.packed, step.done)
         return step
+
+    def mask_words(self, rows: int) -> torch.Tensor:
+        """The host (pinned) mask buffer's first rows. One buffer serves every step: the engine
+        fills it for step N+1 only after step N, the last reader of its copy, has completed."""
+        if self.mask_host is None:
+            words = -(-self.mcfg.vocab_size // 32)
+            shape = (self.ecfg.max_num_seqs, words)
+            self.mask_host = torch.empty(shape, dtype=torch.int32, pin_memory=self.cuda)
+            if self.cuda:
+                self.mask_device = torch.empty(shape, dtype=torch.int32, device=self.device)
+        return self.mask_host[:rows]
 
     def _graphable(self, plan: Plan, meta: AttnMetadata) -> bool:
         """Decode steps whose every row samples replay a graph, whatever their sampling."""
@@ -185,9 +229,16 @@ class ModelRunner:
         if self.graphs is not None:
             self.graphs.capture()
 
-    def _sample(self, sampled: list[ScheduledSeq], inp: StepInputs, logits: torch.Tensor | None):
+    def _sample(
+        self,
+        sampled: list[ScheduledSeq],
+        inp: StepInputs,
+        logits: torch.Tensor | None,
+        allowed: torch.Tensor | None,
+    ):
         """Penalties, then sampling (the fused Triton sampler on CUDA, the torch reference
-        elsewhere); logprobs are those of the model's own distribution (before penalties)."""
+        elsewhere) restricted to the allowed tokens; logprobs are those of the model's own
+        distribution (before penalties and mask)."""
         if not sampled:
             return inp.seeds.new_empty(0), None
         params = [s.request.params for s in sampled]
@@ -195,7 +246,7 @@ class ModelRunner:
         if any(p.penalized for p in params):
             scores = self.penalties.apply(logits, inp)
         all_greedy = all(p.greedy for p in params)
-        if self.fused_sample is not None and not all_greedy:
+        if self.fused_sample is not None and (allowed is not None or not all_greedy):
             ids = self.fused_sample(
                 scores,
                 inp.temperature,
@@ -204,6 +255,7 @@ class ModelRunner:
                 inp.min_p,
                 inp.seeds,
                 inp.sample_positions,
+                allowed=allowed,
             )
         else:
             st = SamplingTensors(
@@ -216,7 +268,8 @@ class ModelRunner:
                 all_greedy=all_greedy,
                 any_filter=any(p.filtered for p in params),
             )
-            ids = sample(scores, st)
+            mask = None if allowed is None else unpack_bitmask(allowed, scores.shape[-1])
+            ids = sample(scores, st, mask)
         if self.penalties.active:
             self.penalties.record(inp, ids)
         want = [p.logprobs for p in params if p.logprobs is not None]

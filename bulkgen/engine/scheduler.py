@@ -85,6 +85,8 @@ class Scheduler:
         self.waiting.append(req)
 
     def _admission_problem(self, req: Request) -> str | None:
+        if req.error:
+            return req.error  # found before the scheduler saw it (its grammar, for one)
         n = len(req.prompt_ids)
         if n == 0:
             return "empty prompt: it has no tokens"
@@ -264,6 +266,11 @@ class Scheduler:
                 self._register_full_blocks(req)
             if req.params.logprobs is not None:
                 self._record_logprobs(req, result, row)
+            if req.matcher is not None and not req.matcher.advance(token):
+                # The mask allows only what the matcher accepts: a bug, kept to this row.
+                req.error = f"grammar rejected sampled token {token}: {req.matcher.error}"
+                self._finish(req, "error")
+                continue
             reason = self._stop_reason(req, token)
             if reason:
                 self._finish(req, reason)
@@ -283,6 +290,8 @@ class Scheduler:
             return "stop"
         if token in params.stop_token_ids:
             return "stop"
+        if req.matcher is not None and req.matcher.is_done:
+            return "stop"  # the grammar is complete: before the length checks, it wins a tie
         if len(req.output_ids) >= params.max_tokens:
             return "length"
         if len(req.prompt_ids) + len(req.output_ids) >= self.max_model_len:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 from bulkgen.config import SamplingParams
-from bulkgen.grammar_check import check_grammar
+from bulkgen.engine.grammar import check_grammar
 from bulkgen.row import Row, checked_overrides
 from bulkgen.structured import GrammarChecks
 
