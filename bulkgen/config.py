@@ -21,8 +21,8 @@ class SamplingParams:
     tokens; 1.0 is off), presence_penalty and frequency_penalty as OpenAI's (over output tokens;
     0.0 is off).
     Structured output (engine/grammar.py): at most one of json_schema (a JSON Schema as JSON
-    text; a dict is accepted and stored as canonical text, so equal schemas compare and hash
-    equal), regex (the whole output must match it) and choice (the output is exactly one of these
+    text; a dict is accepted and stored as compact text, keys in their order, so equal schemas
+    compare and hash equal), regex (the whole output must match it) and choice (the output is exactly one of these
     strings). The row stops with finish_reason "stop" once its grammar is complete.
     """
 
@@ -110,7 +110,10 @@ class SamplingParams:
             if not isinstance(schema, dict):
                 kind = type(schema).__name__
                 raise ValueError(f"invalid JSON schema: must be a JSON object, got a {kind}")
-            canonical = json.dumps(schema, sort_keys=True, separators=(",", ":"))
+            # Compact, keys in their given order: the grammar writes an object's properties in
+            # the schema's order, so sorting them would change the output (answer before
+            # question); two schemas that differ only in key order generate differently.
+            canonical = json.dumps(schema, separators=(",", ":"))
             object.__setattr__(self, "json_schema", canonical)
         if self.regex is not None and not isinstance(self.regex, str):
             raise ValueError(f"regex must be a string, got {self.regex!r}")

@@ -63,7 +63,7 @@ def _schema_text(value: str) -> str:
         raise UserError(f"{where} is not valid JSON: {e}") from None
     if not isinstance(schema, dict):
         raise UserError(f"{where} must hold a JSON object (a schema), not {type(schema).__name__}")
-    return json.dumps(schema, sort_keys=True, separators=(",", ":"))
+    return json.dumps(schema, separators=(",", ":"))  # keys in order: see SamplingParams
 
 
 def check_job_constraint(params: SamplingParams) -> None:

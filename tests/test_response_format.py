@@ -21,7 +21,7 @@ from bulkgen.recipes import load_recipe
 from bulkgen.row import Row
 
 SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
-CANONICAL = json.dumps(SCHEMA, sort_keys=True, separators=(",", ":"))
+CANONICAL = json.dumps(SCHEMA, separators=(",", ":"))
 AS_SCHEMA = {"type": "json_schema", "json_schema": {"name": "n", "schema": SCHEMA, "strict": True}}
 JOB = SamplingParams(max_tokens=8, temperature=0.0, regex="[a-z]+")  # the job's flag: --regex
 

@@ -14,7 +14,7 @@ from bulkgen.engine.fake import FAKE_ENGINE_ENV
 from bulkgen.engine.grammar import check_grammar
 
 SCHEMA = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
-CANONICAL = '{"properties":{"answer":{"type":"string"}},"required":["answer"],"type":"object"}'
+CANONICAL = '{"type":"object","properties":{"answer":{"type":"string"}},"required":["answer"]}'
 
 
 @pytest.fixture
@@ -40,12 +40,19 @@ def recorded_sampling(out) -> dict:
 # ---- SamplingParams ----------------------------------------------------------------------
 
 
-def test_a_schema_given_as_a_dict_or_as_text_is_the_same_canonical_text():
+def test_a_schema_given_as_a_dict_or_as_text_is_the_same_compact_text():
     as_dict = SamplingParams(json_schema=SCHEMA)
     as_text = SamplingParams(json_schema=json.dumps(SCHEMA, indent=2))
     assert as_dict.json_schema == as_text.json_schema == CANONICAL
     assert as_dict == as_text and hash(as_dict) == hash(as_text)
     assert as_dict.constrained and not SamplingParams().constrained
+
+
+def test_a_schemas_key_order_is_kept_because_the_output_follows_it():
+    """The grammar writes properties in the schema's order: sorting would put answer first."""
+    schema = {"type": "object", "properties": {"question": {}, "answer": {}}}
+    kept = json.loads(SamplingParams(json_schema=schema).json_schema)
+    assert list(kept["properties"]) == ["question", "answer"]
 
 
 def test_a_choice_list_is_stored_as_a_tuple():
