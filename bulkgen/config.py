@@ -22,8 +22,9 @@ class SamplingParams:
     0.0 is off).
     Structured output (engine/grammar.py): at most one of json_schema (a JSON Schema as JSON
     text; a dict is accepted and stored as compact text, keys in their order, so equal schemas
-    compare and hash equal), regex (the whole output must match it) and choice (the output is exactly one of these
-    strings). The row stops with finish_reason "stop" once its grammar is complete.
+    compare and hash equal), regex (the whole output must match it) and choice (the output is
+    exactly one of these strings). The row stops with finish_reason "stop" once its grammar is
+    complete.
     """
 
     max_tokens: int = 256
