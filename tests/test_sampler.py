@@ -73,3 +73,33 @@ def test_an_allowed_mask_restricts_greedy_and_sampled_tokens():
     # Renormalised over the allowed tokens: 0.714, 0.2, 0.086; the mass before token 4 is 0.914.
     ids = sample(logits, tensors(n, top_p=0.8), allowed)
     assert set(ids.tolist()) == {1, 3}
+
+
+def test_noise_is_strictly_below_one_so_no_token_wins_whatever_its_probability():
+    # With 24 bits, a token whose hash had its top 24 bits set got u == 1.0 in float32, so
+    # -log(u) == 0: it won the race outright (p / 0 = inf) or, filtered or masked, gave NaN,
+    # which argmax picks. About 1 token in 2**24, so a few rows of every large-vocabulary step.
+    from bulkgen.engine.sampler import uniform_noise
+
+    seeds = torch.arange(400, dtype=torch.int64)
+    u = uniform_noise(seeds, torch.zeros_like(seeds), 128256)  # 51M draws: ~3 at 1.0 before
+    assert u.max().item() < 1.0 and u.min().item() > 0.0
+    assert torch.isfinite(1.0 / -torch.log(u)).all()
+
+
+def test_a_masked_token_is_never_sampled_even_with_filters():
+    vocab, rows = 5000, 64
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(rows, vocab, generator=gen) * 4
+    allowed = torch.zeros(rows, vocab, dtype=torch.bool)
+    allowed[:, ::97] = True
+    st = SamplingTensors(
+        temperature=torch.full((rows,), 0.7), top_k=torch.zeros(rows, dtype=torch.int64),
+        top_p=torch.full((rows,), 0.95), min_p=torch.zeros(rows),
+        seed=torch.arange(rows, dtype=torch.int64), position=torch.arange(rows, dtype=torch.int64),
+        all_greedy=False, any_filter=True,
+    )  # fmt: skip
+    for step in range(20):
+        st.position = st.position + 1
+        ids = sample(logits, st, allowed)
+        assert allowed.gather(1, ids[:, None]).all(), f"step {step}"

@@ -45,7 +45,11 @@ def uniform_noise(seed: torch.Tensor, position: torch.Tensor, vocab_size: int) -
     token = torch.arange(vocab_size, device=seed.device, dtype=torch.int64)
     h = _fmix(row[:, None] ^ ((token[None, :] * 0x27D4EB2F) & _MASK32))
     h = _fmix(h + 0x165667B1)
-    return ((h >> 8).float() + 0.5) * (1.0 / (1 << 24))
+    # 23 bits, not 24: ((2**24 - 1) + 0.5) / 2**24 rounds to exactly 1.0 in float32, and u = 1
+    # makes -log(u) = 0: that token's race value became inf (drawn whatever its probability) or,
+    # for a masked or filtered token, 0/0 = NaN, which argmax picks (seen: a grammar-masked token
+    # sampled). With 23 bits the largest u is 1 - 2**-24, exactly representable.
+    return ((h >> 9).float() + 0.5) * (1.0 / (1 << 23))
 
 
 def apply_filters(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:

@@ -56,7 +56,7 @@ def _uniform(row_hash, offs):
     h = h ^ (h >> 13)
     h = h * 0xC2B2AE35
     h = h ^ (h >> 16)
-    return ((h >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+    return ((h >> 9).to(tl.float32) + 0.5) * (1.0 / 8388608.0)  # < 1: see uniform_noise
 
 
 @triton.jit
