@@ -117,6 +117,7 @@ def run_bulkgen(args, work, sync: bool, prefix_cache: bool = True, workers: int 
                 "host_ms_per_step_median",
                 "host_ms_per_step_p99",
                 "preemptions",
+                "recomputed_tokens",
                 "eager_decode_steps",
             )
         },

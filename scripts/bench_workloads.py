@@ -70,6 +70,9 @@ def make_workload(name: str, out_len: int, num_prompts: int | None) -> list[tupl
         plens, olens = rng.integers(64, 1025, n), rng.integers(64, 1025, n)
         pairs = zip(plens, olens, strict=True)
         return [(rng.integers(1000, 120000, p).tolist(), int(o)) for p, o in pairs]
+    if name == "trt":  # TensorRT-LLM's own 1000/1000 case (trtllm-bench perf-overview)
+        n = num_prompts or 3000
+        return [(rng.integers(1000, 120000, 1000).tolist(), 1000) for _ in range(n)]
     if name == "prefix":
         n = num_prompts or 1024
         prefix = rng.integers(1000, 120000, 1024).tolist()

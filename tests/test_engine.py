@@ -233,3 +233,30 @@ def test_stats_report_host_time_per_step(tiny_model_dir):
     stats = llm.engine.stats
     assert 0 < stats["host_ms_per_step_median"] <= stats["host_ms_per_step_p99"]
     assert stats["decode_graph_steps"] == 0 and stats["eager_decode_steps"] > 0  # no graphs on CPU
+
+
+def test_recomputed_tokens_count_what_preemption_made_the_engine_compute_again(tiny_model_dir):
+    from bulkgen import LLM
+
+    ids = encode_all(tiny_model_dir, PROMPTS)
+    params = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
+    roomy = LLM(str(tiny_model_dir), dtype="float32", device="cpu", prefix_cache=False)
+    roomy.generate(ids, params)
+    assert roomy.engine.stats["recomputed_tokens"] == 0
+    tight = LLM(str(tiny_model_dir), dtype="float32", device="cpu", block_size=16, num_blocks=12,
+                max_batch_tokens=32, max_num_seqs=8, prefix_cache=False)  # fmt: skip
+    scheduler = tight.engine.scheduler
+    computed, requests = [0], set()
+    original = scheduler._scheduled
+
+    def counting(req, n):
+        computed[0] += n
+        requests.add(req)
+        return original(req, n)
+
+    scheduler._scheduled = counting
+    tight.generate(ids, params)
+    stats = tight.engine.stats
+    assert stats["preemptions"] > 0 and stats["recomputed_tokens"] > 0
+    # Everything computed beyond each position's first computation is recomputed work.
+    assert stats["recomputed_tokens"] == computed[0] - sum(r.max_computed for r in requests)

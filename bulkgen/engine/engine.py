@@ -281,6 +281,7 @@ class Engine:
         return {
             "engine_steps": self.num_steps,
             "preemptions": self.scheduler.num_preemptions,
+            "recomputed_tokens": self.scheduler.num_recomputed,
             "kv_blocks": self.scheduler.blocks.num_blocks,
             "block_size": self.cfg.block_size,
             "startup_s": round(self.startup_s, 3),

@@ -70,6 +70,7 @@ class Scheduler:
         self.free_rows = list(range(cfg.max_num_seqs - 1, -1, -1))
         self.finished: list[RequestOutput] = []
         self.num_preemptions = 0
+        self.num_recomputed = 0  # tokens computed again after preemptions (stats.json)
         self.num_generated = 0  # tokens appended to outputs (read by progress and benchmarks)
         # Prompt tokens that requests took from the prefix cache at their first admission.
         self.num_cached_tokens = 0
@@ -238,6 +239,9 @@ class Scheduler:
         from_prev = req.num_pending > 0 and sample
         assert not (req.num_pending and n > 1), "a pending token is only ever decoded alone"
         req.num_computed += n
+        if start < req.max_computed:
+            self.num_recomputed += min(req.num_computed, req.max_computed) - start
+        req.max_computed = max(req.max_computed, req.num_computed)
         if sample:
             req.num_pending += 1
         if (start + n) // self.cfg.block_size > req.num_hashed_blocks:  # a block may be full
