@@ -258,7 +258,6 @@ def main() -> None:
                     "host_ms_per_step_p99",
                     "preemptions",
                     "recomputed_tokens",
-                    "recomputed_tokens",
                     "eager_decode_steps",
                     "max_idle_gap_s",
                 ):
