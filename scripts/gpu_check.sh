@@ -12,6 +12,13 @@ OUT="${OUT:-/tmp/gpu_check}"
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.used,memory.total,utilization.gpu,clocks.sm --format=csv
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
+# Wheels the GPU machine lacks (llguidance for structured output) travel in .whl (git-ignored;
+# carry it): python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#   --implementation cp --platform manylinux_2_31_x86_64 -d .whl llguidance
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH="$PYTHONPATH:/tmp/site"
+fi
 status=0
 if [ "${TESTS:-1}" = 1 ]; then
   python3 -m pytest -m gpu -q -x -p no:cacheprovider ${PYTEST_ARGS:-tests} 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
