@@ -1,41 +1,27 @@
 """Attention backends: `torch` (reference, CPU) and `triton` (the GPU path).
 
-A backend is an object with the same small interface (AttentionBackend): it stores a step's keys
-and values in the paged cache, attends over it, builds the step's AttnMetadata, and says whether
-its launches depend on static shapes only (graph_safe), in which case the decode CUDA graphs
-capture it with static DecodeGraphBuffers.
+A backend (AttentionBackend) pairs a module's two functions, write_kv (store a step's keys and
+values in the paged cache) and paged_attention (attend over it), with whether their launches
+depend on static shapes only (graph_safe: the decode CUDA graphs capture them with static
+DecodeGraphBuffers), and builds each step's AttnMetadata.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 from bulkgen.model.attention.metadata import AttnMetadata
 
 
-class AttentionBackend(Protocol):
+@dataclass(frozen=True)
+class AttentionBackend:
     name: str
-    graph_safe: bool  # launches depend on static shapes only: decode steps can be captured
-
-    def write_kv(
-        self,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        slot_mapping: torch.Tensor,
-    ) -> None: ...
-
-    def attend(
-        self,
-        q: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        meta: AttnMetadata,
-        scale: float,
-    ) -> torch.Tensor: ...
+    graph_safe: bool
+    write_kv: Callable[..., None]  # (k, v, k_cache, v_cache, slot_mapping)
+    attend: Callable[..., torch.Tensor]  # (q, k_cache, v_cache, meta, scale) -> out
 
     def metadata(
         self,
@@ -45,7 +31,21 @@ class AttentionBackend(Protocol):
         block_tables: torch.Tensor,
         query_lens_host: list[int],
         seq_lens_host: list[int],
-    ) -> AttnMetadata: ...
+    ) -> AttnMetadata:
+        """The step's metadata; the host lists come from the plan (the torch backend loops over
+        them, the Triton one reads their maxima only), so building it never waits on the device."""
+        max_query_len = max(query_lens_host)
+        return AttnMetadata(
+            slot_mapping=slot_mapping,
+            query_start_loc=query_start_loc,
+            seq_lens=seq_lens,
+            block_tables=block_tables,
+            max_query_len=max_query_len,
+            max_seq_len=max(seq_lens_host),
+            decode_only=max_query_len == 1,
+            query_lens_host=query_lens_host,
+            seq_lens_host=seq_lens_host,
+        )
 
 
 def get_backend(name: str, device: torch.device) -> AttentionBackend:
@@ -53,11 +53,11 @@ def get_backend(name: str, device: torch.device) -> AttentionBackend:
     if name == "auto":
         name = "triton" if device.type == "cuda" else "torch"
     if name == "torch":
-        from bulkgen.model.attention.torch_backend import TorchAttention
+        from bulkgen.model.attention import torch_backend as m
 
-        return TorchAttention()
+        return AttentionBackend("torch", False, m.write_kv, m.paged_attention)
     if name == "triton":
-        from bulkgen.model.attention.triton_backend import TritonAttention
+        from bulkgen.model.attention import triton_backend as m
 
-        return TritonAttention()
+        return AttentionBackend("triton", True, m.write_kv, m.paged_attention)
     raise ValueError(f"attention backend {name!r} is not one of torch, triton")

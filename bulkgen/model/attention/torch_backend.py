@@ -12,34 +12,6 @@ import torch
 from bulkgen.model.attention.metadata import AttnMetadata
 
 
-class TorchAttention:
-    """The reference backend: host-side lengths drive its loops, so it is never captured."""
-
-    name = "torch"
-    graph_safe = False
-
-    def write_kv(self, k, v, k_cache, v_cache, slot_mapping) -> None:
-        write_kv(k, v, k_cache, v_cache, slot_mapping)
-
-    def attend(self, q, k_cache, v_cache, meta: AttnMetadata, scale: float) -> torch.Tensor:
-        return paged_attention(q, k_cache, v_cache, meta, scale)
-
-    def metadata(
-        self, slot_mapping, query_start_loc, seq_lens, block_tables, query_lens_host, seq_lens_host
-    ) -> AttnMetadata:
-        return AttnMetadata(
-            slot_mapping=slot_mapping,
-            query_start_loc=query_start_loc,
-            seq_lens=seq_lens,
-            block_tables=block_tables,
-            max_query_len=max(query_lens_host),
-            max_seq_len=max(seq_lens_host),
-            decode_only=all(n == 1 for n in query_lens_host),
-            query_lens_host=query_lens_host,
-            seq_lens_host=seq_lens_host,
-        )
-
-
 def write_kv(
     k: torch.Tensor,
     v: torch.Tensor,

@@ -1,6 +1,6 @@
 """Triton attention backend: the GPU fast path, a drop-in for torch_backend.
 
-TritonAttention is graph-safe. Same two functions, same shapes and semantics as the torch
+Graph-safe. Same two functions, same shapes and semantics as the torch
 reference:
 - write_kv: one program per token stores its K/V rows at their cache slots (triton_kv.py).
 - paged_attention: decode-only steps (the CUDA-graph path) run the split-KV GQA decode kernel
@@ -19,33 +19,7 @@ from bulkgen.model.attention.triton_decode import paged_decode
 from bulkgen.model.attention.triton_kv import write_kv
 from bulkgen.model.attention.triton_prefill import paged_prefill
 
-__all__ = ["TritonAttention", "paged_attention", "write_kv"]
-
-
-class TritonAttention:
-    name = "triton"
-    graph_safe = True
-
-    def write_kv(self, k, v, k_cache, v_cache, slot_mapping) -> None:
-        write_kv(k, v, k_cache, v_cache, slot_mapping)
-
-    def attend(self, q, k_cache, v_cache, meta: AttnMetadata, scale: float) -> torch.Tensor:
-        return paged_attention(q, k_cache, v_cache, meta, scale)
-
-    def metadata(
-        self, slot_mapping, query_start_loc, seq_lens, block_tables, query_lens_host, seq_lens_host
-    ) -> AttnMetadata:
-        """Host lists are read for their maxima only (they pick the prefill tile)."""
-        max_query_len = max(query_lens_host)
-        return AttnMetadata(
-            slot_mapping=slot_mapping,
-            query_start_loc=query_start_loc,
-            seq_lens=seq_lens,
-            block_tables=block_tables,
-            max_query_len=max_query_len,
-            max_seq_len=max(seq_lens_host),
-            decode_only=max_query_len == 1,
-        )
+__all__ = ["paged_attention", "write_kv"]
 
 
 def paged_attention(
