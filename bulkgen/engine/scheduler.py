@@ -9,6 +9,7 @@ its token is discarded in update.
 
 from __future__ import annotations
 
+import functools
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -46,8 +47,10 @@ class Plan:
     def decode_only(self) -> bool:
         return all(s.num_tokens == 1 for s in self.seqs)
 
-    @property
+    @functools.cached_property
     def sampled(self) -> list[ScheduledSeq]:
+        """The rows that sample, in order; computed once (read by the packer, runner, engine and
+        update on every step), so only after the plan is complete."""
         return [s for s in self.seqs if s.sample]
 
     def __bool__(self) -> bool:
