@@ -302,7 +302,8 @@ def _default_engine_factory() -> EngineFactory:
         return lambda config: FakeEngine(config, **options)
 
     def real(config: EngineConfig):
-        from bulkgen.engine.engine import Engine, resolve_device
+        from bulkgen.engine.engine import Engine
+        from bulkgen.engine.model_files import resolve_device
 
         if resolve_device(config.device).type == "cpu":
             from bulkgen.cpu import use_cpu_threads

@@ -20,13 +20,13 @@ import json
 import logging
 import random
 import time
-from pathlib import Path
 
 import torch
 
 from bulkgen.config import EngineConfig, SamplingParams
 from bulkgen.engine.blocks import BlockManager
 from bulkgen.engine.grammar import GrammarCompiler, load_tokenizer
+from bulkgen.engine.model_files import model_dir, read_eos_ids, resolve_device
 from bulkgen.engine.monitor import GpuMonitor
 from bulkgen.engine.request import Request, RequestOutput
 from bulkgen.engine.runner import ModelRunner, Step, kv_bytes_per_block
@@ -41,37 +41,6 @@ log = logging.getLogger(__name__)
 CPU_KV_BUDGET = 2 << 30  # bytes of KV cache on the CPU when num_blocks is not given
 
 
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {name!r} asked for, but no CUDA device is available")
-    return device
-
-
-def _model_dir(name: str) -> Path:
-    path = Path(name).expanduser()
-    if path.is_dir():
-        return path
-    from bulkgen.model.hub import resolve_model  # the Hub and aliases only when needed
-
-    return resolve_model(name)
-
-
-def read_eos_ids(model_dir: Path | None, mcfg_dict: dict) -> list[int]:
-    """End-of-sequence ids: generation_config.json first (it may list several), then config."""
-    candidates = []
-    if model_dir is not None and (model_dir / "generation_config.json").is_file():
-        candidates.append(json.loads((model_dir / "generation_config.json").read_text()))
-    candidates.append(mcfg_dict)
-    for source in candidates:
-        eos = source.get("eos_token_id")
-        if eos is not None:
-            return [eos] if isinstance(eos, int) else list(eos)
-    return []
-
-
 class Engine:
     def __init__(self, cfg: EngineConfig, model_config: dict | None = None) -> None:
         """model_config: a config.json dict, for dummy weights with no model folder."""
@@ -79,7 +48,7 @@ class Engine:
         self.cfg = cfg
         self.device = resolve_device(cfg.device)
         if model_config is None:
-            self.model_dir = _model_dir(cfg.model)
+            self.model_dir = model_dir(cfg.model)
             model_config = json.loads((self.model_dir / "config.json").read_text())
         else:
             self.model_dir = None

@@ -30,7 +30,7 @@ import numpy as np
 from bulkgen.config import SamplingParams
 
 if TYPE_CHECKING:
-    from bulkgen.engine.scheduler import ScheduledSeq
+    from bulkgen.engine.plan import ScheduledSeq
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from bulkgen.engine.scheduler import Plan
+from bulkgen.engine.plan import Plan
 
 # Float fields per sampled row, in packing order.
 FLOAT_FIELDS = ("temperature", "top_p", "min_p", "repetition", "presence", "frequency")

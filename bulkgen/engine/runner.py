@@ -21,8 +21,8 @@ from bulkgen.config import EngineConfig
 from bulkgen.engine.graphs import DecodeGraphs
 from bulkgen.engine.inputs import InputPacker, PackedStep, StepInputs
 from bulkgen.engine.penalty_state import PenaltyState
+from bulkgen.engine.plan import Plan, ScheduledSeq
 from bulkgen.engine.sampler import SamplingTensors, sample, top_logprobs, unpack_bitmask
-from bulkgen.engine.scheduler import Plan, ScheduledSeq
 from bulkgen.engine.tables import DeviceTables
 from bulkgen.model.attention.metadata import AttnMetadata
 from bulkgen.model.config import ModelConfig

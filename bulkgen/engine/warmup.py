@@ -9,8 +9,8 @@ sampling with every filter on), which also holds the sampler's largest [seqs, vo
 from __future__ import annotations
 
 from bulkgen.config import EngineConfig, SamplingParams
+from bulkgen.engine.plan import Plan, ScheduledSeq
 from bulkgen.engine.request import Request
-from bulkgen.engine.scheduler import Plan, ScheduledSeq
 
 # Every filter and the widest logprobs (OpenAI's maximum of 20): the sampler's and the logprob
 # path's largest temporaries and pinned buffers exist before the KV cache is sized.
