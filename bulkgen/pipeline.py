@@ -24,12 +24,13 @@ from bulkgen.errors import UserError
 from bulkgen.guard import RowGuard
 from bulkgen.idle import idle_stats, nothing_left
 from bulkgen.io.fingerprint import fingerprints
-from bulkgen.io.job import STATS_FILE, Done, JobDir, write_json_atomic
+from bulkgen.io.job import STATS_FILE, JobDir, write_json_atomic
 from bulkgen.io.reader import Reader
 from bulkgen.io.writer import ShardWriter
-from bulkgen.preflight import bulkgen_version, checked_parts, checked_reader, job_record
+from bulkgen.preflight import checked_parts, checked_reader, job_record
 from bulkgen.progress import Progress
 from bulkgen.run_config import RunConfig
+from bulkgen.run_stats import run_stats
 from bulkgen.samples import Resume, Samples
 from bulkgen.text.stage import Detokenize, Tokenize
 from bulkgen.text.stop import StopWatcher
@@ -183,7 +184,11 @@ class _Run:
             sys.setswitchinterval(switch_interval)
         if self.failure is not None:
             raise self.failure
-        stats = self._stats(done, progress, writer, load_time)
+        row_faults = self.reader.faults + sum(g.faults for g in self.guards) + writer.faults
+        stats = run_stats(
+            self.config, self.model_dir, done, progress.counts, len(writer.shards), row_faults,
+            load_time, self.engine_stats,
+        )  # fmt: skip
         if self.worker is None:
             write_json_atomic(Path(self.config.out) / STATS_FILE, stats)
         if self.reader.damaged:  # the rows before the damage are written; the run still failed
@@ -256,41 +261,6 @@ class _Run:
 
     def _record(self) -> dict:
         return job_record(self.config, self.model_dir, self.reader)
-
-    def _stats(self, done: Done, progress: Progress, writer: ShardWriter, load_time: float) -> dict:
-        run = progress.counts
-        wall = run.elapsed
-        stats = {
-            "rows": done.rows + run.rows,
-            "errors": done.errors + run.errors,
-            "prompt_tokens": done.prompt_tokens + run.prompt_tokens,
-            "completion_tokens": done.completion_tokens + run.completion_tokens,
-            "shards": len(done.shards) + len(writer.shards),
-            # Rows whose stage raised (a bug to report), written as error records.
-            "row_faults": self.reader.faults + sum(g.faults for g in self.guards) + writer.faults,
-            "this_run": {
-                "rows": run.rows,
-                "errors": run.errors,
-                "prompt_tokens": run.prompt_tokens,
-                "completion_tokens": run.completion_tokens,
-                "resumed_after_rows": done.rows,
-                **({"input_rows": run.inputs} if self.config.n > 1 else {}),
-            },
-            "wall_time_s": round(wall, 3),
-            "load_time_s": round(load_time, 3),
-            "generated_tokens_per_s": round(run.completion_tokens / max(wall, 1e-9), 1),
-            "model": self.config.model,
-            "model_path": str(self.model_dir),
-            "sampling": self.config.job_settings()["sampling"],
-            "format": self.config.format,
-            "bulkgen_version": bulkgen_version(),
-        }
-        if self.engine_stats.get("device") == "cpu":
-            import torch
-
-            stats["torch_threads"] = torch.get_num_threads()  # see cpu.py
-        # Engine-side figures (GPU busy and the like) join in, without replacing ours.
-        return {**{k: v for k, v in self.engine_stats.items() if k not in stats}, **stats}
 
 
 def _default_engine_factory() -> EngineFactory:
