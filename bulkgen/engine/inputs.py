@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from bulkgen.engine.plan import Plan
+from bulkgen.engine.request import Request
 
 # Float fields per sampled row, in packing order.
 FLOAT_FIELDS = ("temperature", "top_p", "min_p", "repetition", "presence", "frequency")
@@ -58,7 +59,7 @@ class PackedStep:
     turn: int  # which of the two buffers it occupies
     query_lens: list[int]  # host copies for the attention metadata
     seq_lens: list[int]
-    fresh_penalized: list  # penalised requests in their first step since (re)admission
+    fresh_penalized: list[Request]  # penalised requests in their first step since (re)admission
 
     def unpack(self) -> StepInputs:
         """Views and dtype casts; call on the compute stream after it waited for `ready`."""
