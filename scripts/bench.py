@@ -257,6 +257,8 @@ def main() -> None:
                     "stats_decode_bw_eff",
                     "host_ms_per_step_median",
                     "host_ms_per_step_p99",
+                    "mask_ms_per_step_median",
+                    "mask_ms_per_step_p99",
                     "preemptions",
                     "recomputed_tokens",
                     "eager_decode_steps",

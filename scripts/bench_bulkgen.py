@@ -137,6 +137,8 @@ def run_bulkgen(args, work, sync: bool, prefix_cache: bool = True, workers: int 
             for k in (
                 "host_ms_per_step_median",
                 "host_ms_per_step_p99",
+                "mask_ms_per_step_median",
+                "mask_ms_per_step_p99",
                 "preemptions",
                 "recomputed_tokens",
                 "eager_decode_steps",
