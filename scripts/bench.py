@@ -127,7 +127,7 @@ def main() -> None:
         default="greedy",
         help="comma-separated bulkgen sampling settings: greedy; sample (temperature 0.8, top-p "
         "0.95, seeded); logprobs (greedy with the top 5 logprobs); json (greedy under one 8-field "
-        "JSON schema; needs llguidance on the GPU machine: see gpu_check.sh)",
+        "JSON schema; needs xgrammar on the GPU machine: see gpu_check.sh)",
     )
     ap.add_argument("--out-len", type=int, default=2048)
     ap.add_argument("--num-prompts", type=int, default=None)

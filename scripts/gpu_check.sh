@@ -12,9 +12,12 @@ OUT="${OUT:-/tmp/gpu_check}"
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.used,memory.total,utilization.gpu,clocks.sm --format=csv
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
-# Wheels the GPU machine lacks (llguidance for structured output) travel in .whl (git-ignored;
-# carry it): python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
-#   --implementation cp --platform manylinux_2_31_x86_64 -d .whl llguidance
+# Wheels the GPU machine lacks (xgrammar and its dependencies for structured output, jsonschema
+# for its tests) travel in .whl (git-ignored; carry it):
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl xgrammar==0.2.9 \
+#     apache-tvm-ffi pydantic pydantic-core annotated-types typing-inspection typing_extensions \
+#     jsonschema attrs jsonschema-specifications referencing rpds-py
 if compgen -G ".whl/*.whl" > /dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
     && export PYTHONPATH="$PYTHONPATH:/tmp/site"

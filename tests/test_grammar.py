@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
@@ -36,7 +37,7 @@ def test_choice_needs_non_empty_strings(choice):
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(regex="a(b"), "invalid regex: .*unclosed group"),
+        (dict(regex="a(b"), "invalid regex: .*parenthesis is not closed"),
         (dict(json_schema='{"type": '), "invalid JSON schema: not JSON"),
         (dict(json_schema='{"type": "objectx"}'), "invalid JSON schema: .*objectx"),
         (dict(json_schema="[1, 2]"), "invalid JSON schema: must be a JSON object"),
@@ -64,7 +65,7 @@ def test_one_schema_compiles_once_for_many_requests(compiler):
     before = compiler.num_compiled
     matchers = [compiler.matcher(SamplingParams(json_schema=SCHEMA)) for _ in range(50)]
     assert compiler.num_compiled == before + 1
-    assert len({id(m.ll) for m in matchers}) == 50  # each request has its own state
+    assert len({id(m.state) for m in matchers}) == 50  # each request has its own state
 
 
 def test_matcher_follows_a_choice_to_its_end(compiler, tiny_tokenizer):
@@ -95,3 +96,41 @@ def test_mask_allows_only_tokens_the_grammar_accepts(compiler, tiny_tokenizer):
 def test_invalid_grammar_is_a_value_error_at_compile(compiler):
     with pytest.raises(ValueError, match="invalid regex"):
         compiler.matcher(SamplingParams(regex="(("))
+
+
+def test_choices_with_regex_metacharacters_match_literally(compiler, tiny_tokenizer):
+    choices = ["a.b", "(x)", "c|d", 'q"[1]', "e+f*"]
+    for choice in choices:
+        matcher = compiler.matcher(SamplingParams(choice=choices))
+        ids = tiny_tokenizer.encode(choice, add_special_tokens=False)
+        assert all(matcher.advance(t) for t in ids) and matcher.is_done, choice
+    matcher = compiler.matcher(SamplingParams(choice=choices))
+    assert not all(
+        matcher.advance(t) for t in tiny_tokenizer.encode("axb", add_special_tokens=False)
+    )
+
+
+def test_a_json_row_never_allows_a_raw_control_character(compiler, tiny_tokenizer):
+    """Inside a string with maxLength xgrammar allows control characters, which JSON forbids."""
+    import numpy as np
+
+    schema = {"type": "object", "properties": {"s": {"type": "string", "maxLength": 6}}}
+    matcher = compiler.matcher(SamplingParams(json_schema=schema))
+    for t in tiny_tokenizer.encode('{"s": "', add_special_tokens=False):
+        assert matcher.advance(t)
+    words = np.zeros(compiler.num_words, dtype=np.int32)
+    matcher.fill_mask(words)
+    allowed = np.flatnonzero(np.unpackbits(words.view(np.uint8), bitorder="little")[:384])
+    pieces = {
+        t: tiny_tokenizer.convert_tokens_to_string([tiny_tokenizer.convert_ids_to_tokens(t)])
+        for t in allowed.tolist()
+    }
+    assert len(allowed) > 50  # ordinary characters are allowed
+    assert not [t for t, s in pieces.items() if any(ord(c) < 0x20 for c in s)]
+    # the batch fill applies the same filter
+    request = SimpleNamespace(
+        matcher=matcher, output_ids=[0] * matcher.num_consumed, is_finished=False
+    )
+    batch = np.zeros((1, compiler.num_words), dtype=np.int32)
+    compiler.fill_masks([SimpleNamespace(request=request)], batch)
+    assert (batch[0] == words).all()
