@@ -9,6 +9,10 @@ once, then, after the wait for the previous step and its update (which advance t
 token masks are filled on the host while the device runs that forward, and its sampling is
 enqueued with them. Steps without constrained rows take the one-launch path unchanged.
 Only the thread that created the engine may call it: it owns the device.
+
+With tensor_parallel N > 1 the engine is rank 0 of a group (engine/tp_group.py): it starts the
+other N - 1 ranks, each an Engine of its own over its shard (engine/tp_worker.py) that replays
+the steps this one plans.
 """
 
 from __future__ import annotations
@@ -31,10 +35,12 @@ from bulkgen.engine.monitor import GpuMonitor
 from bulkgen.engine.request import Request, RequestOutput
 from bulkgen.engine.runner import ModelRunner, Step, kv_bytes_per_block
 from bulkgen.engine.scheduler import Scheduler
+from bulkgen.engine.tp_group import RankGroup, RankSpec, join_group, rank_device
 from bulkgen.engine.warmup import warmup_blocks, warmup_plans
 from bulkgen.model.attention import get_backend
 from bulkgen.model.config import ModelConfig
 from bulkgen.model.loader import load_model, resolve_dtype
+from bulkgen.model.parallel_layers import TensorParallel, check_shape
 
 log = logging.getLogger(__name__)
 
@@ -42,11 +48,27 @@ CPU_KV_BUDGET = 2 << 30  # bytes of KV cache on the CPU when num_blocks is not g
 
 
 class Engine:
-    def __init__(self, cfg: EngineConfig, model_config: dict | None = None) -> None:
-        """model_config: a config.json dict, for dummy weights with no model folder."""
+    def __init__(
+        self, cfg: EngineConfig, model_config: dict | None = None, rank: RankSpec | None = None
+    ) -> None:
+        """model_config: a config.json dict, for dummy weights with no model folder. rank: set
+        in a tensor-parallel rank other than 0 (tp_worker.py)."""
+        self.group: RankGroup | None = None  # rank 0's other ranks, under tensor parallelism
+        try:
+            self._init(cfg, model_config, rank)
+        except BaseException:
+            if self.group is not None:
+                try:
+                    self.group.raise_failure(wait_s=2.0)  # a rank's death, if that was the cause
+                finally:
+                    self.group.close()
+            raise
+
+    def _init(self, cfg: EngineConfig, model_config: dict | None, rank: RankSpec | None) -> None:
         t0 = time.perf_counter()
         self.cfg = cfg
         self.device = resolve_device(cfg.device)
+        given_config = model_config
         if model_config is None:
             self.model_dir = model_dir(cfg.model)
             model_config = json.loads((self.model_dir / "config.json").read_text())
@@ -54,21 +76,29 @@ class Engine:
             self.model_dir = None
         mcfg = ModelConfig.from_dict(model_config)
         self.model_config = mcfg
+        self.tp = self._join_group(mcfg, given_config, rank)
         self.dtype = resolve_dtype(cfg.dtype, self.device, mcfg)
         self.eos_token_ids = read_eos_ids(self.model_dir, model_config)
         limit = mcfg.max_position_embeddings
         self.max_model_len = min(cfg.max_model_len or limit, limit)
         backend = get_backend(cfg.attention, self.device)
         load_format = cfg.load_format if self.model_dir is not None else "dummy"
-        model = load_model(self.model_dir, mcfg, backend, self.dtype, self.device, load_format)
+        model = load_model(
+            self.model_dir, mcfg, backend, self.dtype, self.device, load_format, self.tp
+        )
+        mcfg = model.cfg  # this rank's shape: its KV heads size its cache
         # The monitor measures copy bandwidth with buffers of its own: before the cache takes
         # the memory.
-        self.monitor = self._monitor(model, mcfg) if self.device.type == "cuda" else None
+        cuda0 = self.device.type == "cuda" and self.tp.rank == 0
+        self.monitor = self._monitor(model, mcfg) if cuda0 else None
         num_blocks = cfg.num_blocks or self._auto_num_blocks(model, mcfg)
         self.runner = ModelRunner(model, mcfg, cfg, self.device, num_blocks, self.max_model_len)
+        # Every rank runs the same warm-up plans and captures the same graphs: their collectives
+        # meet. Only then does rank 0 send its steps to the others.
         if self.device.type == "cuda":
             self.runner.warm_up(warmup_plans(cfg, self.max_model_len))
         self.runner.capture_graphs()
+        self.runner.followers = self.group
         blocks = BlockManager(num_blocks, cfg.block_size, cfg.prefix_cache)
         self.scheduler = Scheduler(cfg, blocks, self.max_model_len, self.eos_token_ids)
         self._requests: dict[str, Request] = {}  # unfinished requests by id, for abort()
@@ -91,6 +121,20 @@ class Engine:
         gc.collect()
         gc.freeze()
         atexit.register(gc.unfreeze)
+
+    def _join_group(
+        self, mcfg: ModelConfig, model_config: dict | None, rank: RankSpec | None
+    ) -> TensorParallel:
+        """This engine's place in its tensor-parallel group; rank 0 starts the others."""
+        size = self.cfg.tensor_parallel
+        if size == 1:
+            return TensorParallel()
+        check_shape(mcfg, size)
+        self.device = rank_device(self.device, rank.rank if rank else 0, size)
+        if rank is not None:
+            return join_group(rank, self.device)
+        self.group = RankGroup(self.cfg, model_config, self.device)
+        return self.group.tp
 
     def _monitor(self, model, mcfg: ModelConfig) -> GpuMonitor:
         embed = model.model.embed_tokens.weight.numel() * self.dtype.itemsize
@@ -130,7 +174,7 @@ class Engine:
         budget = int((free - activations - (2 << 30)) * cfg.kv_memory)
         if budget < per_block:
             raise ValueError("no device memory left for the KV cache: lower --max-batch-tokens")
-        return budget // per_block
+        return self.tp.min(budget // per_block, self.device)  # the same cache on every rank
 
     # ---- the interface the pipeline drives ------------------------------------------------
 
@@ -189,6 +233,19 @@ class Engine:
 
     def step(self) -> list[RequestOutput]:
         """One step of the loop; returns the requests that finished during it."""
+        if self.group is None:
+            return self._step()
+        self.group.raise_failure()
+        self.group.busy = True
+        try:
+            return self._step()
+        except Exception:
+            self.group.raise_failure(wait_s=2.0)  # a collective failed because a rank died
+            raise
+        finally:
+            self.group.busy = False
+
+    def _step(self) -> list[RequestOutput]:
         t0 = time.perf_counter()
         plan = self.scheduler.schedule()
         launched = forward = None
@@ -255,6 +312,7 @@ class Engine:
             "block_size": self.cfg.block_size,
             "startup_s": round(self.startup_s, 3),
             "device": str(self.device),
+            "tensor_parallel": self.tp.size,
             "dtype": str(self.dtype).removeprefix("torch."),
             "async_loop": self.async_loop,
             "generated_tokens": self.scheduler.num_generated,
@@ -268,6 +326,13 @@ class Engine:
     def close(self) -> None:
         if self.monitor is not None:
             self.monitor.stop()
-        if self._prev is not None:
-            self._prev.wait()
-            self._prev = None
+        try:
+            if self._prev is not None:
+                self._prev.wait()
+                self._prev = None
+        finally:
+            if self.group is not None:
+                self.group.close()
+                self.group = None
+            elif self.tp.size > 1 and torch.distributed.is_initialized():
+                torch.distributed.destroy_process_group()
