@@ -210,8 +210,8 @@ class InputPacker:
         turn = self.turn
         dev_ints, dev_floats, ready = self._copy(ints, flat, stream)
         q_lens = np.diff(qsl).tolist()
-        sizes = (T, B, S, U)
-        return PackedStep(dev_ints, dev_floats, ready, sizes, turn, q_lens, ends, fresh, (ints, flat))
+        sizes, host = (T, B, S, U), (ints, flat)
+        return PackedStep(dev_ints, dev_floats, ready, sizes, turn, q_lens, ends, fresh, host)
 
     def load(
         self,
