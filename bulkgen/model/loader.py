@@ -106,7 +106,7 @@ def _iter_tensors(
                 dim, start, length = where
                 part = f.get_slice(name)
                 index = (slice(None),) * dim + (slice(start, start + length),)
-                yield name, part[index]
+                yield name, part[index].to(target)  # a no-op where the slice is there already
 
 
 def _load_safetensors(
