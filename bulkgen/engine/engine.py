@@ -35,12 +35,11 @@ from bulkgen.engine.monitor import GpuMonitor
 from bulkgen.engine.request import Request, RequestOutput
 from bulkgen.engine.runner import ModelRunner, Step, kv_bytes_per_block
 from bulkgen.engine.scheduler import Scheduler
-from bulkgen.engine.tp_group import RankGroup, RankSpec, join_group, rank_device
+from bulkgen.engine.tp_group import RankGroup, RankSpec, join
 from bulkgen.engine.warmup import warmup_blocks, warmup_plans
 from bulkgen.model.attention import get_backend
 from bulkgen.model.config import ModelConfig
 from bulkgen.model.loader import load_model, resolve_dtype
-from bulkgen.model.parallel_layers import TensorParallel, check_shape
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +75,7 @@ class Engine:
             self.model_dir = None
         mcfg = ModelConfig.from_dict(model_config)
         self.model_config = mcfg
-        self.tp = self._join_group(mcfg, given_config, rank)
+        self.tp, self.group, self.device = join(cfg, mcfg, given_config, rank, self.device)
         self.dtype = resolve_dtype(cfg.dtype, self.device, mcfg)
         self.eos_token_ids = read_eos_ids(self.model_dir, model_config)
         limit = mcfg.max_position_embeddings
@@ -121,20 +120,6 @@ class Engine:
         gc.collect()
         gc.freeze()
         atexit.register(gc.unfreeze)
-
-    def _join_group(
-        self, mcfg: ModelConfig, model_config: dict | None, rank: RankSpec | None
-    ) -> TensorParallel:
-        """This engine's place in its tensor-parallel group; rank 0 starts the others."""
-        size = self.cfg.tensor_parallel
-        if size == 1:
-            return TensorParallel()
-        check_shape(mcfg, size)
-        self.device = rank_device(self.device, rank.rank if rank else 0, size)
-        if rank is not None:
-            return join_group(rank, self.device)
-        self.group = RankGroup(self.cfg, model_config, self.device)
-        return self.group.tp
 
     def _monitor(self, model, mcfg: ModelConfig) -> GpuMonitor:
         embed = model.model.embed_tokens.weight.numel() * self.dtype.itemsize
@@ -235,15 +220,8 @@ class Engine:
         """One step of the loop; returns the requests that finished during it."""
         if self.group is None:
             return self._step()
-        self.group.raise_failure()
-        self.group.busy = True
-        try:
+        with self.group.stepping():  # a rank's death raises RankFailed here
             return self._step()
-        except Exception:
-            self.group.raise_failure(wait_s=2.0)  # a collective failed because a rank died
-            raise
-        finally:
-            self.group.busy = False
 
     def _step(self) -> list[RequestOutput]:
         t0 = time.perf_counter()
@@ -326,6 +304,8 @@ class Engine:
     def close(self) -> None:
         if self.monitor is not None:
             self.monitor.stop()
+        if self.group is not None and self.group.failure is not None:
+            self._prev = None  # its device work waits on a dead rank: never to be waited for
         try:
             if self._prev is not None:
                 self._prev.wait()

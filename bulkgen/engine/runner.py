@@ -24,6 +24,7 @@ import torch
 
 from bulkgen.config import EngineConfig
 from bulkgen.engine.graphs import DecodeGraphs
+from bulkgen.engine.host_out import HostOut
 from bulkgen.engine.inputs import InputPacker, PackedStep, StepInputs
 from bulkgen.engine.penalty_state import PenaltyState
 from bulkgen.engine.plan import Plan, ScheduledSeq
@@ -81,26 +82,6 @@ def kv_bytes_per_block(mcfg: ModelConfig, block_size: int, dtype: torch.dtype) -
     return 2 * mcfg.num_layers * block_size * mcfg.num_kv_heads * mcfg.head_dim * elem
 
 
-class _HostOut:
-    """Pinned host memory one step's samples land in (two alternate between steps)."""
-
-    def __init__(self, rows: int, pin: bool) -> None:
-        self.rows, self.pin = rows, pin
-        self.ids = torch.empty(rows, dtype=torch.int64, pin_memory=pin)
-        self.k = -1  # top-k width of the logprob buffers, allocated on first use
-        self.chosen = self.top_ids = self.top_vals = torch.empty(0)
-
-    def logprobs(self, n: int, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Contiguous [n], [n, k], [n, k] views (a strided pinned destination would make the
-        device-to-host copy synchronous)."""
-        if k > self.k:
-            self.chosen = torch.empty(self.rows, dtype=torch.float32, pin_memory=self.pin)
-            self.top_ids = torch.empty(self.rows * k, dtype=torch.int64, pin_memory=self.pin)
-            self.top_vals = torch.empty(self.rows * k, dtype=torch.float32, pin_memory=self.pin)
-            self.k = k
-        return self.chosen[:n], self.top_ids[: n * k].view(n, k), self.top_vals[: n * k].view(n, k)
-
-
 class ModelRunner:
     def __init__(
         self,
@@ -151,7 +132,7 @@ class ModelRunner:
         self.graph_steps = 0  # decode steps replayed from a graph
         self.eager_decode_steps = 0  # decode steps that ran eagerly (reported in stats.json)
         self.out_turn = 0
-        self.host_out = [_HostOut(ecfg.max_num_seqs, self.cuda) for _ in range(2)]
+        self.host_out = [HostOut(ecfg.max_num_seqs, self.cuda) for _ in range(2)]
         self.mask_host: torch.Tensor | None = None  # allocated at the first constrained step
         self.mask_device: torch.Tensor | None = None
 

@@ -18,6 +18,7 @@ closes, and they watch their parent).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import fcntl
 import os
@@ -38,7 +39,8 @@ import torch
 from bulkgen.config import EngineConfig
 from bulkgen.engine.inputs import PackedStep
 from bulkgen.errors import UserError
-from bulkgen.model.parallel_layers import TensorParallel
+from bulkgen.model.config import ModelConfig
+from bulkgen.model.parallel_layers import TensorParallel, check_shape
 
 _POLL_S = 0.1
 _GRACE_S = 15.0  # for a rank-0 step to raise after a peer died, before the process is ended
@@ -67,6 +69,25 @@ class RankSpec:
     config: EngineConfig
     model_config: dict | None  # a config.json dict for dummy weights with no folder, else None
     store: str  # the rendezvous file
+
+
+def join(
+    config: EngineConfig,
+    mcfg: ModelConfig,
+    model_config: dict | None,
+    rank: RankSpec | None,
+    device: torch.device,
+) -> tuple[TensorParallel, RankGroup | None, torch.device]:
+    """An engine's place in its group, the other ranks if it is rank 0, and its device."""
+    size = config.tensor_parallel
+    if size == 1:
+        return TensorParallel(), None, device
+    check_shape(mcfg, size)
+    device = rank_device(device, rank.rank if rank else 0, size)
+    if rank is not None:
+        return join_group(rank, device), None, device
+    group = RankGroup(config, model_config, device)
+    return group.tp, group, device
 
 
 def join_group(spec: RankSpec, device: torch.device) -> TensorParallel:
@@ -147,6 +168,7 @@ class RankGroup:
                 stdout=subprocess.DEVNULL,
                 stderr=err,
                 env={**os.environ, **ENV},
+                start_new_session=True,  # Ctrl-C reaches rank 0 alone, which stops the others
             )
         fcntl.fcntl(proc.stdin.fileno(), fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
         return proc
@@ -168,6 +190,19 @@ class RankGroup:
                 raise
 
     # ---- failures -------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def stepping(self):
+        """Around one engine step: RankFailed, not a collective's error, when a rank died."""
+        self.raise_failure()
+        self.busy = True
+        try:
+            yield
+        except Exception:
+            self.raise_failure(wait_s=2.0)  # the collective failed because a rank died
+            raise
+        finally:
+            self.busy = False
 
     def raise_failure(self, wait_s: float = 0.0) -> None:
         """Raise RankFailed if a rank has died (waiting up to wait_s for the watcher to see it:
@@ -235,9 +270,14 @@ class RankGroup:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        if torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
-        shutil.rmtree(self.folder, ignore_errors=True)
+        try:
+            if torch.distributed.is_initialized():
+                torch.distributed.destroy_process_group()
+        except Exception:  # noqa: BLE001 - after a rank's death the group may be aborted already
+            if self.failure is None:
+                raise
+        finally:
+            shutil.rmtree(self.folder, ignore_errors=True)
 
 
 def _last_error(log: Path) -> str:
