@@ -35,7 +35,7 @@ def greedy_tokens(model_dir: Path, **kwargs) -> list[list[int]]:
     try:
         return [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
     finally:
-        llm.engine.close()
+        llm.close()
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +62,29 @@ def test_two_ranks_sharing_one_kv_head_give_the_tokens_of_one_process(one_kv_hea
     assert ModelConfig.from_dir(one_kv_head_model).num_kv_heads == 1
     one = greedy_tokens(one_kv_head_model)
     assert greedy_tokens(one_kv_head_model, tensor_parallel=2) == one
+
+
+def test_sampling_penalties_logprobs_and_grammars_work_on_the_gathered_logits(tiny_model_dir):
+    # Rank 0 samples from the logits gathered from both ranks: every sampling feature sees the
+    # whole vocabulary, and a constrained step's late sampling (after its masks) stays in step.
+    params = [
+        SamplingParams(max_tokens=10, temperature=0.8, top_p=0.9, seed=7, logprobs=3),
+        SamplingParams(max_tokens=10, temperature=0.0, repetition_penalty=1.3, ignore_eos=True),
+        SamplingParams(max_tokens=10, temperature=0.0, choice=["yes", "no", "maybe"]),
+        SamplingParams(max_tokens=10, temperature=1.0, top_k=20, seed=3, presence_penalty=0.5),
+    ]
+
+    def run(**kwargs):
+        llm = LLM(str(tiny_model_dir), dtype="float32", device="cpu", **kwargs)
+        try:
+            return llm.generate(PROMPTS, params)
+        finally:
+            llm.close()
+
+    one, two = run(), run(tensor_parallel=2)
+    assert [o.token_ids for o in two] == [o.token_ids for o in one]
+    assert two[2].text in ("yes", "no", "maybe")
+    assert two[0].logprobs == pytest.approx(one[0].logprobs, abs=1e-4)
 
 
 def test_each_of_two_ranks_loads_half_the_weights(tiny_model_dir):
