@@ -198,3 +198,17 @@ def test_two_data_parallel_groups_of_two_ranks_write_every_row_once(tmp_path, ti
     assert job.wait(timeout=600) == 0
     texts = {r["id"]: r["text"] for r in shard_rows(single)}
     assert all(r["text"] == texts[r["id"]] for r in shard_rows(out))
+
+
+def test_a_split_the_model_cannot_take_is_one_error_line(tmp_path, tiny_model_dir):
+    from click.testing import CliRunner
+
+    from bulkgen.cli import main
+
+    prompts = write_prompts(tmp_path / "in.jsonl", 2)
+    args = ["run", str(prompts), "-m", str(tiny_model_dir), "--device", "cpu", "-q",
+            "-o", str(tmp_path / "out"), "--tp", "3"]  # fmt: skip
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 1
+    assert "--tensor-parallel 3 does not divide the model's 4 attention heads" in result.output
+    assert not list((tmp_path / "out").glob("part-*"))
