@@ -217,7 +217,7 @@ def test_a_split_the_model_cannot_take_is_one_error_line(tmp_path, tiny_model_di
 def test_the_other_ranks_end_when_rank_0_is_killed(tmp_path, tiny_model_dir):
     prompts = write_prompts(tmp_path / "in.jsonl", 200)
     out = tmp_path / "out"
-    job = run_cli([prompts, "-m", tiny_model_dir, "--device", "cpu", "-o", out, "--tp", "2",
+    job = run_cli([prompts, "-m", tiny_model_dir, "--device", "cpu", "-o", out, "--tp", "2", "-q",
                    "--max-tokens", "64", "--max-num-seqs", "2", "--shard-size", "1"])  # fmt: skip
     wait_until(lambda: rows_done(out) >= 1 or job.poll() is not None, timeout=120)
     ranks = rank_pids(job.pid)
