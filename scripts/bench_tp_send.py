@@ -15,7 +15,7 @@ import time
 import numpy as np
 
 from bulkgen.engine.inputs import PackedStep
-from bulkgen.engine.tp_group import _FRAME, _PIPE_BYTES, encode_step
+from bulkgen.engine.tp_group import FRAME, PIPE_BYTES, encode_step
 
 _DRAIN = "import sys\nwhile sys.stdin.buffer.read(1 << 16):\n    pass"
 
@@ -27,7 +27,7 @@ def measure(tokens: int, seqs: int, steps: int = 2000) -> dict:
     sizes = (tokens, seqs, seqs, 10)
     packed = PackedStep(None, None, None, sizes, 0, [1] * seqs, [1] * seqs, [], (ints, floats))
     read, write = os.pipe()
-    fcntl.fcntl(write, fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
+    fcntl.fcntl(write, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
     reader = subprocess.Popen([sys.executable, "-c", _DRAIN], stdin=read)
     os.close(read)
     times = []
@@ -35,7 +35,7 @@ def measure(tokens: int, seqs: int, steps: int = 2000) -> dict:
         for _ in range(steps):
             t0 = time.perf_counter()
             payload = encode_step(packed, True)
-            pipe.write(_FRAME.pack(len(payload)) + payload)
+            pipe.write(FRAME.pack(len(payload)) + payload)
             pipe.flush()
             times.append(time.perf_counter() - t0)
     reader.wait()

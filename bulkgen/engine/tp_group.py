@@ -45,8 +45,8 @@ from bulkgen.model.parallel_layers import TensorParallel, check_shape
 _POLL_S = 0.1
 _GRACE_S = 15.0  # for a rank-0 step to raise after a peer died, before the process is ended
 _STOP_WAIT_S = 10.0  # for the ranks to leave after the stop frame
-_PIPE_BYTES = 1 << 20  # Linux's default limit for an unprivileged process
-_FRAME = struct.Struct("<Q")
+PIPE_BYTES = 1 << 20  # Linux's default limit for an unprivileged process
+FRAME = struct.Struct("<Q")
 ENV = {"NCCL_NVLS_ENABLE": "0"}  # NVLink multicast stays off on the machines we run on
 
 
@@ -170,7 +170,7 @@ class RankGroup:
                 env={**os.environ, **ENV},
                 start_new_session=True,  # Ctrl-C reaches rank 0 alone, which stops the others
             )
-        fcntl.fcntl(proc.stdin.fileno(), fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
+        fcntl.fcntl(proc.stdin.fileno(), fcntl.F_SETPIPE_SZ, PIPE_BYTES)
         return proc
 
     # ---- steps --------------------------------------------------------------------------
@@ -180,7 +180,7 @@ class RankGroup:
         self._write(encode_step(packed, from_prev))
 
     def _write(self, payload: bytes) -> None:
-        frame = _FRAME.pack(len(payload)) + payload
+        frame = FRAME.pack(len(payload)) + payload
         for proc in self.procs:
             try:
                 proc.stdin.write(frame)
@@ -259,7 +259,7 @@ class RankGroup:
         self.closing.set()
         for proc in self.procs:
             try:
-                proc.stdin.write(_FRAME.pack(0))
+                proc.stdin.write(FRAME.pack(0))
                 proc.stdin.close()
             except (BrokenPipeError, ValueError, OSError):
                 pass

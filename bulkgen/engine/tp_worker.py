@@ -19,16 +19,16 @@ from typing import BinaryIO
 
 import numpy as np
 
-from bulkgen.engine.tp_group import _FRAME, RankSpec
+from bulkgen.engine.tp_group import FRAME, RankSpec
 
 
 def follow(runner, inp: BinaryIO) -> None:
     """Replay rank 0's steps: forward with the same collectives, then take its sampled ids."""
     while True:
-        header = inp.read(_FRAME.size)
-        if len(header) < _FRAME.size:
+        header = inp.read(FRAME.size)
+        if len(header) < FRAME.size:
             return  # rank 0 is gone
-        (length,) = _FRAME.unpack(header)
+        (length,) = FRAME.unpack(header)
         if length == 0:
             return  # the stop frame
         body, ints, floats = pickle.loads(inp.read(length))
