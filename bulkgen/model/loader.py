@@ -28,6 +28,8 @@ _FUSED = {
     "up_proj": ("gate_up_proj", 1),
 }
 
+_VOCAB_TABLES = ("model.embed_tokens.weight", "lm_head.weight")  # split by rows across ranks
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -63,8 +65,8 @@ def load_model(
         if load_format == "dummy":
             _fill_dummy(model)
         else:
-            shard = WeightShard(cfg, tp.rank, tp.size)
-            model.loaded_bytes = _load_safetensors(model, Path(model_dir), shard, device)
+            slices = WeightShard(cfg, tp.rank, tp.size)
+            model.loaded_bytes = _load_safetensors(model, Path(model_dir), slices, device)
     return model
 
 
@@ -90,7 +92,7 @@ def _checkpoint_files(model_dir: Path) -> list[Path]:
 
 
 def _iter_tensors(
-    files: list[Path], device: torch.device, shard: WeightShard
+    files: list[Path], device: torch.device, slices: WeightShard
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Each checkpoint tensor, or this rank's slice of it (only those bytes are read)."""
     from safetensors import safe_open
@@ -99,7 +101,7 @@ def _iter_tensors(
     for path in files:
         with safe_open(str(path), framework="pt", device=target) as f:
             for name in f.keys():
-                where = shard.slice_of(name)
+                where = slices.slice_of(name)
                 if where is None:
                     yield name, f.get_tensor(name)
                     continue
@@ -110,7 +112,7 @@ def _iter_tensors(
 
 
 def _load_safetensors(
-    model: LlamaForCausalLM, model_dir: Path, shard: WeightShard, device: torch.device
+    model: LlamaForCausalLM, model_dir: Path, slices: WeightShard, device: torch.device
 ) -> int:
     """Fill the model from the checkpoint; returns the bytes of the tensors read."""
     cfg = model.cfg  # this rank's shape
@@ -124,7 +126,7 @@ def _load_safetensors(
     shard_sizes = {"qkv_proj": [cfg.q_size, cfg.kv_size, cfg.kv_size]}
     shard_sizes["gate_up_proj"] = [cfg.intermediate_size] * 2
     loaded = 0
-    for name, tensor in _iter_tensors(_checkpoint_files(model_dir), device, shard):
+    for name, tensor in _iter_tensors(_checkpoint_files(model_dir), device, slices):
         if "rotary_emb" in name or (name == "lm_head.weight" and model.lm_head is None):
             continue
         loaded += tensor.numel() * tensor.element_size()
@@ -133,8 +135,10 @@ def _load_safetensors(
         if fused is None:
             if name not in params:
                 raise ValueError(f"{model_dir}: unexpected weight {name!r} for {cfg.architecture}")
-            # A vocab-parallel table's last rank has padding rows past the vocabulary.
-            params[name].narrow(0, 0, tensor.shape[0]).copy_(tensor)
+            dest = params[name]
+            if name in _VOCAB_TABLES:  # the last rank's rows end with padding past the vocab
+                dest = dest.narrow(0, 0, tensor.shape[0])
+            dest.copy_(tensor)
             missing.discard(f"{name}#0")
             continue
         target, shard = _FUSED[fused]
