@@ -98,6 +98,8 @@ class Engine:
             self.runner.warm_up(warmup_plans(cfg, self.max_model_len))
         self.runner.capture_graphs()
         self.runner.followers = self.group
+        if self.group is not None:
+            self.group.busy = False  # started: the watcher's backstop now covers steps only
         blocks = BlockManager(num_blocks, cfg.block_size, cfg.prefix_cache)
         self.scheduler = Scheduler(cfg, blocks, self.max_model_len, self.eos_token_ids)
         self._requests: dict[str, Request] = {}  # unfinished requests by id, for abort()

@@ -149,9 +149,8 @@ class RankGroup:
                 spec = RankSpec(rank, size, config, model_config, store)
                 self.procs.append(self._spawn(spec))
             threading.Thread(target=self._watch, name="bulkgen-tp-watch", daemon=True).start()
-            self.busy = True
+            self.busy = True  # until the engine has loaded, warmed up and captured its graphs
             self.tp = join_group(RankSpec(0, size, config, model_config, store), device)
-            self.busy = False
         except BaseException:
             self.close()
             raise
