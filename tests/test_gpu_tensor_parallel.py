@@ -28,7 +28,7 @@ def tokens(model_dir, **kwargs) -> tuple[list[list[int]], dict]:
         outs = llm.generate(encode_all(model_dir, PROMPTS), GREEDY)
         return [o.token_ids for o in outs], llm.engine.stats
     finally:
-        llm.engine.close()
+        llm.close()
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
