@@ -177,8 +177,13 @@ class EngineConfig:
     cuda_graphs: bool = True
     prefix_cache: bool = True
     seed: int = 0
+    tensor_parallel: int = 1  # ranks (processes, one GPU each) the model is split over
 
     def __post_init__(self) -> None:
+        if isinstance(self.tensor_parallel, bool) or not isinstance(self.tensor_parallel, int):
+            raise ValueError(f"tensor_parallel must be an integer, got {self.tensor_parallel!r}")
+        if self.tensor_parallel < 1:
+            raise ValueError(f"tensor_parallel must be >= 1, got {self.tensor_parallel}")
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")
         if self.num_blocks is not None and self.num_blocks < 1:

@@ -29,6 +29,11 @@ class LLM:
         self.engine = Engine(EngineConfig(model=model, **engine_kwargs))
         self._tokenizer = None
 
+    def close(self) -> None:
+        """Free the engine; with tensor_parallel > 1, stop its other ranks' processes (they also
+        end by themselves when this process does)."""
+        self.engine.close()
+
     @property
     def tokenizer(self):
         if self._tokenizer is None and self.engine.model_dir is not None:

@@ -36,9 +36,11 @@ _INTERRUPT_WAIT_S = 60.0  # for the workers to write out their finished rows aft
 
 def run_local(config: RunConfig, workers: int | str | None) -> dict:
     gpus = _visible_gpus(config)
-    count = worker_count(workers, len(gpus), "this machine")
-    if gpus and count > len(gpus):
-        raise UserError(f"--data-parallel {count}: this machine has {len(gpus)} GPUs")
+    tp = config.tensor_parallel  # each worker a tensor-parallel group of tp GPUs (its engine's)
+    count = worker_count(workers, len(gpus) // tp, "this machine")
+    if gpus and count * tp > len(gpus):
+        need = f"--data-parallel {count}" + (f" --tensor-parallel {tp}" if tp > 1 else "")
+        raise UserError(f"{need}: this machine has {len(gpus)} GPUs")
     from bulkgen import pipeline, preflight
 
     if count == 1:
@@ -66,7 +68,8 @@ def run_local(config: RunConfig, workers: int | str | None) -> dict:
     parent = _Parent(procs, messages, config.out)
     try:
         for i, proc in enumerate(procs):
-            with _environ(_worker_env(gpus[i] if gpus else None, count)):
+            own = ",".join(gpus[i * tp : (i + 1) * tp])
+            with _environ(_worker_env(own if gpus else None, count * tp)):
                 proc.start()
         parent.wait_for("ready")  # every engine loaded: a bad model fails before any write
         load_time = time.perf_counter() - started

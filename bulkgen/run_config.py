@@ -56,6 +56,7 @@ class RunConfig:
     output_token_ids: bool = False  # a token_ids column: each completion's generated ids
     limit: int | None = None  # --limit: only the first rows of the inputs
     allow_changed_input: bool = False  # resume although an input file changed
+    tensor_parallel: int = 1  # ranks the model is split over (processes, one GPU each)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "inputs", tuple(self.inputs))
@@ -96,6 +97,7 @@ class RunConfig:
             load_format=self.load_format,
             async_loop=not self.sync,
             prefix_cache=self.prefix_cache,
+            tensor_parallel=self.tensor_parallel,
             **given,
             **seed,
         )

@@ -246,6 +246,18 @@ _OPTIONS = [
         "shards, and a rerun resumes with any N.",
     ),
     click.option(
+        "--tensor-parallel",
+        "--tp",
+        "tensor_parallel",
+        type=click.IntRange(min=1),
+        default=1,
+        show_default=True,
+        metavar="N",
+        help="Split the model over N GPUs (one process each, joined by NCCL; on the CPU, N "
+        "processes joined by gloo), for models larger than one GPU. With --data-parallel M, "
+        "M groups of N GPUs.",
+    ),
+    click.option(
         "--ray",
         "ray_address",
         metavar="[ADDRESS]",

@@ -3,9 +3,12 @@
 Llama-3-8B shape with dummy bf16 weights and the real Llama-3.1 tokenizer (carried to the device,
 never committed). Each (workload, engine) runs in its own process and prints one JSON line;
 startup (load, cache, graph capture) is reported apart from wall_s. A PNG shows tokens/s and GPU
-busy over time, async against sync.
+busy over time, async against sync. --shape 70b runs the Llama-3.1-70B shape instead; engine
+bulkgen-tp2 splits it over two GPUs (--tensor-parallel 2), bulkgen-dp2 runs two data-parallel
+workers.
 
     python scripts/bench.py --tokenizer .carry --workloads blog,bulk --out results/bench
+    python scripts/bench.py --shape 70b --workloads bulk --engines bulkgen,bulkgen-tp2
 """
 
 from __future__ import annotations
@@ -19,10 +22,12 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from bench_bulkgen import data_parallel, run_bulkgen
+from bench_bulkgen import data_parallel, run_bulkgen, tensor_parallel
 from bench_measure import measure_ceilings
 from bench_transformers import run_transformers
-from bench_workloads import LLAMA3_8B, make_workload, split_roofline_s
+from bench_workloads import make_workload, split_roofline_s
+
+from bulkgen.model.shapes import SHAPES
 
 # ---- measurement helpers ---------------------------------------------------------------------
 
@@ -39,10 +44,10 @@ def git_commit() -> str:
         return "unknown"
 
 
-def model_folder(tokenizer_dir: Path) -> Path:
-    """A model folder: the 8B config plus the carried tokenizer (weights come from dummy)."""
-    folder = Path(tempfile.mkdtemp(prefix="bulkgen-8b-"))
-    (folder / "config.json").write_text(json.dumps(LLAMA3_8B))
+def model_folder(tokenizer_dir: Path, shape: str = "8b") -> Path:
+    """A model folder: the shape's config plus the carried tokenizer (weights come from dummy)."""
+    folder = Path(tempfile.mkdtemp(prefix=f"bulkgen-{shape}-"))
+    (folder / "config.json").write_text(json.dumps(dict(SHAPES[shape])))
     (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [128001, 128009]}))
     for name in ("tokenizer.json", "tokenizer_config.json"):
         if (tokenizer_dir / name).is_file():
@@ -80,11 +85,13 @@ def child(args) -> None:
             sync=args.engine == "bulkgen-sync",
             prefix_cache=args.engine != "bulkgen-noprefix",
             workers=data_parallel(args.engine),
+            tp=tensor_parallel(args.engine),
         )
     result["num_prompts"] = len(work)
     work = token_work(work, Path(args.model_dir))
     result["prompt_tokens"] = sum(len(p) for p, _ in work)
-    result["roofline_s"] = split_roofline_s(work, data_parallel(args.engine), args)
+    tp, shape = tensor_parallel(args.engine), dict(SHAPES[args.shape])
+    result["roofline_s"] = split_roofline_s(work, data_parallel(args.engine), args, tp, shape)
     Path(args.result).write_text(json.dumps(result))
 
 
@@ -136,6 +143,9 @@ def main() -> None:
     ap.add_argument("--hf-sample", type=int, default=128, help="requests given to transformers")
     ap.add_argument("--hf-out-len", type=int, default=512, help="blog out_len for transformers")
     ap.add_argument("--tokenizer", default=".carry", help="folder with the Llama-3.1 tokenizer")
+    ap.add_argument(
+        "--shape", choices=sorted(SHAPES), default="8b", help="model shape (dummy weights)"
+    )
     ap.add_argument("--out", default="bench-results")
     # child-process arguments
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -164,7 +174,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     ceilings = measure_ceilings()
     print(json.dumps({"ceilings": ceilings, "git_commit": git_commit()}), flush=True)
-    model_dir = model_folder(Path(args.tokenizer))
+    model_dir = model_folder(Path(args.tokenizer), args.shape)
     series = {}
     sampling_list = args.sampling.split(",")
     for workload in args.workloads.split(","):
@@ -208,6 +218,8 @@ def main() -> None:
                     str(args.hf_sample),
                     "--sampling",
                     sampling,
+                    "--shape",
+                    args.shape,
                     *(["--profile-at", str(args.profile_at)] if args.profile_at else []),
                     *(["--idle-stacks"] if args.idle_stacks else []),
                     "--bandwidth",
@@ -233,6 +245,7 @@ def main() -> None:
                     line["out_len"] = out_len
                 line.update(
                     {
+                        "shape": args.shape,
                         "engine": eng,
                         "sampling": sampling,
                         "wall_s": round(r["wall_s"], 2),
@@ -266,9 +279,12 @@ def main() -> None:
                 ):
                     if r.get(key) is not None:
                         line[key] = r[key]
+                if r.get("tensor_parallel", 1) > 1:
+                    line["tensor_parallel"] = r["tensor_parallel"]
+                    line["note"] = "roofline: the group's summed bandwidth and FLOP rate"
                 if r.get("data_parallel"):
                     line["data_parallel"] = r["data_parallel"]
-                    line["note"] = "roofline: the slowest worker's share on one GPU"
+                    line["note"] = "roofline: the slowest worker's share on its GPUs"
                 if r.get("cached_prompt_tokens") is not None:
                     line["cached_prompt_tokens"] = r["cached_prompt_tokens"]
                 prof = r.get("profile") or {}

@@ -1,9 +1,11 @@
-"""bulkgen as scripts/bench.py runs it: the whole `bulkgen run` pipeline on one GPU, or with
-`--data-parallel N` workers on N GPUs, sampled by bench_measure.Sampler."""
+"""bulkgen as scripts/bench.py runs it: the whole `bulkgen run` pipeline on one GPU, with
+`--data-parallel N` workers on N GPUs, or `--tensor-parallel N` over N GPUs (engine names
+bulkgen-dpN, bulkgen-tpN, bulkgen-dpM-tpN), sampled by bench_measure.Sampler."""
 
 from __future__ import annotations
 
 import collections
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -31,12 +33,22 @@ JSON_SCHEMA = {
 
 def data_parallel(engine: str) -> int:
     """Workers of an engine name: bulkgen-dp2 is `bulkgen run --data-parallel 2`."""
-    return int(engine.rsplit("-dp", 1)[1]) if "-dp" in engine else 1
+    found = re.search(r"-dp(\d+)", engine)
+    return int(found.group(1)) if found else 1
 
 
-def run_bulkgen(args, work, sync: bool, prefix_cache: bool = True, workers: int = 1) -> dict:
+def tensor_parallel(engine: str) -> int:
+    """GPUs per engine of an engine name: bulkgen-tp2 is `bulkgen run --tensor-parallel 2`."""
+    found = re.search(r"-tp(\d+)", engine)
+    return int(found.group(1)) if found else 1
+
+
+def run_bulkgen(
+    args, work, sync: bool, prefix_cache: bool = True, workers: int = 1, tp: int = 1
+) -> dict:
     """The whole `bulkgen run` pipeline: Parquet of token-id prompts in, shards out. With
-    workers > 1, `--data-parallel` worker processes on GPUs 0..workers-1."""
+    workers > 1, `--data-parallel` worker processes on GPUs 0..workers * tp - 1; with tp > 1,
+    each engine a tensor-parallel group of tp GPUs."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     import torch
@@ -81,13 +93,15 @@ def run_bulkgen(args, work, sync: bool, prefix_cache: bool = True, workers: int 
         quiet=True,
         device="cuda",
         dtype="bfloat16",
+        tensor_parallel=tp,
     )
+    gpus = list(range(workers * tp))
     if workers > 1:
         from bulkgen.parallel_local import run_local
 
         # The workers' engines are in their own processes: NVML busy over all their GPUs,
         # counted from the moment they had all loaded (load_time_s), as for one engine.
-        with Sampler(lambda: 0, gpus=list(range(workers))) as sampler:
+        with Sampler(lambda: 0, gpus=gpus) as sampler:
             stats = run_local(config, workers)
         startup = stats["load_time_s"]
         return {
@@ -101,6 +115,7 @@ def run_bulkgen(args, work, sync: bool, prefix_cache: bool = True, workers: int 
             "cached_prompt_tokens": sum(w.get("cached_prompt_tokens", 0) for w in stats["workers"]),
             "prefix_cache": prefix_cache,
             "data_parallel": workers,
+            "tensor_parallel": tp,
         }
     holder: dict = {}
 
@@ -108,7 +123,9 @@ def run_bulkgen(args, work, sync: bool, prefix_cache: bool = True, workers: int 
         engine = Engine(cfg)
         holder["startup_s"] = engine.startup_s
         count = lambda: engine.scheduler.num_generated  # noqa: E731
-        sampler = Sampler(count, profile_at=args.profile_at, idle_stacks=args.idle_stacks)
+        sampler = Sampler(
+            count, profile_at=args.profile_at, gpus=gpus, idle_stacks=args.idle_stacks
+        )
         holder["sampler"] = sampler.__enter__()
         return engine
 
@@ -129,6 +146,7 @@ def run_bulkgen(args, work, sync: bool, prefix_cache: bool = True, workers: int 
         "idle_stacks": (holder["sampler"].idle_stacks or collections.Counter()).most_common(12),
         "cached_prompt_tokens": stats.get("cached_prompt_tokens"),
         "prefix_cache": prefix_cache,
+        "tensor_parallel": tp,
         # what stats.json tells a user: the engine's own NVML busy and decode bandwidth
         "stats_gpu_busy_pct": stats.get("gpu_busy_pct"),
         "stats_decode_bw_eff": stats.get("decode_bandwidth_efficiency"),

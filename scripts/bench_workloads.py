@@ -1,5 +1,5 @@
 """What scripts/bench.py measures, and its ideal: the workloads (token-id prompts and output
-lengths) and their HBM roofline on the Llama-3-8B shape."""
+lengths) and their HBM roofline on the Llama-3-8B shape (or the 70B one, --shape 70b)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,14 @@ LLAMA3_8B = dict(_LLAMA3_8B)
 KV_BYTES_PER_TOKEN = 2 * 32 * 8 * 128 * 2  # K and V, 32 layers, 8 kv heads, head_dim 128, bf16
 
 
-def weight_bytes_read() -> float:
+def kv_bytes_per_token(c: dict) -> int:
+    """K and V of every layer, bf16."""
+    head_dim = c["hidden_size"] // c["num_attention_heads"]
+    return 2 * c["num_hidden_layers"] * c["num_key_value_heads"] * head_dim * 2
+
+
+def weight_bytes_read(c: dict = LLAMA3_8B) -> float:
     """Bytes of weights a decode step reads: everything but the embedding table (gathered)."""
-    c = LLAMA3_8B
     h, i, layers, v = (
         c["hidden_size"],
         c["intermediate_size"],
@@ -82,25 +87,30 @@ def make_workload(name: str, out_len: int, num_prompts: int | None) -> list[tupl
     raise ValueError(name)
 
 
-def roofline_s(work, bandwidth: float, flops_rate: float, max_num_seqs: int) -> float:
-    """Decode bytes (weights once per step plus live KV) over bandwidth, plus prefill FLOPs."""
+def roofline_s(
+    work, bandwidth: float, flops_rate: float, max_num_seqs: int, shape: dict = LLAMA3_8B
+) -> float:
+    """Decode bytes (weights once per step plus live KV) over bandwidth, plus prefill FLOPs.
+    For a tensor-parallel group pass its GPUs' summed bandwidth and FLOP rate."""
     outs = [o for _, o in work]
     steps = max(max(outs), sum(outs) / max_num_seqs)
-    kv = sum(KV_BYTES_PER_TOKEN * (len(p) * o + o * (o - 1) / 2) for p, o in work)
-    params = weight_bytes_read() / 2
-    prefill_flops = sum(2 * params * len(p) for p, _ in work)
-    return (steps * weight_bytes_read() + kv) / bandwidth + prefill_flops / flops_rate
+    per_token = kv_bytes_per_token(shape)
+    kv = sum(per_token * (len(p) * o + o * (o - 1) / 2) for p, o in work)
+    weights = weight_bytes_read(shape)
+    prefill_flops = sum(2 * (weights / 2) * len(p) for p, _ in work)
+    return (steps * weights + kv) / bandwidth + prefill_flops / flops_rate
 
 
-def split_roofline_s(work, workers: int, args) -> float:
-    """The roofline of the slowest worker when the rows are shared out as `bulkgen run` does."""
+def split_roofline_s(work, workers: int, args, tp: int = 1, shape: dict = LLAMA3_8B) -> float:
+    """The roofline of the slowest worker when the rows are shared out as `bulkgen run` does;
+    a worker of tp GPUs has tp times one GPU's bandwidth and FLOP rate."""
     from bulkgen.parallel import owner
 
     shares = [
         [w for i, w in enumerate(work) if owner(str(i), workers) == k] for k in range(workers)
     ]
     return max(
-        roofline_s(share, args.bandwidth, args.flops, args.max_num_seqs)
+        roofline_s(share, tp * args.bandwidth, tp * args.flops, args.max_num_seqs, shape)
         for share in shares
         if share
     )

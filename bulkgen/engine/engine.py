@@ -9,6 +9,10 @@ once, then, after the wait for the previous step and its update (which advance t
 token masks are filled on the host while the device runs that forward, and its sampling is
 enqueued with them. Steps without constrained rows take the one-launch path unchanged.
 Only the thread that created the engine may call it: it owns the device.
+
+With tensor_parallel N > 1 the engine is rank 0 of a group (engine/tp_group.py): it starts the
+other N - 1 ranks, each an Engine of its own over its shard (engine/tp_worker.py) that replays
+the steps this one plans.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from bulkgen.engine.monitor import GpuMonitor
 from bulkgen.engine.request import Request, RequestOutput
 from bulkgen.engine.runner import ModelRunner, Step, kv_bytes_per_block
 from bulkgen.engine.scheduler import Scheduler
+from bulkgen.engine.tp_group import RankGroup, RankSpec, join
 from bulkgen.engine.warmup import warmup_blocks, warmup_plans
 from bulkgen.model.attention import get_backend
 from bulkgen.model.config import ModelConfig
@@ -42,11 +47,27 @@ CPU_KV_BUDGET = 2 << 30  # bytes of KV cache on the CPU when num_blocks is not g
 
 
 class Engine:
-    def __init__(self, cfg: EngineConfig, model_config: dict | None = None) -> None:
-        """model_config: a config.json dict, for dummy weights with no model folder."""
+    def __init__(
+        self, cfg: EngineConfig, model_config: dict | None = None, rank: RankSpec | None = None
+    ) -> None:
+        """model_config: a config.json dict, for dummy weights with no model folder. rank: set
+        in a tensor-parallel rank other than 0 (tp_worker.py)."""
+        self.group: RankGroup | None = None  # rank 0's other ranks, under tensor parallelism
+        try:
+            self._init(cfg, model_config, rank)
+        except BaseException:
+            if self.group is not None:
+                try:
+                    self.group.raise_failure(wait_s=2.0)  # a rank's death, if that was the cause
+                finally:
+                    self.group.close()
+            raise
+
+    def _init(self, cfg: EngineConfig, model_config: dict | None, rank: RankSpec | None) -> None:
         t0 = time.perf_counter()
         self.cfg = cfg
         self.device = resolve_device(cfg.device)
+        given_config = model_config
         if model_config is None:
             self.model_dir = model_dir(cfg.model)
             model_config = json.loads((self.model_dir / "config.json").read_text())
@@ -54,21 +75,31 @@ class Engine:
             self.model_dir = None
         mcfg = ModelConfig.from_dict(model_config)
         self.model_config = mcfg
+        self.tp, self.group, self.device = join(cfg, mcfg, given_config, rank, self.device)
         self.dtype = resolve_dtype(cfg.dtype, self.device, mcfg)
         self.eos_token_ids = read_eos_ids(self.model_dir, model_config)
         limit = mcfg.max_position_embeddings
         self.max_model_len = min(cfg.max_model_len or limit, limit)
         backend = get_backend(cfg.attention, self.device)
         load_format = cfg.load_format if self.model_dir is not None else "dummy"
-        model = load_model(self.model_dir, mcfg, backend, self.dtype, self.device, load_format)
+        model = load_model(
+            self.model_dir, mcfg, backend, self.dtype, self.device, load_format, self.tp
+        )
+        mcfg = model.cfg  # this rank's shape: its KV heads size its cache
         # The monitor measures copy bandwidth with buffers of its own: before the cache takes
         # the memory.
-        self.monitor = self._monitor(model, mcfg) if self.device.type == "cuda" else None
+        cuda0 = self.device.type == "cuda" and self.tp.rank == 0
+        self.monitor = self._monitor(model, mcfg) if cuda0 else None
         num_blocks = cfg.num_blocks or self._auto_num_blocks(model, mcfg)
         self.runner = ModelRunner(model, mcfg, cfg, self.device, num_blocks, self.max_model_len)
+        # Every rank runs the same warm-up plans and captures the same graphs: their collectives
+        # meet. Only then does rank 0 send its steps to the others.
         if self.device.type == "cuda":
             self.runner.warm_up(warmup_plans(cfg, self.max_model_len))
         self.runner.capture_graphs()
+        self.runner.followers = self.group
+        if self.group is not None:
+            self.group.busy = False  # started: the watcher's backstop now covers steps only
         blocks = BlockManager(num_blocks, cfg.block_size, cfg.prefix_cache)
         self.scheduler = Scheduler(cfg, blocks, self.max_model_len, self.eos_token_ids)
         self._requests: dict[str, Request] = {}  # unfinished requests by id, for abort()
@@ -130,7 +161,7 @@ class Engine:
         budget = int((free - activations - (2 << 30)) * cfg.kv_memory)
         if budget < per_block:
             raise ValueError("no device memory left for the KV cache: lower --max-batch-tokens")
-        return budget // per_block
+        return self.tp.min(budget // per_block, self.device)  # the same cache on every rank
 
     # ---- the interface the pipeline drives ------------------------------------------------
 
@@ -189,6 +220,12 @@ class Engine:
 
     def step(self) -> list[RequestOutput]:
         """One step of the loop; returns the requests that finished during it."""
+        if self.group is None:
+            return self._step()
+        with self.group.stepping():  # a rank's death raises RankFailed here
+            return self._step()
+
+    def _step(self) -> list[RequestOutput]:
         t0 = time.perf_counter()
         plan = self.scheduler.schedule()
         launched = forward = None
@@ -255,6 +292,7 @@ class Engine:
             "block_size": self.cfg.block_size,
             "startup_s": round(self.startup_s, 3),
             "device": str(self.device),
+            "tensor_parallel": self.tp.size,
             "dtype": str(self.dtype).removeprefix("torch."),
             "async_loop": self.async_loop,
             "generated_tokens": self.scheduler.num_generated,
@@ -268,6 +306,15 @@ class Engine:
     def close(self) -> None:
         if self.monitor is not None:
             self.monitor.stop()
-        if self._prev is not None:
-            self._prev.wait()
-            self._prev = None
+        if self.group is not None and self.group.failure is not None:
+            self._prev = None  # its device work waits on a dead rank: never to be waited for
+        try:
+            if self._prev is not None:
+                self._prev.wait()
+                self._prev = None
+        finally:
+            if self.group is not None:
+                self.group.close()
+                self.group = None
+            elif self.tp.size > 1 and torch.distributed.is_initialized():
+                torch.distributed.destroy_process_group()

@@ -60,6 +60,7 @@ class PackedStep:
     query_lens: list[int]  # host copies for the attention metadata
     seq_lens: list[int]
     fresh_penalized: list[Request]  # penalised requests in their first step since (re)admission
+    host: tuple[np.ndarray, np.ndarray] | None = None  # the packed ints and floats (host copies)
 
     def unpack(self) -> StepInputs:
         """Views and dtype casts; call on the compute stream after it waited for `ready`."""
@@ -209,7 +210,22 @@ class InputPacker:
         turn = self.turn
         dev_ints, dev_floats, ready = self._copy(ints, flat, stream)
         q_lens = np.diff(qsl).tolist()
-        return PackedStep(dev_ints, dev_floats, ready, (T, B, S, U), turn, q_lens, ends, fresh)
+        sizes, host = (T, B, S, U), (ints, flat)
+        return PackedStep(dev_ints, dev_floats, ready, sizes, turn, q_lens, ends, fresh, host)
+
+    def load(
+        self,
+        ints: np.ndarray,
+        floats: np.ndarray,
+        sizes: tuple[int, int, int, int],
+        query_lens: list[int],
+        seq_lens: list[int],
+        stream,
+    ) -> PackedStep:
+        """A step another process packed (a tensor-parallel rank's copy of rank 0's step)."""
+        turn = self.turn
+        dev_ints, dev_floats, ready = self._copy(ints, floats, stream)
+        return PackedStep(dev_ints, dev_floats, ready, sizes, turn, query_lens, seq_lens, [])
 
     def _copy(self, ints: np.ndarray, floats: np.ndarray, stream):
         i = self.turn

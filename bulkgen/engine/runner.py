@@ -8,6 +8,11 @@ runs the forward (a CUDA graph replay for decode steps) and sampling, writes the
 device's last-token table (where the next step's decode inputs are gathered) and copies them into
 pinned host memory, then records an event. Step.wait() on that event is the one place the host
 waits for the device. The KV cache is the runner's: it is passed to every forward.
+
+Under tensor parallelism every rank has a runner over its own shard and KV heads. Rank 0's runs
+the steps its scheduler plans and sends each packed step to the other ranks (`followers`), whose
+runners replay it (forward_packed) with the same collectives in the same order; rank 0 alone
+samples, and broadcasts the sampled ids so every rank's last-token table stays the same.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import torch
 
 from bulkgen.config import EngineConfig
 from bulkgen.engine.graphs import DecodeGraphs
+from bulkgen.engine.host_out import HostOut
 from bulkgen.engine.inputs import InputPacker, PackedStep, StepInputs
 from bulkgen.engine.penalty_state import PenaltyState
 from bulkgen.engine.plan import Plan, ScheduledSeq
@@ -27,6 +33,7 @@ from bulkgen.engine.tables import DeviceTables
 from bulkgen.model.attention.metadata import AttnMetadata
 from bulkgen.model.config import ModelConfig
 from bulkgen.model.llama import LlamaForCausalLM
+from bulkgen.model.parallel_layers import TensorParallel
 
 
 @dataclass
@@ -41,7 +48,7 @@ class StepResult:
 
 @dataclass
 class Step:
-    plan: Plan
+    plan: Plan | None  # None on a tensor-parallel follower
     ids: torch.Tensor  # host (pinned) tensors, valid once `done` has fired
     logprob_tensors: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None
     done: torch.cuda.Event | None
@@ -64,7 +71,7 @@ class Step:
 class Forward:
     """A launched forward pass whose sampling is not enqueued yet."""
 
-    plan: Plan
+    plan: Plan | None  # None on a tensor-parallel follower
     packed: PackedStep
     inp: StepInputs
     logits: torch.Tensor | None
@@ -73,26 +80,6 @@ class Forward:
 def kv_bytes_per_block(mcfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
     elem = torch.empty(0, dtype=dtype).element_size()
     return 2 * mcfg.num_layers * block_size * mcfg.num_kv_heads * mcfg.head_dim * elem
-
-
-class _HostOut:
-    """Pinned host memory one step's samples land in (two alternate between steps)."""
-
-    def __init__(self, rows: int, pin: bool) -> None:
-        self.rows, self.pin = rows, pin
-        self.ids = torch.empty(rows, dtype=torch.int64, pin_memory=pin)
-        self.k = -1  # top-k width of the logprob buffers, allocated on first use
-        self.chosen = self.top_ids = self.top_vals = torch.empty(0)
-
-    def logprobs(self, n: int, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Contiguous [n], [n, k], [n, k] views (a strided pinned destination would make the
-        device-to-host copy synchronous)."""
-        if k > self.k:
-            self.chosen = torch.empty(self.rows, dtype=torch.float32, pin_memory=self.pin)
-            self.top_ids = torch.empty(self.rows * k, dtype=torch.int64, pin_memory=self.pin)
-            self.top_vals = torch.empty(self.rows * k, dtype=torch.float32, pin_memory=self.pin)
-            self.k = k
-        return self.chosen[:n], self.top_ids[: n * k].view(n, k), self.top_vals[: n * k].view(n, k)
 
 
 class ModelRunner:
@@ -107,6 +94,8 @@ class ModelRunner:
         graphs: bool = True,
     ) -> None:
         self.model, self.mcfg, self.ecfg, self.device = model, mcfg, ecfg, device
+        self.tp: TensorParallel = model.tp
+        self.followers = None  # rank 0's channel to the other ranks (engine/tp_group.py)
         self.attention = model.attention
         dtype = next(model.parameters()).dtype
         shape = (mcfg.num_layers, 2, num_blocks, ecfg.block_size, mcfg.num_kv_heads, mcfg.head_dim)
@@ -143,7 +132,7 @@ class ModelRunner:
         self.graph_steps = 0  # decode steps replayed from a graph
         self.eager_decode_steps = 0  # decode steps that ran eagerly (reported in stats.json)
         self.out_turn = 0
-        self.host_out = [_HostOut(ecfg.max_num_seqs, self.cuda) for _ in range(2)]
+        self.host_out = [HostOut(ecfg.max_num_seqs, self.cuda) for _ in range(2)]
         self.mask_host: torch.Tensor | None = None  # allocated at the first constrained step
         self.mask_device: torch.Tensor | None = None
 
@@ -154,17 +143,24 @@ class ModelRunner:
         """Forward and sampling of one step, enqueued back to back."""
         return self.sample(self.forward(plan))
 
-    @torch.inference_mode()
     def forward(self, plan: Plan) -> Forward:
         """Enqueue the step's forward pass; sample() enqueues its sampling (with a mask)."""
         packed = self.packer.pack(plan, self.copy_stream)
+        from_prev = any(s.from_prev for s in plan.seqs)
+        if self.followers is not None:
+            self.followers.send(packed, from_prev)
+        return self.forward_packed(packed, from_prev, plan)
+
+    @torch.inference_mode()
+    def forward_packed(self, packed: PackedStep, from_prev: bool, plan: Plan | None) -> Forward:
+        """The forward pass of a packed step (plan None: a follower's copy of rank 0's step)."""
         with self._stream_ctx():
             if packed.ready is not None:
                 self.compute_stream.wait_event(packed.ready)
             inp = packed.unpack()
             self.tables.apply_updates(inp)
             self.penalties.reset(packed.fresh_penalized)
-            input_ids = self.tables.input_ids(inp, any(s.from_prev for s in plan.seqs))
+            input_ids = self.tables.input_ids(inp, from_prev)
             meta = self.attention.metadata(
                 inp.slot_mapping,
                 inp.query_start_loc,
@@ -173,14 +169,14 @@ class ModelRunner:
                 packed.query_lens,
                 packed.seq_lens,
             )
-            if self._graphable(plan, meta):
+            if self._graphable(packed, meta):
                 self.graph_steps += 1
                 logits = self.graphs.replay(input_ids, inp.positions, meta)
             else:
                 self.eager_decode_steps += meta.decode_only
                 hidden = self.model(input_ids, inp.positions, meta, self.kv)
                 logits = None
-                if plan.sampled:
+                if packed.sizes[2]:  # rows that sample
                     logits = self.model.compute_logits(hidden[inp.logits_indices])
         return Forward(plan, packed, inp, logits)
 
@@ -188,6 +184,8 @@ class ModelRunner:
     def sample(self, fwd: Forward, mask: torch.Tensor | None = None) -> Step:
         """Enqueue the sampling of a forward. mask: host int32 words [len(plan.sampled), W]
         from mask_words(), the allowed tokens of each sampled row."""
+        if self.tp.rank > 0:
+            return self._follow_sample(fwd)
         with self._stream_ctx():
             allowed = None
             if mask is not None:
@@ -196,10 +194,26 @@ class ModelRunner:
                     allowed = self.mask_device[: mask.shape[0]]
                     allowed.copy_(mask, non_blocking=True)
             ids, lp = self._sample(fwd.plan.sampled, fwd.inp, fwd.logits, allowed)
+            if self.tp.size > 1 and ids.numel():
+                self.tp.broadcast(ids)  # the other ranks' last-token tables
             self.tables.record(fwd.inp, ids)
             step = self._copy_out(fwd.plan, ids, lp)
         self.packer.release(fwd.packed, step.done)
         return step
+
+    def _follow_sample(self, fwd: Forward) -> Step:
+        """A rank other than 0: rank 0's sampled ids into the last-token table."""
+        with self._stream_ctx():
+            ids = self.tables.last_token.new_empty(fwd.packed.sizes[2])
+            if ids.numel():
+                self.tp.broadcast(ids)
+            self.tables.record(fwd.inp, ids)
+            done = None
+            if self.cuda:
+                done = torch.cuda.Event()
+                done.record(self.compute_stream)
+        self.packer.release(fwd.packed, done)
+        return Step(fwd.plan, ids, None, done)
 
     def mask_words(self, rows: int) -> torch.Tensor:
         """The host (pinned) mask buffer's first rows. One buffer serves every step: the engine
@@ -212,11 +226,12 @@ class ModelRunner:
                 self.mask_device = torch.empty(shape, dtype=torch.int32, device=self.device)
         return self.mask_host[:rows]
 
-    def _graphable(self, plan: Plan, meta: AttnMetadata) -> bool:
+    def _graphable(self, packed: PackedStep, meta: AttnMetadata) -> bool:
         """Decode steps whose every row samples replay a graph, whatever their sampling."""
         if self.graphs is None or not self.graphs.graphs or not meta.decode_only:
             return False  # warm-up runs before the capture: its decode steps run eagerly
-        return len(plan.seqs) <= self.graphs.max_batch and len(plan.sampled) == len(plan.seqs)
+        _, seqs, sampled, _ = packed.sizes
+        return seqs <= self.graphs.max_batch and sampled == seqs
 
     def warm_up(self, plans: list[Plan]) -> None:
         """Run plans whose results are dropped (their fake requests write only their own blocks

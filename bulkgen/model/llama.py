@@ -4,6 +4,9 @@ Tokens of a step arrive flattened ([T]) with their positions; attention reads an
 KV cache (passed to forward: one (k, v) pair of [blocks, block_size, kv_heads, head_dim] tensors
 per layer) through the backend chosen at construction and the AttnMetadata of the step. Parameter
 names follow Hugging Face's except for the fused qkv_proj and gate_up_proj.
+
+Under tensor parallelism (parallel_layers.py) cfg is one rank's narrower shape (local_config) and
+`tp` adds the all-reduce after o_proj and down_proj and the vocab-parallel embedding and logits.
 """
 
 from __future__ import annotations
@@ -13,12 +16,12 @@ from collections.abc import Sequence
 from types import SimpleNamespace
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from bulkgen.model.attention import AttentionBackend
 from bulkgen.model.attention.metadata import AttnMetadata
 from bulkgen.model.config import ModelConfig
+from bulkgen.model.parallel_layers import TensorParallel, VocabParallelEmbedding
 
 
 class RMSNorm(nn.Module):
@@ -64,9 +67,12 @@ class Rotary(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, backend: AttentionBackend, ops: SimpleNamespace) -> None:
+    def __init__(
+        self, cfg: ModelConfig, backend: AttentionBackend, ops: SimpleNamespace, tp: TensorParallel
+    ) -> None:
         super().__init__()
         self.cfg = cfg
+        self.tp = tp
         self.backend = backend
         self.ops = ops
         self.qkv_proj = nn.Linear(cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size, bias=cfg.qkv_bias)
@@ -96,26 +102,29 @@ class Attention(nn.Module):
         k_cache, v_cache = kv
         self.backend.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         o = self.backend.attend(q, k_cache, v_cache, meta, self.scale)
-        return self.o_proj(o.reshape(-1, cfg.q_size))
+        return self.tp.all_reduce(self.o_proj(o.reshape(-1, cfg.q_size)))
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, ops: SimpleNamespace) -> None:
+    def __init__(self, cfg: ModelConfig, ops: SimpleNamespace, tp: TensorParallel) -> None:
         super().__init__()
         self.ops = ops
+        self.tp = tp
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
+        return self.tp.all_reduce(self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x))))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, backend: AttentionBackend, ops: SimpleNamespace) -> None:
+    def __init__(
+        self, cfg: ModelConfig, backend: AttentionBackend, ops: SimpleNamespace, tp: TensorParallel
+    ) -> None:
         super().__init__()
         self.ops = ops
-        self.self_attn = Attention(cfg, backend, ops)
-        self.mlp = MLP(cfg, ops)
+        self.self_attn = Attention(cfg, backend, ops, tp)
+        self.mlp = MLP(cfg, ops, tp)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -143,25 +152,38 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, cfg: ModelConfig, backend: AttentionBackend, ops: SimpleNamespace) -> None:
+    def __init__(
+        self, cfg: ModelConfig, backend: AttentionBackend, ops: SimpleNamespace, tp: TensorParallel
+    ) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, backend, ops) for _ in range(cfg.num_layers))
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
+        layers = (DecoderLayer(cfg, backend, ops, tp) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(layers)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, cfg: ModelConfig, backend: AttentionBackend, ops: SimpleNamespace) -> None:
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        backend: AttentionBackend,
+        ops: SimpleNamespace,
+        tp: TensorParallel | None = None,
+    ) -> None:
+        """cfg: this rank's shape (parallel_layers.local_config) when tp.size > 1."""
         super().__init__()
+        tp = tp or TensorParallel()
         self.cfg = cfg
         self.ops = ops
+        self.tp = tp
         self.attention = backend
-        self.model = LlamaModel(cfg, backend, ops)
+        self.model = LlamaModel(cfg, backend, ops, tp)
         self.rotary = Rotary(cfg)
         if cfg.tie_word_embeddings:
             self.lm_head = None
         else:
-            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+            rows = self.model.embed_tokens.rows  # this rank's rows of the vocabulary
+            self.lm_head = nn.Linear(cfg.hidden_size, rows, bias=False)
 
     def forward(
         self,
@@ -178,5 +200,6 @@ class LlamaForCausalLM(nn.Module):
         return self.ops.add_rms_norm(h, residual, norm.weight, norm.eps)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Float32 logits [T, vocab] (gathered from every rank under tensor parallelism)."""
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight).float()
+        return self.model.embed_tokens.logits(hidden, weight)

@@ -1,4 +1,9 @@
-"""Build a model on the device and fill it: safetensors straight to the device, or dummy weights."""
+"""Build a model on the device and fill it: safetensors straight to the device, or dummy weights.
+
+Under tensor parallelism each rank reads only its slice of each weight (safetensors' get_slice
+reads those bytes alone), so a rank's memory, and what it reads from disk, is about 1/N of the
+model's; model.loaded_bytes counts what was read.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ from bulkgen.model.attention import AttentionBackend
 from bulkgen.model.config import ModelConfig
 from bulkgen.model.llama import LlamaForCausalLM
 from bulkgen.model.ops import get_ops
+from bulkgen.model.parallel_layers import TensorParallel, WeightShard, local_config
 
 # Hugging Face projections that we store fused: HF name part -> (our name part, shard index).
 _FUSED = {
@@ -21,6 +27,8 @@ _FUSED = {
     "gate_proj": ("gate_up_proj", 0),
     "up_proj": ("gate_up_proj", 1),
 }
+
+_VOCAB_TABLES = ("model.embed_tokens.weight", "lm_head.weight")  # split by rows across ranks
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -44,16 +52,21 @@ def load_model(
     dtype: torch.dtype,
     device: torch.device,
     load_format: str = "auto",
+    tp: TensorParallel | None = None,
 ) -> LlamaForCausalLM:
+    """cfg: the whole model's shape; with tp, this rank's part of it is built and read."""
+    tp = tp or TensorParallel()
     with torch.device("meta"):
-        model = LlamaForCausalLM(cfg, backend, get_ops(device))
+        model = LlamaForCausalLM(local_config(cfg, tp.size), backend, get_ops(device), tp)
     model = model.to(dtype).to_empty(device=device).eval().requires_grad_(False)
     model.rotary.build(device)
+    model.loaded_bytes = 0
     with torch.no_grad():
         if load_format == "dummy":
             _fill_dummy(model)
         else:
-            _load_safetensors(model, Path(model_dir), cfg, device)
+            slices = WeightShard(cfg, tp.rank, tp.size)
+            model.loaded_bytes = _load_safetensors(model, Path(model_dir), slices, device)
     return model
 
 
@@ -78,19 +91,31 @@ def _checkpoint_files(model_dir: Path) -> list[Path]:
     return files
 
 
-def _iter_tensors(files: list[Path], device: torch.device) -> Iterator[tuple[str, torch.Tensor]]:
+def _iter_tensors(
+    files: list[Path], device: torch.device, slices: WeightShard
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Each checkpoint tensor, or this rank's slice of it (only those bytes are read)."""
     from safetensors import safe_open
 
     target = str(device) if device.type != "cuda" or device.index is not None else "cuda:0"
     for path in files:
         with safe_open(str(path), framework="pt", device=target) as f:
             for name in f.keys():
-                yield name, f.get_tensor(name)
+                where = slices.slice_of(name)
+                if where is None:
+                    yield name, f.get_tensor(name)
+                    continue
+                dim, start, length = where
+                part = f.get_slice(name)
+                index = (slice(None),) * dim + (slice(start, start + length),)
+                yield name, part[index].to(target)  # a no-op where the slice is there already
 
 
 def _load_safetensors(
-    model: LlamaForCausalLM, model_dir: Path, cfg: ModelConfig, device: torch.device
-) -> None:
+    model: LlamaForCausalLM, model_dir: Path, slices: WeightShard, device: torch.device
+) -> int:
+    """Fill the model from the checkpoint; returns the bytes of the tensors read."""
+    cfg = model.cfg  # this rank's shape
     params = dict(model.named_parameters())
     shards = {"qkv_proj": 3, "gate_up_proj": 2}
     # Every parameter, and every shard of a fused one, must be written exactly once.
@@ -100,15 +125,20 @@ def _load_safetensors(
         missing |= {f"{pname}#{i}" for i in range(shards[fused])} if fused else {f"{pname}#0"}
     shard_sizes = {"qkv_proj": [cfg.q_size, cfg.kv_size, cfg.kv_size]}
     shard_sizes["gate_up_proj"] = [cfg.intermediate_size] * 2
-    for name, tensor in _iter_tensors(_checkpoint_files(model_dir), device):
+    loaded = 0
+    for name, tensor in _iter_tensors(_checkpoint_files(model_dir), device, slices):
         if "rotary_emb" in name or (name == "lm_head.weight" and model.lm_head is None):
             continue
+        loaded += tensor.numel() * tensor.element_size()
         parts = name.split(".")
         fused = next((p for p in parts if p in _FUSED), None)
         if fused is None:
             if name not in params:
                 raise ValueError(f"{model_dir}: unexpected weight {name!r} for {cfg.architecture}")
-            params[name].copy_(tensor)
+            dest = params[name]
+            if name in _VOCAB_TABLES:  # the last rank's rows end with padding past the vocab
+                dest = dest.narrow(0, 0, tensor.shape[0])
+            dest.copy_(tensor)
             missing.discard(f"{name}#0")
             continue
         target, shard = _FUSED[fused]
@@ -120,3 +150,4 @@ def _load_safetensors(
     if missing:
         names = sorted({m.split("#")[0] for m in missing})
         raise ValueError(f"{model_dir}: weights missing from the checkpoint: {names[:5]}")
+    return loaded

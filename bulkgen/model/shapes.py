@@ -31,3 +31,17 @@ LLAMA3_8B = MappingProxyType(
         "torch_dtype": "bfloat16",
     }
 )
+
+# Llama-3.1-70B: the shape issue 14's tensor-parallel benchmark runs (141 GB of bf16 weights).
+LLAMA31_70B = MappingProxyType(
+    {
+        **LLAMA3_8B,
+        "hidden_size": 8192,
+        "intermediate_size": 28672,
+        "num_hidden_layers": 80,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 8,
+    }
+)
+
+SHAPES = MappingProxyType({"8b": LLAMA3_8B, "70b": LLAMA31_70B})

@@ -1,0 +1,82 @@
+"""A tensor-parallel rank other than 0: `python -m bulkgen.engine.tp_worker SPEC` (tp_group.py
+starts it). It builds the same Engine as rank 0 on its own shard, so that loading, the KV-cache
+probe, the warm-up and the CUDA-graph capture run the same collectives in the same order on every
+rank, then replays rank 0's steps from its stdin until the stop frame (length 0) or EOF.
+
+It does no host work beyond unpacking a step and enqueueing its kernels: no scheduler, sampler
+or text. Its error, if any, is the last line of its stderr (a log file rank 0 reads).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+import threading
+import time
+import traceback
+from typing import BinaryIO
+
+import numpy as np
+
+from bulkgen.engine.tp_group import FRAME, RankSpec
+
+
+def follow(runner, inp: BinaryIO) -> None:
+    """Replay rank 0's steps: forward with the same collectives, then take its sampled ids."""
+    while True:
+        header = inp.read(FRAME.size)
+        if len(header) < FRAME.size:
+            return  # rank 0 is gone
+        (length,) = FRAME.unpack(header)
+        if length == 0:
+            return  # the stop frame
+        body, ints, floats = pickle.loads(inp.read(length))
+        sizes, query_lens, seq_lens, from_prev = body
+        packed = runner.packer.load(
+            np.frombuffer(ints, np.int64),
+            np.frombuffer(floats, np.float32),
+            sizes,
+            query_lens,
+            seq_lens,
+            runner.copy_stream,
+        )
+        runner.sample(runner.forward_packed(packed, from_prev, None))
+
+
+def _watch_parent() -> None:
+    """End at once if rank 0's process goes away (it may have been killed with -9)."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="bulkgen-tp-parent", daemon=True).start()
+
+
+def main(spec_path: str) -> int:
+    _watch_parent()
+    with open(spec_path, "rb") as f:
+        spec: RankSpec = pickle.load(f)
+    try:
+        from bulkgen.engine.engine import Engine
+        from bulkgen.engine.model_files import resolve_device
+
+        if resolve_device(spec.config.device).type == "cpu":
+            from bulkgen.cpu import use_cpu_threads
+
+            use_cpu_threads()
+        engine = Engine(spec.config, spec.model_config, rank=spec)
+        follow(engine.runner, sys.stdin.buffer)
+        engine.close()
+    except BaseException as e:  # noqa: BLE001 - reported to rank 0 as the log's last line
+        traceback.print_exc()
+        print(f"error: {type(e).__name__}: {e}".replace("\n", " "), file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
