@@ -166,7 +166,8 @@ class Dispatcher:
         return max(1, min(self.credit.rows, math.ceil(left / len(self.workers))))
 
     def _take(self, count: int) -> list[Row]:
-        while len(self._pending) < count and not self._read_all:
+        # One row more than asked for: the end of the input is known when the last rows go.
+        while len(self._pending) <= count and not self._read_all:
             batch = next(self._batches, None)
             if batch is None:
                 self._read_all = True

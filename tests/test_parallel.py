@@ -98,6 +98,61 @@ def test_worker_i_sees_only_the_ith_gpu_from_its_start(tmp_path, tiny_model_dir,
     assert os.environ.get("CUDA_VISIBLE_DEVICES") == before, "the parent's own is unchanged"
 
 
+def run_with_fake_workers(tmp_path, tiny_model_dir, monkeypatch, prompts, fakes: list[dict]):
+    """--data-parallel len(fakes) on the CPU, worker i's engine a FakeEngine(**fakes[i]) (set in
+    its environment as it is spawned); the stats.json of the job."""
+    import bulkgen.parallel_local
+
+    env_of = bulkgen.parallel_local._worker_env
+    spawned = iter(fakes)
+    monkeypatch.setattr(
+        bulkgen.parallel_local,
+        "_worker_env",
+        lambda gpus, count: {**env_of(gpus, count), FAKE_ENGINE_ENV: json.dumps(next(spawned))},
+    )
+    out = tmp_path / "out"
+    args = [prompts, "-m", tiny_model_dir, "-o", out, "-q", "--device", "cpu", "--max-tokens", 30,
+            "--max-num-seqs", 8, "--shard-size", 25, "--data-parallel", len(fakes)]  # fmt: skip
+    result = CliRunner().invoke(main, ["run", *map(str, args)])
+    assert result.exit_code == 0, result.output
+    return json.loads((out / "stats.json").read_text())
+
+
+def test_rows_of_uneven_lengths_are_each_written_once_and_the_workers_end_together(
+    tmp_path, tiny_model_dir, monkeypatch
+):
+    """Rows take from 1 to 30 engine steps each (their prompts' lengths): the workers take
+    more rows as they write theirs, and neither is left running alone for long."""
+    count = 300
+    words = [" ".join(["fox"] * (1 + (i * 7) % 29)) for i in range(count)]
+    prompts = tmp_path / "in.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": w}) + "\n" for w in words))
+    fake = {"step_per_token": True, "step_delay": 0.01}
+    stats = run_with_fake_workers(tmp_path, tiny_model_dir, monkeypatch, prompts, [fake, fake])
+    ids = [r["id"] for r in shard_rows(tmp_path / "out")]
+    assert sorted(ids) == sorted(f"in:{i}" for i in range(count))
+    handed = [w["rows_handed"] for w in stats["workers"]]
+    assert sum(handed) == count and all(h > count // 4 for h in handed)
+    assert [w["this_run"]["rows"] for w in stats["workers"]] == handed
+    assert stats["data_parallel"]["end_gap_s"] < 1.5, stats["workers"]
+
+
+def test_a_fast_worker_takes_more_rows_and_the_slow_one_ends_with_it(
+    tmp_path, tiny_model_dir, monkeypatch
+):
+    """Worker 0's engine steps take 5 times as long as worker 1's. A split fixed before the run
+    would leave worker 0 running alone for about 80% of its time; shared on demand, the fast
+    worker writes most rows and the two end within the time of the slow worker's last rows."""
+    prompts = write_prompts(tmp_path / "in.jsonl", 600)
+    slow, fast = {"steps": 2, "step_delay": 0.1}, {"steps": 2, "step_delay": 0.02}
+    stats = run_with_fake_workers(tmp_path, tiny_model_dir, monkeypatch, prompts, [slow, fast])
+    ids = [r["id"] for r in shard_rows(tmp_path / "out")]
+    assert len(ids) == len(set(ids)) == 600
+    handed = [w["rows_handed"] for w in stats["workers"]]
+    assert sum(handed) == 600 and handed[1] > 2 * handed[0], handed
+    assert stats["data_parallel"]["end_gap_s"] < 1.5, stats["workers"]
+
+
 def test_gpus_all_without_a_gpu_asks_for_a_number(tmp_path, tiny_model_dir):
     prompts = write_prompts(tmp_path / "in.jsonl", 2)
     args = [
