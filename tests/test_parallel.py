@@ -236,6 +236,7 @@ def test_a_killed_worker_fails_the_job_and_a_rerun_with_another_n_completes_it(
     stats = json.loads((out / "stats.json").read_text())
     assert stats["rows"] == rows and stats["this_run"]["resumed_after_rows"] == done
     assert stats["this_run"]["rows"] == rows - done
+    assert sum(w["rows_handed"] for w in stats["workers"]) == rows - done, "each missing row once"
 
 
 def test_workers_end_at_once_when_their_parent_is_killed(tmp_path, tiny_model_dir):

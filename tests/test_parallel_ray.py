@@ -1,4 +1,5 @@
-"""--ray: the workers as Ray actors on a local Ray (2 CPUs), each row written exactly once."""
+"""--ray: the workers as Ray actors on a local Ray (2 CPUs), handed rows by the driver as they
+have room (work_sharing.py), each row written exactly once."""
 
 from __future__ import annotations
 
@@ -80,3 +81,5 @@ def test_a_ray_actor_killed_mid_way_is_restarted_and_every_row_is_written_once(
     assert stats["rows"] == stats["this_run"]["rows"] == rows
     # The restarted actor resumed after the shards its killed attempt had completed.
     assert stats["workers"][1]["this_run"]["resumed_after_rows"] > 0
+    # The rows the killed attempt held unwritten were handed out again (work_sharing.py).
+    assert sum(w["rows_handed"] for w in stats["workers"]) > rows
