@@ -93,14 +93,8 @@ def roofline_s(work, bandwidth: float, flops_rate: float, max_num_seqs: int) -> 
 
 
 def split_roofline_s(work, workers: int, args) -> float:
-    """The roofline of the slowest worker when the rows are shared out as `bulkgen run` does."""
-    from bulkgen.parallel import owner
-
-    shares = [
-        [w for i, w in enumerate(work) if owner(str(i), workers) == k] for k in range(workers)
-    ]
-    return max(
-        roofline_s(share, args.bandwidth, args.flops, args.max_num_seqs)
-        for share in shares
-        if share
-    )
+    """The roofline of each GPU's even share of the rows: `bulkgen run --data-parallel` hands
+    rows out as workers have room, so no worker has more than its share of the work left."""
+    shares = [work[k::workers] for k in range(workers)]
+    rate = args.bandwidth, args.flops, args.max_num_seqs
+    return max(roofline_s(share, *rate) for share in shares if share)
