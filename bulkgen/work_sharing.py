@@ -59,7 +59,8 @@ class _Worker:
     open: bool = False  # started, and not yet told that the rows are all out
     held: int = 0  # input rows handed to this attempt, less those it has written
     handed: int = 0  # input rows handed to it in this run, all attempts
-    # Rows handed to it that no final shard holds yet: id -> [row, samples not final].
+    # Rows handed to it that no final shard holds yet: id -> [its rows (more than one if the
+    # input repeats the id), their samples not final].
     unwritten: dict[str, list] = field(default_factory=dict)
 
 
@@ -107,7 +108,7 @@ class Dispatcher:
     def started(self, index: int, attempt: int) -> None:
         worker = self.workers[index]
         if worker.attempt is not None:  # a restart: the old attempt's unwritten rows go again
-            again = self._left_to_do([row for row, _ in worker.unwritten.values()])
+            again = self._left_to_do([row for rows, _ in worker.unwritten.values() for row in rows])
             self._pending.extendleft(reversed(again))
         worker.attempt, worker.open, worker.held, worker.unwritten = attempt, True, 0, {}
         self.fill()
@@ -146,7 +147,9 @@ class Dispatcher:
                 worker.handed += len(rows)
                 self._handed += len(rows)
                 for row in rows:
-                    worker.unwritten[row.id] = [row, samples_left(row, self._n)]
+                    entry = worker.unwritten.setdefault(row.id, [[], 0])
+                    entry[0].append(row)
+                    entry[1] += samples_left(row, self._n)
                 self._send(index, worker.attempt, rows)
         if self._read_all and not self._pending:
             for index, worker in enumerate(self.workers):

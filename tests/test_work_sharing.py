@@ -151,3 +151,17 @@ def test_every_worker_has_nvlink_multicast_off_and_its_own_gpus():
     assert _worker_env(["3", "5"], 2) == {"NCCL_NVLS_ENABLE": "0", "CUDA_VISIBLE_DEVICES": "3,5"}
     assert _worker_env([], 2)["NCCL_NVLS_ENABLE"] == "0"
     assert actor_env()["NCCL_NVLS_ENABLE"] == "0"
+
+
+def test_a_row_is_forgotten_only_once_a_final_shard_holds_all_its_samples():
+    """With --n 3 a row's samples may land in two shards: until the last is final, a restart
+    hands the row out again (the rescan then marks the samples already done)."""
+    workers = Workers(1)
+    sharing = Dispatcher(batches(2), 1, Credit(4, 2), 3, workers.send, lambda rows: rows)
+    sharing.receive("start", 0, 0, None)
+    sharing.receive("final", 0, 0, ["r0", "r0", "r1", "r1", "r1"])
+    assert list(sharing.workers[0].unwritten) == ["r0"]
+    sharing.receive("start", 0, 1, None)
+    assert [r.id for a, b in workers.got[0] if a == 1 and b for r in b] == ["r0"]
+    sharing.receive("final", 0, 1, ["r0", "r0", "r0"])
+    assert sharing.workers[0].unwritten == {}
