@@ -153,6 +153,22 @@ def test_a_fast_worker_takes_more_rows_and_the_slow_one_ends_with_it(
     assert stats["data_parallel"]["end_gap_s"] < 1.5, stats["workers"]
 
 
+def test_workers_write_every_sample_of_the_first_limit_rows_once(tmp_path, tiny_model_dir):
+    """The parent reads the input once: --limit and --n hold for the job as a whole."""
+    prompts = write_prompts(tmp_path / "in.jsonl", 100)
+    out = tmp_path / "out"
+    args = [prompts, "-m", tiny_model_dir, "-o", out, "-q", "--device", "cpu", "--n", 3, "--limit",
+            40, "--max-num-seqs", 8, "--shard-size", 7, "--data-parallel", 2]  # fmt: skip
+    env = {FAKE_ENGINE_ENV: json.dumps({"steps": 2, "step_delay": 0.005})}
+    result = CliRunner(env=env).invoke(main, ["run", *map(str, args)])
+    assert result.exit_code == 0, result.output
+    keys = [(r["id"], r["sample"]) for r in shard_rows(out)]
+    assert sorted(keys) == sorted((f"in:{i}", k) for i in range(40) for k in range(3))
+    stats = json.loads((out / "stats.json").read_text())
+    assert [w["rows_handed"] > 0 for w in stats["workers"]] == [True, True]
+    assert sum(w["rows_handed"] for w in stats["workers"]) == 40
+
+
 def test_gpus_all_without_a_gpu_asks_for_a_number(tmp_path, tiny_model_dir):
     prompts = write_prompts(tmp_path / "in.jsonl", 2)
     args = [
