@@ -23,7 +23,7 @@ from bulkgen.channel import Channel
 from bulkgen.config import EngineConfig
 from bulkgen.errors import UserError
 from bulkgen.io.fence import Fenced, claim_attempt, is_current
-from bulkgen.io.job import TEMP_PREFIX, Done, JobDir
+from bulkgen.io.job import STATS_FILE, TEMP_PREFIX, Done, JobDir, write_json_atomic
 from bulkgen.io.reader import Reader
 from bulkgen.progress import Counts
 from bulkgen.row import Row
@@ -209,20 +209,21 @@ def job_stats(config, model_dir, job: JobDir, start: Done, wall: float, load_tim
     }
 
 
-def worker_list(
-    worker_stats: dict[int, dict], sharing: Dispatcher, started_at: float
-) -> list[dict]:
-    """Each worker's own figures (its engine's included), for stats.json's "workers", with the
-    input rows it was handed and when it ended: end_s seconds after started_at (the parent's
-    time.time() when it began handing out rows; a worker's clock is its machine's)."""
-    out = []
-    for i, stats in sorted(worker_stats.items()):
-        own = {k: v for k, v in stats.items() if k not in _JOB_STATS and k != "ended_at"}
-        own["rows_handed"] = sharing.workers[i].handed
-        if "ended_at" in stats:
-            own["end_s"] = round(stats["ended_at"] - started_at, 3)
-        out.append({"worker": i, **own})
-    return out
+def add_workers(stats: dict, worker_stats: dict[int, dict], sharing: Dispatcher,
+                started_at: float, reader: Reader) -> None:  # fmt: skip
+    """stats.json's "workers": each worker's own figures (its engine's included), with the input
+    rows it was handed and when it ended, end_s seconds after started_at (the parent's time.time()
+    when it began handing out rows; a worker's clock is its machine's); and the job's row_faults,
+    the parent reader's and the workers'."""
+    workers = []
+    for i, own in sorted(worker_stats.items()):
+        entry = {k: v for k, v in own.items() if k not in _JOB_STATS and k != "ended_at"}
+        entry["rows_handed"] = sharing.workers[i].handed
+        if "ended_at" in own:
+            entry["end_s"] = round(own["ended_at"] - started_at, 3)
+        workers.append({"worker": i, **entry})
+    stats["workers"] = workers
+    stats["row_faults"] = reader.faults + sum(w.get("row_faults", 0) for w in workers)
 
 
 def sharing_stats(workers: list[dict], sharing: Dispatcher) -> dict:
@@ -230,3 +231,13 @@ def sharing_stats(workers: list[dict], sharing: Dispatcher) -> dict:
     ends = [w["end_s"] for w in workers if "end_s" in w]
     gap = round(max(ends) - min(ends), 3) if ends else None
     return {"credit_rows": sharing.credit.rows, "end_gap_s": gap}
+
+
+def finish(config: RunConfig, stats: dict, reader: Reader) -> dict:
+    """Write the job's stats.json; a UserError if an input broke midway (the rows before the
+    damage are written, but the run failed), as a run without workers does."""
+    write_json_atomic(Path(config.out) / STATS_FILE, stats)
+    if reader.damaged:
+        more = len(reader.damaged) - 1
+        raise UserError(reader.damaged[0] + (f" (and {more} more inputs)" if more else ""))
+    return stats

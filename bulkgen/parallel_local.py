@@ -23,20 +23,20 @@ import sys
 import threading
 import time
 import traceback
-from pathlib import Path
 
 from bulkgen.errors import UserError
 from bulkgen.io.fingerprint import fingerprints
-from bulkgen.io.job import STATS_FILE, JobDir, write_json_atomic
+from bulkgen.io.job import JobDir
 from bulkgen.parallel import (
     Share,
+    add_workers,
     dispatcher,
+    finish,
     job_stats,
     no_device_index,
     sharing_stats,
     worker_count,
     worker_devices,
-    worker_list,
 )
 from bulkgen.progress import Progress
 from bulkgen.run_config import RunConfig
@@ -97,8 +97,7 @@ def run_local(config: RunConfig, workers: int | str | None) -> dict:
         progress.close()
         job.drop_duplicates()  # a fenced attempt's shard that slipped in (io/fence.py)
         stats = job_stats(config, model_dir, job, start, wall, load_time)
-        stats["workers"] = worker_list(worker_stats, sharing, started_at)
-        stats["row_faults"] = reader.faults + sum(w.get("row_faults", 0) for w in stats["workers"])
+        add_workers(stats, worker_stats, sharing, started_at, reader)
     except KeyboardInterrupt:
         parent.interrupt()
         raise
@@ -111,11 +110,7 @@ def run_local(config: RunConfig, workers: int | str | None) -> dict:
         "gpus": gpus,
         **sharing_stats(stats["workers"], sharing),
     }
-    write_json_atomic(Path(config.out) / STATS_FILE, stats)
-    if reader.damaged:  # the rows before the damage are written; the run still failed
-        more = len(reader.damaged) - 1
-        raise UserError(reader.damaged[0] + (f" (and {more} more inputs)" if more else ""))
-    return stats
+    return finish(config, stats, reader)
 
 
 def _visible_gpus(config: RunConfig) -> list[str]:

@@ -23,8 +23,16 @@ from pathlib import Path
 from bulkgen.engine.fake import FAKE_ENGINE_ENV
 from bulkgen.errors import UserError
 from bulkgen.io.fingerprint import fingerprints
-from bulkgen.io.job import STATS_FILE, JobDir, write_json_atomic
-from bulkgen.parallel import Share, dispatcher, job_stats, sharing_stats, worker_count, worker_list
+from bulkgen.io.job import JobDir
+from bulkgen.parallel import (
+    Share,
+    add_workers,
+    dispatcher,
+    finish,
+    job_stats,
+    sharing_stats,
+    worker_count,
+)
 from bulkgen.progress import Progress
 from bulkgen.run_config import RunConfig
 from bulkgen.work_sharing import Dispatcher, Feed
@@ -147,19 +155,14 @@ def run_ray(config: RunConfig, workers: int | str | None, address: str | None) -
         job.unlock()
     # The actors load their engines while the progress bar's clock runs: wall_time_s has it.
     stats["load_time_s"] = round(max(s["load_time_s"] for s in worker_stats.values()), 3)
-    stats["workers"] = worker_list(worker_stats, sharing, started_at)
-    stats["row_faults"] = reader.faults + sum(w.get("row_faults", 0) for w in stats["workers"])
+    add_workers(stats, worker_stats, sharing, started_at, reader)
     stats["data_parallel"] = {
         "workers": count,
         "backend": "ray",
         "gpus": gpus,
         **sharing_stats(stats["workers"], sharing),
     }
-    write_json_atomic(Path(config.out) / STATS_FILE, stats)
-    if reader.damaged:  # the rows before the damage are written; the run still failed
-        more = len(reader.damaged) - 1
-        raise UserError(reader.damaged[0] + (f" (and {more} more inputs)" if more else ""))
-    return stats
+    return finish(config, stats, reader)
 
 
 def actor_env() -> dict[str, str]:

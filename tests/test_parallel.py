@@ -169,6 +169,27 @@ def test_workers_write_every_sample_of_the_first_limit_rows_once(tmp_path, tiny_
     assert sum(w["rows_handed"] for w in stats["workers"]) == 40
 
 
+def test_a_damaged_input_fails_a_data_parallel_job_in_one_line_after_the_rows_before_it(
+    tmp_path, tiny_model_dir
+):
+    import gzip
+
+    data = gzip.compress(b"".join(b'{"prompt": "p %d"}\n' % i for i in range(20000)))
+    path = tmp_path / "in.jsonl.gz"
+    path.write_bytes(data[: len(data) // 2])
+    out = tmp_path / "out"
+    args = [path, "-m", tiny_model_dir, "-o", out, "-q", "--device", "cpu", "--shard-size", 2000,
+            "--data-parallel", 2]  # fmt: skip
+    env = {FAKE_ENGINE_ENV: json.dumps({"steps": 1})}
+    result = CliRunner(env=env).invoke(main, ["run", *map(str, args)])
+    assert result.exit_code == 1
+    line = result.stderr.strip()
+    assert "\n" not in line and " from row " in line and "in.jsonl.gz" in line, line
+    first_lost = int(line.split(" from row ")[1].split()[0])
+    ids = [r["id"] for r in shard_rows(out)]
+    assert 0 < first_lost < 20000 and sorted(ids) == sorted(f"in:{i}" for i in range(first_lost))
+
+
 def test_gpus_all_without_a_gpu_asks_for_a_number(tmp_path, tiny_model_dir):
     prompts = write_prompts(tmp_path / "in.jsonl", 2)
     args = [
