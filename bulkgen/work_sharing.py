@@ -10,7 +10,8 @@ and one batch more, counted in samples with --n. The parent sends it a batch of 
 rows whenever the rows it handed that worker, less the rows the worker has written, leave room
 for one. So when the input runs out each worker holds at most its credit and the workers end
 together, within about the time of the last rows they started (with a fixed split of the rows,
-the worker with the most work ran on alone).
+the worker with the most work ran on alone). When the number of rows is known, no worker holds
+more than an even share of the work left either, so a small job is spread over every worker.
 
 Exactly once: the parent skips the rows that complete shards hold (samples.Resume) and hands
 every other row to one worker, once; the worker writes it into its own shards (part-wII-aAA-*,
