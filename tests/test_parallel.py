@@ -327,3 +327,4 @@ def test_two_gpu_workers_give_the_greedy_outputs_of_one_gpu(tmp_path, tiny_model
     assert len(workers) == torch.cuda.device_count() and all(
         w["device"].startswith("cuda") for w in workers
     )
+    assert stats["data_parallel"]["end_gap_s"] < 5, [w["end_s"] for w in workers]
