@@ -1,12 +1,14 @@
 """Data-parallel workers as processes on this machine: `bulkgen run ... --data-parallel N`.
 
-The parent spawns N workers (never forks: it may have imported torch), worker i on GPU i alone
-(CUDA_VISIBLE_DEVICES, set before it imports torch) or on the CPU. Each loads its engine and says
-so; only then does the parent lock and prepare the folder and let them start, so a bad model fails
-before anything is written. The workers send the counts of the rows they write through a queue to
-the parent's progress bar. A worker that dies or fails ends the job: the parent stops the others
-and raises its error. A worker ends at once if the parent dies, so a rerun never meets one still
-writing. Ctrl-C reaches the parent alone, which passes it on to each worker once.
+The parent spawns N workers (never forks: it may have imported torch), worker i on its own GPUs
+(CUDA_VISIBLE_DEVICES, set before it imports torch: GPU i today) or on the CPU. Each loads its
+engine and says so; only then does the parent lock and prepare the folder and let them start, so a
+bad model fails before anything is written. The parent then reads the rows and hands them out
+through a queue per worker as each has room (work_sharing.py); the workers send the counts of the
+rows they write through one queue back, for the progress bar and their credit. A worker that dies
+or fails ends the job: the parent stops the others and raises its error. A worker ends at once if
+the parent dies, so a rerun never meets one still writing. Ctrl-C reaches the parent alone, which
+passes it on to each worker once.
 """
 
 from __future__ import annotations
@@ -21,14 +23,24 @@ import sys
 import threading
 import time
 import traceback
-from pathlib import Path
 
 from bulkgen.errors import UserError
 from bulkgen.io.fingerprint import fingerprints
-from bulkgen.io.job import STATS_FILE, JobDir, write_json_atomic
-from bulkgen.parallel import Share, job_stats, no_device_index, worker_count, worker_list
+from bulkgen.io.job import JobDir
+from bulkgen.parallel import (
+    Share,
+    add_workers,
+    dispatcher,
+    finish,
+    job_stats,
+    no_device_index,
+    sharing_stats,
+    worker_count,
+    worker_devices,
+)
 from bulkgen.progress import Progress
 from bulkgen.run_config import RunConfig
+from bulkgen.work_sharing import Feed
 
 _POLL_S = 0.1
 _INTERRUPT_WAIT_S = 60.0  # for the workers to write out their finished rows after Ctrl-C
@@ -41,6 +53,7 @@ def run_local(config: RunConfig, workers: int | str | None) -> dict:
     if gpus and count * tp > len(gpus):
         need = f"--data-parallel {count}" + (f" --tensor-parallel {tp}" if tp > 1 else "")
         raise UserError(f"{need}: this machine has {len(gpus)} GPUs")
+    devices = worker_devices(gpus, count, per_worker=tp)
     from bulkgen import pipeline, preflight
 
     if count == 1:
@@ -55,46 +68,53 @@ def run_local(config: RunConfig, workers: int | str | None) -> dict:
     started = time.perf_counter()
     context = multiprocessing.get_context("spawn")  # never fork a process that may hold CUDA
     messages = context.Queue()
+    feeds = [context.Queue() for _ in range(count)]  # the rows handed to each worker
     go = context.Event()
     worker_config = dataclasses.replace(
         config, quiet=True, overwrite=False, device="cuda" if gpus else config.device
     )
     procs = []
     for i in range(count):
-        args = (i, count, worker_config, messages, go)
+        args = (i, count, worker_config, messages, feeds[i], go)
         # daemon: a worker never outlives the parent's normal exit (_exit_with: nor its death).
         name = f"bulkgen-w{i:02d}"
         procs.append(context.Process(target=_worker_main, args=args, name=name, daemon=True))
-    parent = _Parent(procs, messages, config.out)
+    parent = _Parent(procs, messages, feeds, config.out)
     try:
-        for i, proc in enumerate(procs):
-            own = ",".join(gpus[i * tp : (i + 1) * tp])
-            with _environ(_worker_env(own if gpus else None, count * tp)):
+        for proc, gpu_group in zip(procs, devices, strict=True):
+            with _environ(_worker_env(gpu_group, count * tp)):
                 proc.start()
         parent.wait_for("ready")  # every engine loaded: a bad model fails before any write
         load_time = time.perf_counter() - started
         job.lock()
         start = job.prepare(preflight.job_record(config, model_dir, reader), config.overwrite)
-        go.set()
+        sharing = dispatcher(config, job, reader, start, count, parent.hand, total)
+        parent.sharing = sharing
         progress = Progress(
             total and total * config.n, start.rows, start.errors, config.quiet, n=config.n
         )
         parent.progress = progress
+        started_at = time.time()
+        go.set()
         worker_stats = parent.wait_for("done")
         wall = progress.counts.elapsed
         progress.close()
         job.drop_duplicates()  # a fenced attempt's shard that slipped in (io/fence.py)
         stats = job_stats(config, model_dir, job, start, wall, load_time)
-        stats["workers"] = worker_list(worker_stats)
+        add_workers(stats, worker_stats, sharing, started_at, reader)
     except KeyboardInterrupt:
         parent.interrupt()
         raise
     finally:
         parent.stop()
         job.unlock()
-    stats["data_parallel"] = {"workers": count, "backend": "processes", "gpus": gpus}
-    write_json_atomic(Path(config.out) / STATS_FILE, stats)
-    return stats
+    stats["data_parallel"] = {
+        "workers": count,
+        "backend": "processes",
+        "gpus": gpus,
+        **sharing_stats(stats["workers"], sharing),
+    }
+    return finish(config, stats, reader)
 
 
 def _visible_gpus(config: RunConfig) -> list[str]:
@@ -113,11 +133,13 @@ def _visible_gpus(config: RunConfig) -> list[str]:
 class _Parent:
     """The parent's side of the worker processes: their messages and their deaths."""
 
-    def __init__(self, procs, messages, out: str) -> None:
+    def __init__(self, procs, messages, feeds, out: str) -> None:
         self.procs: list = procs
         self.messages = messages
+        self.feeds: list = feeds
         self.out = out
         self.progress: Progress | None = None
+        self.sharing = None  # the Dispatcher, once the folder is prepared
         self.seen: dict[str, dict[int, object]] = {"ready": {}, "done": {}}
         self.errors: dict[int, str] = {}
         self.user_errors: dict[int, str] = {}
@@ -135,19 +157,24 @@ class _Parent:
 
     def _receive(self, timeout: float) -> bool:
         try:
-            kind, i, value = self.messages.get(timeout=timeout)
+            kind, i, attempt, value = self.messages.get(timeout=timeout)
         except queue.Empty:
             return False
-        if kind == "rows":
-            if self.progress is not None:
-                self.progress.add_counts(value)
+        if self.sharing is not None:  # "start", "rows", "final": rows handed out on credit
+            self.sharing.receive(kind, i, attempt, value)
+        if kind == "rows" and self.progress is not None:
+            self.progress.add_counts(value)
         elif kind == "error":
             self.errors[i] = value
         elif kind == "user-error":
             self.user_errors[i] = value
-        else:
+        elif kind in self.seen:
             self.seen[kind][i] = value
         return True
+
+    def hand(self, index: int, attempt: int, rows: list | None) -> None:
+        """Send worker index's attempt a batch of rows (None: no more will come)."""
+        self.feeds[index].put((attempt, rows))
 
     def _drain(self) -> None:
         while self._receive(timeout=0.2):
@@ -178,6 +205,8 @@ class _Parent:
             self._receive(timeout=_POLL_S)
 
     def stop(self) -> None:
+        for feed in self.feeds:  # rows a dead worker never took must not hold up our exit
+            feed.cancel_join_thread()
         for proc in self.procs:
             if proc.exitcode is None and proc.pid is not None:
                 proc.terminate()
@@ -189,13 +218,15 @@ class _Parent:
                     proc.join()
 
 
-def _worker_env(gpu: str | None, count: int) -> dict[str, str]:
+def _worker_env(gpus: list[str], count: int) -> dict[str, str]:
     """What a worker's environment has from its first instruction, before it imports torch: its
-    one GPU; on the CPU, its part of the cores (unless OMP_NUM_THREADS is set already)."""
-    if gpu is not None:
-        return {"CUDA_VISIBLE_DEVICES": gpu}
+    GPUs; on the CPU, its part of the cores (unless OMP_NUM_THREADS is set already). NVLink
+    multicast (NVLS) stays off in every process we start, as the GPU machines here require."""
+    env = {"NCCL_NVLS_ENABLE": "0"}
+    if gpus:
+        return {**env, "CUDA_VISIBLE_DEVICES": ",".join(gpus)}
     threads = str(max(1, (os.cpu_count() or 1) // count))
-    return {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", threads)}
+    return {**env, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", threads)}
 
 
 @contextlib.contextmanager
@@ -213,8 +244,8 @@ def _environ(values: dict[str, str]):
                 os.environ[name] = value
 
 
-def _worker_main(index, count, config, messages, go) -> None:
-    """A worker process: the pipeline on its share."""
+def _worker_main(index, count, config, messages, feed, go) -> None:
+    """A worker process: the pipeline on the rows the parent hands it."""
     # Ctrl-C reaches the parent alone, which passes it on once (see _Parent.interrupt).
     os.setpgrp()
     _exit_with(multiprocessing.parent_process())
@@ -224,11 +255,20 @@ def _worker_main(index, count, config, messages, go) -> None:
 
     tqdm.set_lock(threading.RLock())
 
+    def send(kind: str, attempt: int | None, value: object) -> None:
+        messages.put((kind, index, attempt, value))
+
     def ready() -> None:
-        messages.put(("ready", index, None))
+        send("ready", None, None)
         go.wait()
 
-    share = Share(index, count, lambda counts: messages.put(("rows", index, counts)), ready)
+    def take(timeout: float) -> tuple | None:
+        try:
+            return feed.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    share = Share(index, count, send, Feed(take), ready)
     from bulkgen import pipeline
 
     try:
@@ -236,15 +276,16 @@ def _worker_main(index, count, config, messages, go) -> None:
     except KeyboardInterrupt:
         sys.exit(130)
     except UserError as e:
-        messages.put(("user-error", index, str(e)))
+        send("user-error", share.attempt, str(e))
         sys.exit(1)
     except BaseException as e:
         traceback.print_exc()  # a bug: its trace goes to stderr
-        messages.put(("error", index, f"{type(e).__name__}: {e}"))
+        send("error", share.attempt, f"{type(e).__name__}: {e}")
         sys.exit(1)
     if "CUDA_VISIBLE_DEVICES" in os.environ:  # which GPU it was, for stats.json's "workers"
         stats["cuda_visible_devices"] = os.environ["CUDA_VISIBLE_DEVICES"]
-    messages.put(("done", index, stats))
+    stats["ended_at"] = time.time()  # for the gap between the workers' ends (stats.json)
+    send("done", share.attempt, stats)
 
 
 def _exit_with(parent) -> None:

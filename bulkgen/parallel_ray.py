@@ -1,12 +1,15 @@
 """Data-parallel workers as Ray actors: `bulkgen run ... --ray [ADDRESS]` (bulkgen[ray]).
 
 Ray starts, places and restarts the workers; bulkgen adds no cluster manager. Each actor (one GPU,
-or one CPU on a cluster without GPUs) runs the pipeline on its share of the rows, as a worker
-process does (parallel.py), writing part-wII-* shards into --out, which every node must share.
-When an actor or its node dies, Ray restarts it (max_restarts) and calls its run again
-(max_task_retries): the new attempt discards the half-written shards of the dead one and skips the
-rows of complete shards, so each row ends up in exactly one shard. The driver (this process)
-checks, locks and prepares the folder, shows the progress bar and writes stats.json.
+or one CPU on a cluster without GPUs) runs the pipeline on the rows the driver hands it, as a
+worker process does (parallel.py, work_sharing.py): the driver reads the rows and puts batches on
+a Ray queue per actor as each has room; the actors send what they write back on one queue. They
+write part-wII-* shards into --out, which every node must share. When an actor or its node dies,
+Ray restarts it (max_restarts) and calls its run again (max_task_retries): the new attempt
+discards the half-written shards of the dead one and announces itself; the driver hands out
+again the dead attempt's rows that no complete shard holds, so each row ends up in exactly one
+shard. The driver (this process) checks, locks and prepares the folder, shows the progress bar
+and writes stats.json.
 """
 
 from __future__ import annotations
@@ -14,15 +17,25 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import time
 from pathlib import Path
 
 from bulkgen.engine.fake import FAKE_ENGINE_ENV
 from bulkgen.errors import UserError
 from bulkgen.io.fingerprint import fingerprints
-from bulkgen.io.job import STATS_FILE, JobDir, write_json_atomic
-from bulkgen.parallel import Share, job_stats, worker_count, worker_list
+from bulkgen.io.job import JobDir
+from bulkgen.parallel import (
+    Share,
+    add_workers,
+    dispatcher,
+    finish,
+    job_stats,
+    sharing_stats,
+    worker_count,
+)
 from bulkgen.progress import Progress
 from bulkgen.run_config import RunConfig
+from bulkgen.work_sharing import Dispatcher, Feed
 
 # Ray retries a worker this many times; each retry resumes from the complete shards.
 MAX_RESTARTS = 4
@@ -37,11 +50,24 @@ def actor_name(out: str, index: int) -> str:
 class RayWorker:
     """A worker actor. Made with ray.remote(RayWorker) only when --ray is used."""
 
-    def run(self, index: int, count: int, config: RunConfig, progress) -> dict:
+    def run(self, index: int, count: int, config: RunConfig, messages, feed) -> dict:
+        """The pipeline on the rows the driver puts on feed; what it writes goes on messages."""
+        from ray.util.queue import Empty
+
         from bulkgen import pipeline
 
-        share = Share(index, count, report=lambda counts: progress.put((index, counts)))
-        return pipeline.run(config, worker=share)
+        def send(kind: str, attempt: int | None, value: object) -> None:
+            messages.put((kind, index, attempt, value))
+
+        def take(timeout: float) -> tuple | None:
+            try:
+                return feed.get(timeout=timeout)
+            except Empty:
+                return None
+
+        stats = pipeline.run(config, worker=Share(index, count, send, Feed(take)))
+        stats["ended_at"] = time.time()  # for the gap between the workers' ends (stats.json)
+        return stats
 
 
 def run_ray(config: RunConfig, workers: int | str | None, address: str | None) -> dict:
@@ -65,6 +91,7 @@ def run_ray(config: RunConfig, workers: int | str | None, address: str | None) -
         except ConnectionError as e:
             raise UserError(f"--ray {address or ''}: cannot reach a Ray cluster: {e}") from e
     actors: list = []
+    queues: list = []
     try:
         resources = ray.cluster_resources()
         gpus = int(resources.get("GPU", 0)) if config.device != "cpu" else 0
@@ -74,7 +101,9 @@ def run_ray(config: RunConfig, workers: int | str | None, address: str | None) -
             print(f"bulkgen: {count} workers, the Ray cluster has {slots} now", flush=True)
         job.lock()
         start = job.prepare(preflight.job_record(config, model_dir, reader), config.overwrite)
-        progress_queue = Queue(actor_options={"num_cpus": 0})
+        messages = Queue(actor_options={"num_cpus": 0})
+        feeds = [Queue(actor_options={"num_cpus": 0}) for _ in range(count)]
+        queues = [messages, *feeds]
         worker_config = dataclasses.replace(
             config,
             quiet=True,
@@ -92,18 +121,23 @@ def run_ray(config: RunConfig, workers: int | str | None, address: str | None) -
             "max_restarts": MAX_RESTARTS,
             "max_task_retries": MAX_RESTARTS,
         }
-        if os.environ.get(FAKE_ENGINE_ENV):  # tests: the actors use the FakeEngine too
-            options["runtime_env"] = {"env_vars": {FAKE_ENGINE_ENV: os.environ[FAKE_ENGINE_ENV]}}
+        options["runtime_env"] = {"env_vars": actor_env()}
         remote = ray.remote(RayWorker)
+
+        def hand(i: int, attempt: int, rows: list | None) -> None:
+            feeds[i].put((attempt, rows))
+
+        sharing = dispatcher(config, job, reader, start, count, hand, total)
         calls = {}
+        started_at = time.time()
         for i in range(count):
             actor = remote.options(name=actor_name(config.out, i), **options).remote()
             actors.append(actor)
-            calls[actor.run.remote(i, count, worker_config, progress_queue)] = i
+            calls[actor.run.remote(i, count, worker_config, messages, feeds[i])] = i
         progress = Progress(
             total and total * config.n, start.rows, start.errors, config.quiet, n=config.n
         )
-        worker_stats = _wait(ray, calls, progress_queue, progress, config.out)
+        worker_stats = _wait(ray, calls, messages, sharing, progress, config.out)
         wall = progress.counts.elapsed
         progress.close()
         job.drop_duplicates()  # a fenced attempt's shard that slipped in (io/fence.py)
@@ -114,20 +148,37 @@ def run_ray(config: RunConfig, workers: int | str | None, address: str | None) -
     finally:
         for actor in actors:
             ray.kill(actor, no_restart=True)
+        for q in queues:
+            q.shutdown(force=True)
         if not connected:
             ray.shutdown()
         job.unlock()
     # The actors load their engines while the progress bar's clock runs: wall_time_s has it.
     stats["load_time_s"] = round(max(s["load_time_s"] for s in worker_stats.values()), 3)
-    stats["workers"] = worker_list(worker_stats)
-    stats["data_parallel"] = {"workers": count, "backend": "ray", "gpus": gpus}
-    write_json_atomic(Path(config.out) / STATS_FILE, stats)
-    return stats
+    add_workers(stats, worker_stats, sharing, started_at, reader)
+    stats["data_parallel"] = {
+        "workers": count,
+        "backend": "ray",
+        "gpus": gpus,
+        **sharing_stats(stats["workers"], sharing),
+    }
+    return finish(config, stats, reader)
 
 
-def _wait(ray, calls: dict, progress_queue, progress: Progress, out: str) -> dict[int, dict]:
-    """Until every actor's run has returned, feeding the progress bar; a UserError if one fails
-    for good (its own error, or Ray's restarts ran out)."""
+def actor_env() -> dict[str, str]:
+    """Environment variables of every actor: NVLink multicast (NVLS) off, as the GPU machines
+    here require of every process we start; in tests, the FakeEngine switch."""
+    env = {"NCCL_NVLS_ENABLE": "0"}
+    if os.environ.get(FAKE_ENGINE_ENV):  # tests: the actors use the FakeEngine too
+        env[FAKE_ENGINE_ENV] = os.environ[FAKE_ENGINE_ENV]
+    return env
+
+
+def _wait(
+    ray, calls: dict, messages, sharing: Dispatcher, progress: Progress, out: str
+) -> dict[int, dict]:
+    """Until every actor's run has returned, handing out rows and feeding the progress bar; a
+    UserError if one fails for good (its own error, or Ray's restarts ran out)."""
     pending = list(calls)
     results: dict[int, dict] = {}
     while pending:
@@ -149,6 +200,8 @@ def _wait(ray, calls: dict, progress_queue, progress: Progress, out: str) -> dic
                     f"data-parallel worker {i}: its actor died {MAX_RESTARTS + 1} times "
                     f"({e.__class__.__name__}); rerun the same command to resume into {out}"
                 ) from None
-        for _, counts in progress_queue.get_nowait_batch(progress_queue.qsize()):
-            progress.add_counts(counts)
+        for kind, i, attempt, value in messages.get_nowait_batch(messages.qsize()):
+            sharing.receive(kind, i, attempt, value)
+            if kind == "rows":
+                progress.add_counts(value)
     return results

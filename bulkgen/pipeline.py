@@ -142,14 +142,16 @@ class _Run:
                 model=self.config.model,
                 prefix="" if self.worker is None else self.worker.prefix,
                 fence=None if self.worker is None else self.worker.fence,
+                final=None if self.worker is None else self.worker.final,
                 token_ids=self.config.output_token_ids,
                 keep_types=self.reader.keep_types,
             )
             samples = Samples(self.config.sampling, self.config.n, self.job.job_seed())
-            resume = Resume(done, self.config.n)
-            if self.worker is not None:
-                resume = self.worker.keep(resume)
-            self._spawn("reader", stages.read, self.reader, resume, rows_in)
+            if self.worker is None:
+                resume = Resume(done, self.config.n)
+                self._spawn("reader", stages.read, self.reader, resume, rows_in)
+            else:  # the parent reads the rows and hands them out (work_sharing.py)
+                self._spawn("reader", self.worker.take_rows, rows_in)
             tokenizer_guard, detokenizer_guard = self.guards
             self._spawn(
                 "tokenizer",

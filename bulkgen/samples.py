@@ -32,6 +32,16 @@ def row_n(row: Row, n: int) -> int:
     return value
 
 
+def samples_left(row: Row, n: int) -> int:
+    """How many samples of the row a run generates: those complete shards do not hold (a row
+    whose n is bad is n error records, as Samples makes them)."""
+    try:
+        count = row_n(row, n)
+    except ValueError:
+        count = n
+    return sum(1 for k in range(count) if not row.samples_done >> k & 1)
+
+
 class Samples:
     """Expands rows into their samples, each with its SamplingParams (or the row's error)."""
 

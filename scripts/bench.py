@@ -284,7 +284,9 @@ def main() -> None:
                     line["note"] = "roofline: the group's summed bandwidth and FLOP rate"
                 if r.get("data_parallel"):
                     line["data_parallel"] = r["data_parallel"]
-                    line["note"] = "roofline: the slowest worker's share on its GPUs"
+                    for key in ("end_gap_s", "worker_end_s", "worker_rows", "worker_gpu_busy_pct"):
+                        line[key] = r.get(key)
+                    line["note"] = "roofline: an even share of the rows on each worker's GPUs"
                 if r.get("cached_prompt_tokens") is not None:
                     line["cached_prompt_tokens"] = r["cached_prompt_tokens"]
                 prof = r.get("profile") or {}

@@ -116,6 +116,12 @@ def run_bulkgen(
             "prefix_cache": prefix_cache,
             "data_parallel": workers,
             "tensor_parallel": tp,
+            # Work sharing (issue 14): how far apart the workers ended (seconds after the parent
+            # began handing out rows), the rows each took, and each one's own GPU busy.
+            "end_gap_s": stats["data_parallel"].get("end_gap_s"),
+            "worker_end_s": [w.get("end_s") for w in stats["workers"]],
+            "worker_rows": [w.get("rows_handed") for w in stats["workers"]],
+            "worker_gpu_busy_pct": [w.get("gpu_busy_pct") for w in stats["workers"]],
         }
     holder: dict = {}
 

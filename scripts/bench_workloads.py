@@ -102,15 +102,9 @@ def roofline_s(
 
 
 def split_roofline_s(work, workers: int, args, tp: int = 1, shape: dict = LLAMA3_8B) -> float:
-    """The roofline of the slowest worker when the rows are shared out as `bulkgen run` does;
-    a worker of tp GPUs has tp times one GPU's bandwidth and FLOP rate."""
-    from bulkgen.parallel import owner
-
-    shares = [
-        [w for i, w in enumerate(work) if owner(str(i), workers) == k] for k in range(workers)
-    ]
-    return max(
-        roofline_s(share, tp * args.bandwidth, tp * args.flops, args.max_num_seqs, shape)
-        for share in shares
-        if share
-    )
+    """The roofline of each worker's even share of the rows: `bulkgen run --data-parallel` hands
+    rows out as workers have room, so no worker has more than its share of the work left; a
+    worker of tp GPUs has tp times one GPU's bandwidth and FLOP rate."""
+    shares = [work[k::workers] for k in range(workers)]
+    rate = tp * args.bandwidth, tp * args.flops, args.max_num_seqs
+    return max(roofline_s(share, *rate, shape) for share in shares if share)

@@ -1,4 +1,5 @@
-"""--ray: the workers as Ray actors on a local Ray (2 CPUs), each row written exactly once."""
+"""--ray: the workers as Ray actors on a local Ray (2 CPUs), handed rows by the driver as they
+have room (work_sharing.py), each row written exactly once."""
 
 from __future__ import annotations
 
@@ -45,7 +46,12 @@ def test_a_ray_actor_that_cannot_load_the_model_fails_the_job_and_leaves_no_sett
         run_parallel(config, 2, "")
     assert not (out / "job.json").exists() and not list(out.glob("part-*"))
     good = dataclasses.replace(config, model=str(tiny_model_dir))
-    assert run_parallel(good, 2, "")["rows"] == 6
+    stats = run_parallel(good, 2, "")
+    assert stats["rows"] == 6
+    # The driver handed each row out once (an actor that loads first may take them all: the
+    # actors do not wait for each other).
+    assert sum(w["rows_handed"] for w in stats["workers"]) == 6
+    assert stats["data_parallel"]["end_gap_s"] is not None
 
 
 def test_a_ray_actor_killed_mid_way_is_restarted_and_every_row_is_written_once(
@@ -80,3 +86,5 @@ def test_a_ray_actor_killed_mid_way_is_restarted_and_every_row_is_written_once(
     assert stats["rows"] == stats["this_run"]["rows"] == rows
     # The restarted actor resumed after the shards its killed attempt had completed.
     assert stats["workers"][1]["this_run"]["resumed_after_rows"] > 0
+    # The rows the killed attempt held unwritten were handed out again (work_sharing.py).
+    assert sum(w["rows_handed"] for w in stats["workers"]) > rows

@@ -40,6 +40,7 @@ class FakeEngine:
         eos_token_ids: list[int] | None = None,
         step_delay: float = 0.0,
         fail_after_steps: int | None = None,
+        step_per_token: bool = False,
     ) -> None:
         self.config = config or EngineConfig(model="fake")
         self.steps = steps
@@ -48,6 +49,8 @@ class FakeEngine:
         self.eos_token_ids = list(eos_token_ids or [2])
         self.step_delay = step_delay
         self.fail_after_steps = fail_after_steps  # raise from step(), to test failure handling
+        # A request takes one step per token it answers (rows of uneven lengths), not `steps`.
+        self.step_per_token = step_per_token
         self._waiting: deque[_Pending] = deque()
         self._running: list[_Pending] = []
         self._errors: list[RequestOutput] = []
@@ -63,7 +66,10 @@ class FakeEngine:
             )
             self._errors.append(RequestOutput(request_id, prompt_ids, [], "error", message))
             return
-        self._waiting.append(_Pending(request_id, prompt_ids, params, self.steps))
+        steps = self.steps
+        if self.step_per_token:
+            steps = max(1, len(self._answer(prompt_ids, params)))
+        self._waiting.append(_Pending(request_id, prompt_ids, params, steps))
 
     def abort(self, request_id: str) -> None:
         self._aborted.add(request_id)
@@ -92,11 +98,16 @@ class FakeEngine:
         self._running = still
         return finished
 
+    def _answer(self, prompt_ids: list[int], params: SamplingParams) -> list[int]:
+        natural = self.tokens if self.tokens is not None else prompt_ids[::-1]
+        return list(natural[: params.max_tokens])
+
     def _output(self, p: _Pending) -> RequestOutput:
         natural = self.tokens if self.tokens is not None else p.prompt_ids[::-1]
-        limit = p.params.max_tokens
-        reason = "length" if len(natural) >= limit else "stop"
-        return RequestOutput(p.request_id, p.prompt_ids, list(natural[:limit]), reason)
+        reason = "length" if len(natural) >= p.params.max_tokens else "stop"
+        return RequestOutput(
+            p.request_id, p.prompt_ids, self._answer(p.prompt_ids, p.params), reason
+        )
 
     @property
     def stats(self) -> dict:

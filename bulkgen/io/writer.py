@@ -53,14 +53,17 @@ class ShardWriter:
         fence: Callable[[], None] | None = None,
         token_ids: bool = False,
         keep_types: dict[str, pa.DataType] | None = None,
+        final: Callable[[list[Row]], None] | None = None,
     ) -> None:
         """samples: write a `sample` column; logprobs: `logprobs` and `top_logprobs` columns;
         model: the model name of --format openai lines; prefix: in shard names after `part-`
         (a data-parallel worker's `wII-aAA-`); fence: called before a shard is made final,
         raises io.fence.Fenced if a newer attempt of this worker exists; keep_types: the job's
-        kept-column types (see io/schema.py), which every shard uses."""
+        kept-column types (see io/schema.py), which every shard uses; final: called with a
+        shard's rows once it is final (a data-parallel worker tells its parent)."""
         self.prefix = prefix
         self.fence = fence
+        self.final = final
         self.token_ids = token_ids  # a token_ids column (--output-token-ids)
         self.out = Path(out)
         self.fmt = fmt
@@ -133,6 +136,8 @@ class ShardWriter:
             raise output_error(self.out, f"write shard {name}", e) from None
         self.shards.append(name)
         self.next_index += 1
+        if self.final is not None:  # --format openai: an item is a row's samples
+            self.final([r for item in rows for r in (item if isinstance(item, list) else [item])])
 
     def _encoded(self, encode, rows: list):
         """encode(rows); a row that cannot be encoded becomes an error record (a row fault)."""
