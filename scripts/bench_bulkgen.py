@@ -34,6 +34,11 @@ def data_parallel(engine: str) -> int:
     return int(engine.rsplit("-dp", 1)[1]) if "-dp" in engine else 1
 
 
+def seq_setting(value: str) -> int | str:
+    """A --max-num-seqs value: a number, or auto."""
+    return value if value == "auto" else int(value)
+
+
 def run_bulkgen(args, work, sync: bool, prefix_cache: bool = True, workers: int = 1) -> dict:
     """The whole `bulkgen run` pipeline: Parquet of token-id prompts in, shards out. With
     workers > 1, `--data-parallel` worker processes on GPUs 0..workers-1."""
@@ -73,7 +78,7 @@ def run_bulkgen(args, work, sync: bool, prefix_cache: bool = True, workers: int 
         out=str(tmp / "out"),
         model=str(args.model_dir),
         sampling=sampling,
-        max_num_seqs=args.max_num_seqs,
+        max_num_seqs=seq_setting(args.max_num_seqs),
         max_model_len=args.max_model_len,
         load_format="dummy",
         prefix_cache=prefix_cache,
@@ -142,6 +147,10 @@ def run_bulkgen(args, work, sync: bool, prefix_cache: bool = True, workers: int 
                 "preemptions",
                 "recomputed_tokens",
                 "eager_decode_steps",
+                "max_num_seqs_chosen",
+                "max_num_seqs_chosen_max",
+                "max_running_seqs",
+                "graph_max_batch",
             )
         },
     }

@@ -92,15 +92,14 @@ def roofline_s(work, bandwidth: float, flops_rate: float, max_num_seqs: int) -> 
     return (steps * weight_bytes_read() + kv) / bandwidth + prefill_flops / flops_rate
 
 
-def split_roofline_s(work, workers: int, args) -> float:
-    """The roofline of the slowest worker when the rows are shared out as `bulkgen run` does."""
+def split_roofline_s(work, workers: int, args, max_num_seqs: int) -> float:
+    """The roofline of the slowest worker when the rows are shared out as `bulkgen run` does,
+    with at most max_num_seqs rows a step."""
     from bulkgen.parallel import owner
 
     shares = [
         [w for i, w in enumerate(work) if owner(str(i), workers) == k] for k in range(workers)
     ]
     return max(
-        roofline_s(share, args.bandwidth, args.flops, args.max_num_seqs)
-        for share in shares
-        if share
+        roofline_s(share, args.bandwidth, args.flops, max_num_seqs) for share in shares if share
     )

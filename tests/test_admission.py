@@ -192,3 +192,14 @@ def test_the_flag_accepts_auto_and_names_a_bad_value():
     assert param.type.convert("512", param, None) == 512
     result = CliRunner().invoke(main, ["run", "in.jsonl", "--max-num-seqs", "lots"])
     assert result.exit_code == 2 and "neither a number" in result.output
+
+
+def test_the_warm_up_fits_a_cache_smaller_than_its_plans(tiny_model_dir):
+    from bulkgen.engine.warmup import warmup_plans
+
+    llm = LLM(str(tiny_model_dir), dtype="float32", device="cpu", num_blocks=6)
+    engine = llm.engine
+    plans = warmup_plans(engine.cfg, engine.max_model_len, num_blocks=6)
+    assert len(plans[-1].seqs) == engine.cfg.graph_rows == 1024, "the widest decode step"
+    assert all(b < 6 for p in plans for s in p.seqs for b in s.request.block_ids)
+    engine.runner.warm_up(plans)  # no index past the cache (on the GPU: no illegal access)

@@ -67,7 +67,7 @@ class Engine:
         num_blocks = cfg.num_blocks or self._auto_num_blocks(model, mcfg)
         self.runner = ModelRunner(model, mcfg, cfg, self.device, num_blocks, self.max_model_len)
         if self.device.type == "cuda":
-            self.runner.warm_up(warmup_plans(cfg, self.max_model_len))
+            self.runner.warm_up(warmup_plans(cfg, self.max_model_len, num_blocks))
         self.runner.capture_graphs()
         blocks = BlockManager(num_blocks, cfg.block_size, cfg.prefix_cache)
         self.scheduler = Scheduler(cfg, blocks, self.max_model_len, self.eos_token_ids)
