@@ -53,7 +53,7 @@ def warmup_blocks(cfg: EngineConfig, max_model_len: int) -> int:
     )
 
 
-def _plan(lengths: list[int], block_size: int, num_blocks: int | None) -> Plan:
+def _plan(lengths: list[int], block_size: int, num_blocks: int | None = None) -> Plan:
     plan, next_block = Plan(), 0
     for i, n in enumerate(lengths):
         req = Request(f"warmup-{i}", [1] * n, _FILTERED, seed=i, table_row=i)
