@@ -203,3 +203,22 @@ def test_the_warm_up_fits_a_cache_smaller_than_its_plans(tiny_model_dir):
     assert len(plans[-1].seqs) == engine.cfg.graph_rows == 1024, "the widest decode step"
     assert all(b < 6 for p in plans for s in p.seqs for b in s.request.block_ids)
     engine.runner.warm_up(plans)  # no index past the cache (on the GPU: no illegal access)
+
+
+def test_graph_buckets_cover_every_decode_step_up_to_auto_s_ceiling():
+    from bulkgen.engine.graphs import bucket_sizes
+
+    rows = EngineConfig(model="-").graph_rows
+    buckets = bucket_sizes(rows)
+    assert rows == AUTO_MAX_NUM_SEQS == buckets[-1] and len(buckets) <= 40
+    for b in range(257, rows + 1):
+        assert next(s for s in buckets if s >= b) <= b * 9 / 8, "padding under 1/8 past 256"
+
+
+@pytest.mark.gpu
+def test_auto_decodes_every_batch_size_from_graphs_on_cuda(tiny_model_dir):
+    llm = LLM(str(tiny_model_dir), dtype="float32", device="cuda")
+    llm.generate(long_prompts(300), SamplingParams(max_tokens=16, temperature=0.0))
+    stats = llm.engine.stats
+    assert stats["graph_max_batch"] == AUTO_MAX_NUM_SEQS
+    assert stats["max_running_seqs"] == 300 and stats["eager_decode_steps"] == 0
