@@ -194,6 +194,19 @@ def test_the_flag_accepts_auto_and_names_a_bad_value():
     assert result.exit_code == 2 and "neither a number" in result.output
 
 
+def test_a_recipe_field_and_the_run_config_take_auto(tmp_path):
+    from bulkgen.cli import run
+    from bulkgen.recipes import load_recipe
+    from bulkgen.run_config import RunConfig
+
+    for value in ("auto", 512):
+        (tmp_path / "job.yaml").write_text(f"max_num_seqs: {value}\n")
+        assert load_recipe(tmp_path / "job.yaml", run).options["max_num_seqs"] == value
+        config = RunConfig(inputs=("x.jsonl",), out="o", model="m", max_num_seqs=value)
+        assert config.engine_config("m").max_num_seqs == value
+    assert RunConfig(inputs=("x.jsonl",), out="o", model="m").engine_config("m").auto_num_seqs
+
+
 def test_the_warm_up_fits_a_cache_smaller_than_its_plans(tiny_model_dir):
     from bulkgen.engine.warmup import warmup_plans
 
