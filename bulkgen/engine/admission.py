@@ -25,11 +25,13 @@ requests that outgrow their horizon while the cache is full.
 
 The share s_r is 1 when a request's length is known (ignore_eos with no stop token, stop string
 or grammar: it runs to max_tokens), which makes admission TensorRT-LLM's "guaranteed no evict"
-for such requests: no preemption ever. Otherwise it is learned from finished requests: the 90th
-percentile of the share of its output budget each used, with a prior of a few requests that used
-all of theirs, so that the first wave is admitted as if lengths were known and a long tail is
-not judged by the short requests that finish first. EngineConfig.output_reserve fixes the share
-instead (0: promise nothing and admit when the first chunk fits, as vLLM does).
+for such requests: a batch of them is never preempted. Otherwise it is learned from finished
+requests: the 75th percentile of the share of its output budget each used, with a prior of a few
+requests that used all of theirs, so that the first wave is admitted as if lengths were known.
+A higher quantile leaves more of the cache idle, a lower one preempts more when a long tail
+follows short requests (scripts/sim_admission.py compares them on synthetic workloads).
+EngineConfig.output_reserve fixes the share instead (0: promise nothing and admit when the
+first chunk fits, as vLLM does).
 
 Costs: O(1) per admission attempt, per block allocated and per request finished; nothing per
 running request per step.
@@ -59,7 +61,7 @@ class OutputShare:
     quantile of what finished requests used, from a histogram (O(bins) per finished request)."""
 
     BINS = 20
-    QUANTILE = 0.9
+    QUANTILE = 0.75
     PRIOR = 4  # pseudo-requests that used their whole budget
 
     def __init__(self) -> None:
