@@ -235,3 +235,20 @@ def test_auto_decodes_every_batch_size_from_graphs_on_cuda(tiny_model_dir):
     stats = llm.engine.stats
     assert stats["graph_max_batch"] == AUTO_MAX_NUM_SEQS
     assert stats["max_running_seqs"] == 300 and stats["eager_decode_steps"] == 0
+
+
+def test_stats_json_reports_the_batch_choice_and_what_preemption_cost(tmp_path, tiny_model_dir):
+    import json
+
+    from bulkgen.cli import main
+
+    inp = tmp_path / "in.jsonl"
+    inp.write_text("".join(json.dumps({"prompt": f"Row {i} says"}) + "\n" for i in range(5)))
+    out = tmp_path / "out"
+    args = ["run", str(inp), "-m", str(tiny_model_dir), "-o", str(out), "--max-tokens", "4", "-q"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["max_num_seqs"] == "auto" and stats["max_running_seqs"] == 5
+    assert stats["max_num_seqs_chosen"] == AUTO_MAX_NUM_SEQS, "a roomy cache: the ceiling"
+    assert stats["preemptions"] == 0 == stats["recomputed_tokens"]
