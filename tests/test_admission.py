@@ -60,7 +60,7 @@ def test_auto_picks_a_small_batch_for_a_tiny_cache_and_the_ceiling_for_a_big_one
     assert all(len(o.token_ids) == 48 for o in outs)
     stats = tiny.engine.stats
     assert stats["max_num_seqs"] == "auto"
-    # 160 tokens over about 20 + 48 (+ half a block) per request.
+    # 20 blocks of 8 tokens over the 8-10 blocks a request takes to its end.
     assert stats["max_num_seqs_chosen"] == 2 == stats["max_num_seqs_chosen_max"]
     assert stats["max_running_seqs"] <= 2 and stats["preemptions"] == 0
     big = LLM(str(tiny_model_dir), dtype="float32", device="cpu", max_batch_tokens=4096)

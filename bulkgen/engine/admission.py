@@ -37,7 +37,7 @@ Costs: O(1) per admission attempt, per block allocated and per request finished;
 running request per step.
 
 max_num_seqs="auto" takes the batch-size cap from the same projection: the cache's tokens over
-the mean projected length of the requests that have arrived, bounded by AUTO_MAX_NUM_SEQS and
+the mean projected blocks of the requests that have arrived, bounded by AUTO_MAX_NUM_SEQS and
 max_batch_tokens (EngineConfig.seq_rows), the widest decode graph.
 """
 
@@ -92,10 +92,11 @@ class Admission:
         self.ceiling = cfg.seq_rows
         self.cap = cfg.seq_rows  # the most requests running at once, now
         self.cap_max = 0 if self.auto else self.cap  # auto: the largest cap it chose
-        # Arrived requests, for auto's projection: their prompt tokens and output budgets (the
-        # shares are applied when the cap is chosen, so a learned share reaches every one).
-        self.arrived = self.prompt_tokens = 0
-        self.known_budget = self.unknown_budget = 0
+        # Arrived requests, for auto's projection: the horizon blocks of those whose share is
+        # known at arrival, and the prompt tokens and output budgets of the others (the learned
+        # share is applied when the cap is chosen, so that it reaches every one).
+        self.arrived = self.known_blocks = 0
+        self.unknown = self.unknown_prompts = self.unknown_budgets = 0
 
     def _end(self, req: Request) -> int:
         return min(len(req.prompt_ids) + req.params.max_tokens, self.max_model_len)
@@ -161,24 +162,24 @@ class Admission:
         if not self.auto:
             return
         self.arrived += 1
-        self.prompt_tokens += len(req.prompt_ids)
-        budget = self._end(req) - len(req.prompt_ids)
-        if known_length(req.params):
-            self.known_budget += budget
+        prompt = len(req.prompt_ids)
+        budget = self._end(req) - prompt
+        if self.fixed_share is not None or known_length(req.params):
+            share = 1.0 if self.fixed_share is None else self.fixed_share
+            self.known_blocks += self.blocks.blocks_for(prompt + math.ceil(share * budget))
         else:
-            self.unknown_budget += budget
+            self.unknown += 1
+            self.unknown_prompts += prompt
+            self.unknown_budgets += budget
         self._choose_cap()
 
     def _choose_cap(self) -> None:
         if not self.auto or not self.arrived:
             return
-        known, unknown = 1.0, self.share.value
-        if self.fixed_share is not None:
-            known = unknown = self.fixed_share
-        projected = self.prompt_tokens + known * self.known_budget + unknown * self.unknown_budget
-        # Each request's last block is half empty on average.
-        per_request = projected / self.arrived + self.blocks.block_size / 2
-        fit = int(self.blocks.num_blocks * self.blocks.block_size / per_request)
+        tokens = self.unknown_prompts + self.share.value * self.unknown_budgets
+        # The last block of a request of unknown length is half empty on average.
+        blocks = self.known_blocks + tokens / self.blocks.block_size + self.unknown / 2
+        fit = int(self.blocks.num_blocks * self.arrived / blocks)
         self.cap = max(1, min(self.ceiling, fit))
         self.cap_max = max(self.cap_max, self.cap)
 
