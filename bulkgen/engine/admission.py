@@ -36,7 +36,7 @@ first chunk fits, as vLLM does).
 Costs: O(1) per admission attempt, per block allocated and per request finished; nothing per
 running request per step.
 
-max_num_seqs="auto" takes the batch-size cap from the same projection: the cache's tokens over
+max_num_seqs="auto" takes the batch-size cap from the same projection: the cache's blocks over
 the mean projected blocks of the requests that have arrived, bounded by AUTO_MAX_NUM_SEQS and
 max_batch_tokens (EngineConfig.seq_rows), the widest decode graph.
 """
