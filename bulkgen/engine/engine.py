@@ -127,9 +127,9 @@ class Engine:
         torch.cuda.empty_cache()
         free, _ = torch.cuda.mem_get_info(self.device)
         # Headroom: the warm-up's peak again (prefill steps allocate as they run), the decode
-        # graphs' pool (what the widest decode forward allocates: the graphs keep it for the
-        # whole run; smaller graphs reuse it), plus 2 GiB for cuBLAS workspaces, the step buffers
-        # and the penalty state.
+        # graphs' pool (at most what the widest decode forward allocates, its logits included:
+        # the graphs keep their pool for the whole run, smaller graphs reuse the widest one's),
+        # plus 2 GiB for cuBLAS workspaces, the step buffers and the penalty state.
         budget = int((free - activations - graph_pool - (2 << 30)) * cfg.kv_memory)
         if budget < per_block:
             raise ValueError("no device memory left for the KV cache: lower --max-batch-tokens")
