@@ -231,7 +231,7 @@ def test_graph_buckets_cover_every_decode_step_up_to_auto_s_ceiling():
 @pytest.mark.gpu
 def test_auto_decodes_every_batch_size_from_graphs_on_cuda(tiny_model_dir):
     llm = LLM(str(tiny_model_dir), dtype="float32", device="cuda")
-    llm.generate(long_prompts(300), SamplingParams(max_tokens=16, temperature=0.0))
+    llm.generate(long_prompts(300), SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True))
     stats = llm.engine.stats
     assert stats["graph_max_batch"] == AUTO_MAX_NUM_SEQS
     assert stats["max_running_seqs"] == 300 and stats["eager_decode_steps"] == 0
