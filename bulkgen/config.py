@@ -9,6 +9,9 @@ from dataclasses import dataclass
 
 # Bounds of integer parameters: they travel to the device as int32/int64 tensors.
 _INT32 = 2**31
+# The most requests `max_num_seqs="auto"` ever runs at once: decode on an H200 is compute-bound
+# well before it (the 8B's GEMMs at 256 rows already are), so more rows only add KV reads.
+AUTO_MAX_NUM_SEQS = 1024
 
 
 @dataclass(frozen=True)
@@ -160,7 +163,15 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """Sizes and switches of the engine. num_blocks None sizes the KV cache from free memory."""
+    """Sizes and switches of the engine. num_blocks None sizes the KV cache from free memory.
+
+    max_num_seqs: the most requests running at once, or "auto": the engine picks it from the KV
+    cache's size and the lengths of the requests as they arrive, up to AUTO_MAX_NUM_SEQS (and
+    max_batch_tokens). output_reserve: the share of each request's remaining output that
+    admission keeps cache room for (engine/admission.py); None learns it from finished requests
+    (1 for requests whose length is known); 0 promises nothing: a request is admitted when its
+    first chunk fits and preemption makes room, as engines without a horizon (vLLM) do.
+    """
 
     model: str
     dtype: str = "auto"
@@ -170,7 +181,8 @@ class EngineConfig:
     num_blocks: int | None = None
     kv_memory: float = 0.9  # fraction of free device memory for the KV cache
     max_batch_tokens: int = 2048
-    max_num_seqs: int = 256
+    max_num_seqs: int | str = "auto"
+    output_reserve: float | None = None
     max_model_len: int | None = None
     attention: str = "auto"  # auto | torch | triton
     async_loop: bool = True
@@ -192,8 +204,13 @@ class EngineConfig:
             raise ValueError(f"kv_memory must be a fraction in (0, 1], got {self.kv_memory}")
         if self.max_batch_tokens < 1:
             raise ValueError(f"max_batch_tokens must be >= 1, got {self.max_batch_tokens}")
-        if self.max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        auto = self.max_num_seqs == "auto"
+        if not auto and (not _is_int(self.max_num_seqs) or self.max_num_seqs < 1):
+            raise ValueError(f"max_num_seqs must be >= 1 or 'auto', got {self.max_num_seqs!r}")
+        if self.output_reserve is not None and not 0.0 <= self.output_reserve <= 1.0:
+            raise ValueError(
+                f"output_reserve must be a share in [0, 1] or None, got {self.output_reserve}"
+            )
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2 tokens, got {self.max_model_len}")
         if self.attention not in ("auto", "torch", "triton"):
@@ -202,3 +219,24 @@ class EngineConfig:
             raise ValueError(
                 f"load_format must be auto, safetensors or dummy, got {self.load_format!r}"
             )
+
+    @property
+    def auto_num_seqs(self) -> bool:
+        return self.max_num_seqs == "auto"
+
+    @property
+    def seq_rows(self) -> int:
+        """The most requests that can ever run at once: the rows of the per-request device
+        tables and buffers (auto: its ceiling; a decode step never has more rows than tokens)."""
+        if self.auto_num_seqs:
+            return min(AUTO_MAX_NUM_SEQS, self.max_batch_tokens)
+        return self.max_num_seqs
+
+    @property
+    def graph_rows(self) -> int:
+        """The widest decode step: decode graphs are captured up to it."""
+        return min(self.seq_rows, self.max_batch_tokens)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)

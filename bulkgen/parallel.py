@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bulkgen.channel import Channel
-from bulkgen.config import EngineConfig
+from bulkgen.config import AUTO_MAX_NUM_SEQS, EngineConfig
 from bulkgen.errors import UserError
 from bulkgen.io.fence import Fenced, claim_attempt, is_current
 from bulkgen.io.job import STATS_FILE, TEMP_PREFIX, Done, JobDir, write_json_atomic
@@ -105,6 +105,8 @@ def dispatcher(config: RunConfig, job: JobDir, reader: Reader, start: Done, coun
     resume = Resume(start, config.n)
     batches = (kept for batch in reader.batches() if (kept := resume(batch)))
     max_num_seqs = config.max_num_seqs or EngineConfig.max_num_seqs
+    if max_num_seqs == "auto":  # the most an engine may run at once; the even-share limit
+        max_num_seqs = AUTO_MAX_NUM_SEQS  # keeps a small job spread over the workers
     credit = Credit.for_engine(max_num_seqs, config.n)
 
     def left_to_do(rows: list[Row]) -> list[Row]:

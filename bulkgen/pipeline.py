@@ -249,7 +249,7 @@ class _Run:
         self.engine = engine
         try:
             self.engine_ready.set()
-            bound = 2 * engine_config.max_num_seqs
+            bound = 2 * engine_config.seq_rows
             stages.generate(engine, inp, out, bound, self.watcher)
             self.engine_stats = dict(engine.stats)
         finally:

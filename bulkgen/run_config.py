@@ -40,7 +40,7 @@ class RunConfig:
     prompt_template: str | None = None  # Jinja text rendering each row's prompt from its columns
     dtype: str = "auto"
     device: str = "auto"
-    max_num_seqs: int | None = None
+    max_num_seqs: int | str | None = None  # a number or "auto"
     max_batch_tokens: int | None = None
     kv_memory: float | None = None
     max_model_len: int | None = None  # None: the model's own context length

@@ -17,6 +17,22 @@ def _use_recipe(ctx: click.Context, param: click.Parameter, value: str | None) -
     use_recipe(ctx, param, value)
 
 
+class _SeqCount(click.ParamType):
+    """A positive number of requests, or auto."""
+
+    name = "N|auto"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+            return value
+        text = str(value).strip().lower()
+        if text == "auto":
+            return "auto"
+        if text.isdigit() and int(text) >= 1:
+            return int(text)
+        self.fail(f"{value!r} is neither a number of requests >= 1 nor auto", param, ctx)
+
+
 def run_options(command):
     """Apply the options to the `run` command function (click lists them top to bottom)."""
     for option in reversed(_OPTIONS):
@@ -177,9 +193,11 @@ _OPTIONS = [
     ),
     click.option(
         "--max-num-seqs",
-        type=int,
+        type=_SeqCount(),
         default=None,
-        help="Most requests the engine runs at once [engine default: 256].",
+        help="Most requests the engine runs at once, or auto: chosen from the KV cache's size "
+        "and the requests' lengths, up to 1024 [default: auto]. Either way a request is admitted "
+        "only when the cache can hold it to its projected length (README: How it works).",
     ),
     click.option(
         "--max-batch-tokens",

@@ -9,6 +9,10 @@ workers.
 
     python scripts/bench.py --tokenizer .carry --workloads blog,bulk --out results/bench
     python scripts/bench.py --shape 70b --workloads bulk --engines bulkgen,bulkgen-tp2
+    python scripts/bench.py --workloads trt --engines bulkgen --max-num-seqs 128,256,512,1024,auto
+
+A comma list of --max-num-seqs values is a sweep: each bulkgen run prints its own line with the
+setting, the size auto chose, preemptions and recomputed tokens.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from bench_bulkgen import data_parallel, run_bulkgen, tensor_parallel
+from bench_bulkgen import data_parallel, run_bulkgen, seq_setting, tensor_parallel
 from bench_measure import measure_ceilings
 from bench_transformers import run_transformers
 from bench_workloads import make_workload, split_roofline_s
@@ -91,7 +95,11 @@ def child(args) -> None:
     work = token_work(work, Path(args.model_dir))
     result["prompt_tokens"] = sum(len(p) for p, _ in work)
     tp, shape = tensor_parallel(args.engine), dict(SHAPES[args.shape])
-    result["roofline_s"] = split_roofline_s(work, data_parallel(args.engine), args, tp, shape)
+    # The roofline at the batch size the run could use: auto's largest choice.
+    seqs = seq_setting(args.max_num_seqs)
+    seqs = (result.get("max_num_seqs_chosen_max") or 1024) if seqs == "auto" else seqs
+    workers = data_parallel(args.engine)
+    result["roofline_s"] = split_roofline_s(work, workers, args, seqs, tp, shape)
     Path(args.result).write_text(json.dumps(result))
 
 
@@ -138,7 +146,11 @@ def main() -> None:
     )
     ap.add_argument("--out-len", type=int, default=2048)
     ap.add_argument("--num-prompts", type=int, default=None)
-    ap.add_argument("--max-num-seqs", type=int, default=256)
+    ap.add_argument(
+        "--max-num-seqs",
+        default="auto",
+        help="a number, auto, or a comma list of them: a sweep (bulkgen engines only)",
+    )
     ap.add_argument("--max-model-len", type=int, default=16384)
     ap.add_argument("--hf-sample", type=int, default=128, help="requests given to transformers")
     ap.add_argument("--hf-out-len", type=int, default=512, help="blog out_len for transformers")
@@ -177,6 +189,7 @@ def main() -> None:
     model_dir = model_folder(Path(args.tokenizer), args.shape)
     series = {}
     sampling_list = args.sampling.split(",")
+    seqs_list = [str(seq_setting(v.strip())) for v in args.max_num_seqs.split(",")]
     for workload in args.workloads.split(","):
         for engine in args.engines.split(","):
             engines = (
@@ -185,12 +198,14 @@ def main() -> None:
                 else [engine]
             )
             runs = [
-                (eng, sampling)
+                (eng, sampling, seqs)
                 for eng in engines
                 for sampling in (["greedy"] if eng.startswith("transformers") else sampling_list)
+                for seqs in (seqs_list[:1] if eng.startswith("transformers") else seqs_list)
             ]
-            for eng, sampling in runs:
-                result_path = out / f"{workload}-{eng}-{sampling}.json"
+            for eng, sampling, seqs in runs:
+                tag = "" if len(seqs_list) == 1 else f"-seqs{seqs}"
+                result_path = out / f"{workload}-{eng}-{sampling}{tag}.json"
                 out_len = (
                     args.hf_out_len
                     if eng.startswith("transformers") and workload == "blog"
@@ -211,7 +226,7 @@ def main() -> None:
                     "--out-len",
                     str(out_len),
                     "--max-num-seqs",
-                    str(args.max_num_seqs),
+                    seqs,
                     "--max-model-len",
                     str(args.max_model_len),
                     "--hf-sample",
@@ -233,13 +248,18 @@ def main() -> None:
                 if proc.returncode != 0:
                     print(
                         json.dumps(
-                            {"workload": workload, "engine": eng, "error": proc.stderr[-3000:]}
+                            {
+                                "workload": workload,
+                                "engine": eng,
+                                "max_num_seqs": seq_setting(seqs),
+                                "error": proc.stderr[-3000:],
+                            }
                         ),
                         flush=True,
                     )
                     continue
                 r = json.loads(result_path.read_text())
-                series[f"{workload}/{eng}/{sampling}"] = r.pop("series")
+                series[f"{workload}/{eng}/{sampling}{tag}"] = r.pop("series")
                 line = {"workload": workload}
                 if workload == "blog":
                     line["out_len"] = out_len
@@ -257,7 +277,7 @@ def main() -> None:
                         "peak_mem_gb": r["peak_mem_gb"],
                         "startup_s": r["startup_s"],
                         "num_prompts": r["num_prompts"],
-                        "max_num_seqs": args.max_num_seqs,
+                        "max_num_seqs": seq_setting(seqs),
                         "git_commit": git_commit(),
                     }
                 )
@@ -275,6 +295,10 @@ def main() -> None:
                     "preemptions",
                     "recomputed_tokens",
                     "eager_decode_steps",
+                    "max_num_seqs_chosen",
+                    "max_num_seqs_chosen_max",
+                    "max_running_seqs",
+                    "graph_max_batch",
                     "max_idle_gap_s",
                 ):
                     if r.get(key) is not None:

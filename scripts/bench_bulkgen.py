@@ -43,6 +43,11 @@ def tensor_parallel(engine: str) -> int:
     return int(found.group(1)) if found else 1
 
 
+def seq_setting(value: str) -> int | str:
+    """A --max-num-seqs value: a number, or auto."""
+    return value if value == "auto" else int(value)
+
+
 def run_bulkgen(
     args, work, sync: bool, prefix_cache: bool = True, workers: int = 1, tp: int = 1
 ) -> dict:
@@ -85,7 +90,7 @@ def run_bulkgen(
         out=str(tmp / "out"),
         model=str(args.model_dir),
         sampling=sampling,
-        max_num_seqs=args.max_num_seqs,
+        max_num_seqs=seq_setting(args.max_num_seqs),
         max_model_len=args.max_model_len,
         load_format="dummy",
         prefix_cache=prefix_cache,
@@ -166,6 +171,10 @@ def run_bulkgen(
                 "preemptions",
                 "recomputed_tokens",
                 "eager_decode_steps",
+                "max_num_seqs_chosen",
+                "max_num_seqs_chosen_max",
+                "max_running_seqs",
+                "graph_max_batch",
             )
         },
     }

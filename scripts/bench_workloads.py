@@ -101,10 +101,13 @@ def roofline_s(
     return (steps * weights + kv) / bandwidth + prefill_flops / flops_rate
 
 
-def split_roofline_s(work, workers: int, args, tp: int = 1, shape: dict = LLAMA3_8B) -> float:
-    """The roofline of each worker's even share of the rows: `bulkgen run --data-parallel` hands
-    rows out as workers have room, so no worker has more than its share of the work left; a
-    worker of tp GPUs has tp times one GPU's bandwidth and FLOP rate."""
+def split_roofline_s(
+    work, workers: int, args, max_num_seqs: int, tp: int = 1, shape: dict = LLAMA3_8B
+) -> float:
+    """The roofline of each worker's even share of the rows, at most max_num_seqs rows a step:
+    `bulkgen run --data-parallel` hands rows out as workers have room, so no worker has more
+    than its share of the work left; a worker of tp GPUs has tp times one GPU's bandwidth and
+    FLOP rate."""
     shares = [work[k::workers] for k in range(workers)]
-    rate = tp * args.bandwidth, tp * args.flops, args.max_num_seqs
+    rate = tp * args.bandwidth, tp * args.flops, max_num_seqs
     return max(roofline_s(share, *rate, shape) for share in shares if share)

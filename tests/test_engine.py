@@ -68,6 +68,7 @@ def test_tiny_cache_chunks_and_preempts_but_output_is_unchanged(tiny_models, asy
         num_blocks=24,
         max_batch_tokens=16,
         max_num_seqs=8,
+        output_reserve=0.0,  # no horizon: preemption makes the room
         async_loop=async_loop,
     )
     params = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
@@ -244,7 +245,8 @@ def test_recomputed_tokens_count_what_preemption_made_the_engine_compute_again(t
     roomy.generate(ids, params)
     assert roomy.engine.stats["recomputed_tokens"] == 0
     tight = LLM(str(tiny_model_dir), dtype="float32", device="cpu", block_size=16, num_blocks=12,
-                max_batch_tokens=32, max_num_seqs=8, prefix_cache=False)  # fmt: skip
+                max_batch_tokens=32, max_num_seqs=8, prefix_cache=False,
+                output_reserve=0.0)  # fmt: skip
     scheduler = tight.engine.scheduler
     computed, requests = [0], set()
     original = scheduler._scheduled

@@ -33,7 +33,7 @@ def test_outputs_are_identical_with_and_without_the_prefix_cache(tiny_model_dir)
 
 
 def test_a_tiny_cache_evicts_cached_blocks_and_still_matches(tiny_model_dir):
-    kw = dict(num_blocks=40, max_batch_tokens=24, max_num_seqs=6)
+    kw = dict(num_blocks=40, max_batch_tokens=24, max_num_seqs=6, output_reserve=0.0)
     on_llm, on = generate(tiny_model_dir, True, **kw)
     _, off = generate(tiny_model_dir, False, **kw)
     assert [o.token_ids for o in on] == [o.token_ids for o in off]
@@ -134,8 +134,10 @@ def test_a_constant_digest_changes_no_output(tiny_model_dir, monkeypatch):
 
 
 def run_scheduler(num_blocks: int, max_batch_tokens: int, batches) -> tuple[Scheduler, list]:
-    """Drive a Scheduler as the --sync loop does (every sampled id is 7); batches run in turn."""
-    cfg = EngineConfig(model="unused", block_size=4, max_batch_tokens=max_batch_tokens)
+    """Drive a Scheduler as the --sync loop does (every sampled id is 7); batches run in turn.
+    No admission horizon (output_reserve 0) and seats for all, so that a full cache preempts."""
+    cfg = EngineConfig(model="unused", block_size=4, max_batch_tokens=max_batch_tokens,
+                       max_num_seqs=256, output_reserve=0.0)  # fmt: skip
     sched = Scheduler(cfg, BlockManager(num_blocks, 4, prefix_cache=True), 512, eos_ids=[])
     outs = []
     for b, batch in enumerate(batches):

@@ -143,7 +143,8 @@ def test_async_and_sync_loops_agree(tiny_model_dir, llm):
 
 def test_preemption_by_a_tiny_cache_gives_the_same_constrained_outputs(tiny_model_dir, llm):
     params = _sampled(max_tokens=40, json_schema=json.dumps(SCHEMAS["nested"]))
-    tiny = LLM(str(tiny_model_dir), device="cpu", block_size=4, num_blocks=14, prefix_cache=False)
+    tiny = LLM(str(tiny_model_dir), device="cpu", block_size=4, num_blocks=14, prefix_cache=False,
+               output_reserve=0.0)  # fmt: skip
     outs = tiny.generate(PROMPTS, params)
     assert tiny.engine.scheduler.num_preemptions > 0
     assert [o.token_ids for o in outs] == [o.token_ids for o in llm.generate(PROMPTS, params)]

@@ -36,7 +36,7 @@ from bulkgen.engine.request import Request, RequestOutput
 from bulkgen.engine.runner import ModelRunner, Step, kv_bytes_per_block
 from bulkgen.engine.scheduler import Scheduler
 from bulkgen.engine.tp_group import RankGroup, RankSpec, join
-from bulkgen.engine.warmup import warmup_blocks, warmup_plans
+from bulkgen.engine.warmup import warmup_blocks, warmup_plans, widest_decode
 from bulkgen.model.attention import get_backend
 from bulkgen.model.config import ModelConfig
 from bulkgen.model.loader import load_model, resolve_dtype
@@ -95,7 +95,7 @@ class Engine:
         # Every rank runs the same warm-up plans and captures the same graphs: their collectives
         # meet. Only then does rank 0 send its steps to the others.
         if self.device.type == "cuda":
-            self.runner.warm_up(warmup_plans(cfg, self.max_model_len))
+            self.runner.warm_up(warmup_plans(cfg, self.max_model_len, num_blocks))
         self.runner.capture_graphs()
         self.runner.followers = self.group
         if self.group is not None:
@@ -135,7 +135,7 @@ class Engine:
         cfg = self.cfg
         per_block = kv_bytes_per_block(mcfg, cfg.block_size, self.dtype)
         if self.device.type != "cuda":
-            want = cfg.max_num_seqs * self.max_model_len
+            want = cfg.seq_rows * self.max_model_len
             return max(1, min(CPU_KV_BUDGET // per_block, -(-want // cfg.block_size)))
         plans = warmup_plans(cfg, self.max_model_len)
         probe = ModelRunner(
@@ -152,16 +152,30 @@ class Engine:
         torch.cuda.reset_peak_memory_stats(self.device)
         probe.warm_up(plans)
         activations = torch.cuda.max_memory_allocated(self.device) - before
+        graphs = cfg.cuda_graphs and model.attention.graph_safe
+        graph_pool = self._graph_pool_bytes(probe) if graphs else 0
         del probe
         torch.cuda.empty_cache()
         free, _ = torch.cuda.mem_get_info(self.device)
-        # Headroom: the warm-up's peak again (prefill steps allocate as they run), plus 2 GiB
-        # for the decode graphs' pool (the sampling variant holds [batch, vocab] temporaries),
-        # cuBLAS workspaces and the step buffers.
-        budget = int((free - activations - (2 << 30)) * cfg.kv_memory)
+        # Headroom: the warm-up's peak again (prefill steps allocate as they run), the decode
+        # graphs' pool (at most what the widest decode forward allocates, its logits included:
+        # the graphs keep their pool for the whole run, smaller graphs reuse the widest one's),
+        # plus 2 GiB for cuBLAS workspaces, the step buffers and the penalty state.
+        budget = int((free - activations - graph_pool - (2 << 30)) * cfg.kv_memory)
         if budget < per_block:
             raise ValueError("no device memory left for the KV cache: lower --max-batch-tokens")
         return self.tp.min(budget // per_block, self.device)  # the same cache on every rank
+
+    def _graph_pool_bytes(self, probe: ModelRunner) -> int:
+        """Bytes the widest decode forward allocates (eagerly, as its graph's capture would)."""
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        before = torch.cuda.memory_allocated(self.device)
+        forward = probe.forward(widest_decode(self.cfg))
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device) - before
+        probe.sample(forward).wait()
+        return peak
 
     # ---- the interface the pipeline drives ------------------------------------------------
 
@@ -298,6 +312,10 @@ class Engine:
             "generated_tokens": self.scheduler.num_generated,
             "cached_prompt_tokens": self.scheduler.num_cached_tokens,
             **self.host_time_stats(),
+            "max_num_seqs": self.cfg.max_num_seqs,
+            **self.scheduler.admission.stats,
+            "max_running_seqs": self.scheduler.max_running,
+            "graph_max_batch": self.runner.graphs.max_batch if self.runner.graphs else 0,
             "decode_graph_steps": self.runner.graph_steps,
             "eager_decode_steps": self.runner.eager_decode_steps,
             **(self.monitor.stats if self.monitor is not None else {}),

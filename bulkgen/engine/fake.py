@@ -85,7 +85,7 @@ class FakeEngine:
         if self.step_delay:
             time.sleep(self.step_delay)
         finished, self._errors = self._errors, []
-        while self._waiting and len(self._running) < self.config.max_num_seqs:
+        while self._waiting and len(self._running) < self.config.seq_rows:
             self._running.append(self._waiting.popleft())
         still = []
         for p in self._running:

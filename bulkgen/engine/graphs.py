@@ -1,10 +1,14 @@
-"""CUDA graphs of the decode forward pass: embeddings to logits, one replay per decode step.
+"""CUDA graphs of the decode forward pass: embeddings to the last hidden state, one replay per
+decode step.
 
-Only the model is captured. Sampling, filters, penalties, masks and logprobs run after the
-replay on the graph's logits, so every sampling setting, and every mix of settings in one batch,
-decodes from a graph. Captured for padded batch-size buckets into one shared memory pool; a step
-is padded up to its bucket: padding rows write no KV (slot -1), attend to one token of a stale
-block and their logits are never read. The attention backend owns the static metadata buffers.
+Only the model is captured. The lm_head (two kernels: the logits GEMM and its float32 cast),
+sampling, filters, penalties, masks and logprobs run after the replay, so every sampling setting,
+and every mix of settings in one batch, decodes from a graph. Captured for padded batch-size
+buckets into one shared memory pool, where each graph keeps its output alive for the whole run:
+a [bucket, hidden] state, where [bucket, vocab] float32 logits would hold some 6 GB for the 37
+buckets of 1,024 rows at a 128K vocabulary. A step is padded up to its bucket: padding rows
+write no KV (slot -1), attend to one token of a stale block and their logits are never computed.
+The attention backend owns the static metadata buffers.
 """
 
 from __future__ import annotations
@@ -18,8 +22,13 @@ from bulkgen.model.llama import LlamaForCausalLM
 
 
 def bucket_sizes(max_seqs: int) -> list[int]:
+    """Buckets covering every batch size up to max_seqs: steps of 16 rows to 256, of 32 to 512
+    and of 64 past it, so padding stays under 1/8 of a large step (a padding row costs far less
+    than the weights every step reads) and 1024 rows take 37 graphs rather than 67."""
     sizes = [b for b in (1, 2, 4, 8, 16, 24, 32) if b < max_seqs]
-    sizes += list(range(48, max_seqs, 16))
+    sizes += list(range(48, min(max_seqs, 256), 16))
+    sizes += list(range(256, min(max_seqs, 512), 32))
+    sizes += list(range(512, max_seqs, 64))
     return sorted(set(sizes + [max_seqs]))
 
 
@@ -55,8 +64,7 @@ class DecodeGraphs:
         meta = self.meta.view(b)
 
         def run() -> torch.Tensor:
-            hidden = self.model(self.input_ids[:b], self.positions[:b], meta, self.kv_cache)
-            return self.model.compute_logits(hidden)
+            return self.model(self.input_ids[:b], self.positions[:b], meta, self.kv_cache)
 
         with torch.cuda.stream(self.stream):
             self.meta.slot_mapping[:b].fill_(-1)  # warm-up writes nothing into the cache
@@ -64,8 +72,8 @@ class DecodeGraphs:
         self.stream.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
-            logits = run()
-        self.graphs[b] = (graph, logits)
+            hidden = run()
+        self.graphs[b] = (graph, hidden)
 
     def bucket_for(self, b: int) -> int:
         return next(s for s in self.buckets if s >= b)
@@ -77,9 +85,9 @@ class DecodeGraphs:
         """Float32 logits [b, vocab] of a decode step of b rows, on the current stream."""
         b = input_ids.shape[0]
         bucket = self.bucket_for(b)
-        graph, logits = self.graphs[bucket]
+        graph, hidden = self.graphs[bucket]
         self.input_ids[:b].copy_(input_ids)
         self.positions[:b].copy_(positions)
         self.meta.fill(meta, bucket)
         graph.replay()
-        return logits[:b]
+        return self.model.compute_logits(hidden[:b])

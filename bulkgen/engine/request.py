@@ -52,6 +52,8 @@ class Request:
     # The most tokens ever computed: tokens scheduled again below it are recomputed work
     # (after a preemption dropped the cache and the prefix cache did not keep them).
     max_computed: int = 0
+    # Blocks of the KV length admission promised the request while it runs (engine/admission.py).
+    horizon_blocks: int = 0
     admitted: bool = False  # has run at least once (a preempted request is re-admitted)
     num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache at admission
     # Row of the runner's device-resident tables (block table, last sampled token) while the

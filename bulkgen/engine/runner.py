@@ -106,11 +106,11 @@ class ModelRunner:
             device,
             ecfg.block_size,
             ecfg.max_batch_tokens,
-            ecfg.max_num_seqs,
+            ecfg.seq_rows,
             self.max_blocks_per_seq,
         )
-        self.tables = DeviceTables(ecfg.max_num_seqs, self.max_blocks_per_seq, device)
-        self.penalties = PenaltyState(ecfg.max_num_seqs, mcfg.vocab_size, device)
+        self.tables = DeviceTables(ecfg.seq_rows, self.max_blocks_per_seq, device)
+        self.penalties = PenaltyState(ecfg.seq_rows, mcfg.vocab_size, device)
         self.fused_sample = None  # Triton is a GPU dependency only: imported on CUDA
         if device.type == "cuda":
             from bulkgen.engine.triton_sampler import fused_sample
@@ -124,7 +124,7 @@ class ModelRunner:
             self.graphs = DecodeGraphs(
                 model,
                 self.kv,
-                ecfg.max_num_seqs,
+                ecfg.graph_rows,
                 self.max_blocks_per_seq,
                 device,
                 self.compute_stream,
@@ -132,7 +132,7 @@ class ModelRunner:
         self.graph_steps = 0  # decode steps replayed from a graph
         self.eager_decode_steps = 0  # decode steps that ran eagerly (reported in stats.json)
         self.out_turn = 0
-        self.host_out = [HostOut(ecfg.max_num_seqs, self.cuda) for _ in range(2)]
+        self.host_out = [HostOut(ecfg.seq_rows, self.cuda) for _ in range(2)]
         self.mask_host: torch.Tensor | None = None  # allocated at the first constrained step
         self.mask_device: torch.Tensor | None = None
 
@@ -220,7 +220,7 @@ class ModelRunner:
         fills it for step N+1 only after step N, the last reader of its copy, has completed."""
         if self.mask_host is None:
             words = -(-self.mcfg.vocab_size // 32)
-            shape = (self.ecfg.max_num_seqs, words)
+            shape = (self.ecfg.seq_rows, words)
             self.mask_host = torch.empty(shape, dtype=torch.int32, pin_memory=self.cuda)
             if self.cuda:
                 self.mask_device = torch.empty(shape, dtype=torch.int32, device=self.device)

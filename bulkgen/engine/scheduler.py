@@ -5,6 +5,9 @@ async loop), so a decoding request's newest token may not be on the host yet: it
 and the runner gathers it on the device from the previous step's output. update(plan, ids) then
 applies a step's sampled ids. A request that finished at step N is computed once more at N+1;
 its token is discarded in update.
+
+Admission (engine/admission.py) takes a waiting request only when the cache can carry it to its
+horizon beside every running request's own, so preemption is a safety valve, not a steady state.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from bulkgen.config import EngineConfig
+from bulkgen.engine.admission import Admission
 from bulkgen.engine.blocks import BlockManager
 from bulkgen.engine.plan import Plan, ScheduledSeq
 from bulkgen.engine.request import Request, RequestOutput, Status
@@ -34,7 +38,12 @@ class Scheduler:
         # Rows of the runner's device tables, one per running request. A row freed at update(N)
         # is reused at N+2 at the earliest; the runner writes rows on its compute stream only,
         # after step N+1 (which may still read the old contents) in stream order.
-        self.free_rows = list(range(cfg.max_num_seqs - 1, -1, -1))
+        self.free_rows = list(range(cfg.seq_rows - 1, -1, -1))
+        self.admission = Admission(cfg, blocks, max_model_len)
+        # The room (admission.room) when the head of the queue last failed to be admitted: it is
+        # tried again only once room has grown (no prefix lookups every step while it waits).
+        self._blocked_room: int | None = None
+        self.max_running = 0  # the most requests that ran at once (stats.json)
         self.finished: list[RequestOutput] = []
         self.num_preemptions = 0
         self.num_recomputed = 0  # tokens computed again after preemptions (stats.json)
@@ -50,6 +59,7 @@ class Scheduler:
             req.error = problem
             self._finish(req, "error")
             return
+        self.admission.arrive(req)
         self.waiting.append(req)
 
     def _admission_problem(self, req: Request) -> str | None:
@@ -84,11 +94,14 @@ class Scheduler:
         elif req in self.waiting:
             self.waiting.remove(req)
         self._release(req)
+        self.admission.finished(req)
+        self._blocked_room = None
         self.finished.append(req.to_output())
 
     def _release(self, req: Request) -> None:
         # Tail first: least-recently-freed eviction then takes a cached chain from its end, not its
         # root (which would strand every block after it).
+        self.admission.release(req)
         self.blocks.free(req.block_ids[::-1])
         req.block_ids = []
         if req.table_row is not None:
@@ -119,7 +132,9 @@ class Scheduler:
             return True
         if need > self.blocks.num_free:
             return False
+        owed = self.admission.owed(req)
         req.block_ids += self.blocks.allocate(need)
+        self.admission.allocated(req, owed)
         return True
 
     def _preempt(self, req: Request) -> None:
@@ -129,6 +144,7 @@ class Scheduler:
         req.num_computed = 0
         req.status = Status.WAITING
         self.waiting.appendleft(req)
+        self._blocked_room = None
         self.num_preemptions += 1
 
     def schedule(self) -> Plan:
@@ -152,17 +168,22 @@ class Scheduler:
             plan.seqs.append(self._scheduled(req, n))
             budget -= n
             i += 1
-        # Then admit waiting requests while seats, budget and blocks allow.
-        while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
+        # Then admit waiting requests while seats, budget and the horizon rule allow.
+        admission = self.admission
+        while self.waiting and budget > 0 and len(self.running) < admission.cap:
             req = self.waiting[0]
             if req.num_pending:
                 break  # its last token is still in flight; it can be admitted after update()
+            if self._blocked_room is not None and admission.room <= self._blocked_room:
+                break  # nothing has freed since it last failed
             self._take_cached_prefix(req)
             n = min(req.num_tokens - req.num_computed, budget)
-            if not self._reserve(req, req.num_computed + n):
+            if not admission.admit(req) or not self._reserve(req, req.num_computed + n):
                 self._release(req)
                 req.num_computed = 0
+                self._blocked_room = admission.room
                 break
+            self._blocked_room = None
             self.waiting.popleft()
             if not req.admitted:  # counted once: not for failed attempts, nor after preemption
                 req.admitted, req.num_cached_tokens = True, req.num_computed
@@ -170,6 +191,7 @@ class Scheduler:
             req.status = Status.RUNNING
             req.table_row = self.free_rows.pop()
             self.running.append(req)
+            self.max_running = max(self.max_running, len(self.running))
             plan.seqs.append(self._scheduled(req, n))
             budget -= n
         if not plan.seqs and not self.running and self.waiting and not self.waiting[0].num_pending:

@@ -2,8 +2,10 @@
 
 The first real prefill would otherwise compile Triton kernels and pick cuBLAS algorithms inside
 the timed run (seconds of an idle GPU). Two plans cover the step shapes that matter: the largest
-prefill (one sequence of max_batch_tokens) and the widest sampling step (max_num_seqs sequences
-sampling with every filter on), which also holds the sampler's largest [seqs, vocab] temporaries.
+prefill (one sequence of max_batch_tokens) and the widest sampling step (EngineConfig.seq_rows
+sequences sampling with every filter on), which also holds the sampler's largest [seqs, vocab]
+temporaries. The widest decode step (graph_rows sequences of one token) builds the decode kernels
+the largest graph replays and tells how much memory that graph's pool will keep.
 """
 
 from __future__ import annotations
@@ -19,9 +21,13 @@ _FILTERED = SamplingParams(
 )
 
 
-def warmup_plans(cfg: EngineConfig, max_model_len: int) -> list[Plan]:
+def warmup_plans(
+    cfg: EngineConfig, max_model_len: int, num_blocks: int | None = None
+) -> list[Plan]:
+    """num_blocks: the cache's size, when it may be smaller than the plans' blocks (their block
+    ids then wrap around: warm-up results are garbage either way)."""
     tokens = min(cfg.max_batch_tokens, max_model_len - 1)
-    seqs = min(cfg.max_num_seqs, tokens)
+    seqs = min(cfg.seq_rows, tokens)
     long_prefill = [tokens]
     wide = [tokens // seqs + (i < tokens % seqs) for i in range(seqs)]
     # Triton specialises kernels on integer arguments equal to 1 or divisible by 16; a step of
@@ -31,7 +37,13 @@ def warmup_plans(cfg: EngineConfig, max_model_len: int) -> list[Plan]:
     # A mixed step whose longest query is short picks the prefill kernel's small-tile variant.
     short = [2, 1] if tokens >= 3 and seqs >= 2 else [1]
     plans = [long_prefill, wide, odd, short, [1] * min(3, seqs), [1]]
-    return [_plan(lengths, cfg.block_size) for lengths in plans]
+    plans = [_plan(lengths, cfg.block_size, num_blocks) for lengths in plans]
+    return plans + [widest_decode(cfg, num_blocks)]
+
+
+def widest_decode(cfg: EngineConfig, num_blocks: int | None = None) -> Plan:
+    """A decode step of the most rows a decode graph is captured for."""
+    return _plan([1] * cfg.graph_rows, cfg.block_size, num_blocks)
 
 
 def warmup_blocks(cfg: EngineConfig, max_model_len: int) -> int:
@@ -41,12 +53,14 @@ def warmup_blocks(cfg: EngineConfig, max_model_len: int) -> int:
     )
 
 
-def _plan(lengths: list[int], block_size: int) -> Plan:
+def _plan(lengths: list[int], block_size: int, num_blocks: int | None = None) -> Plan:
     plan, next_block = Plan(), 0
     for i, n in enumerate(lengths):
         req = Request(f"warmup-{i}", [1] * n, _FILTERED, seed=i, table_row=i)
         count = -(-n // block_size)
         req.block_ids = list(range(next_block, next_block + count))
+        if num_blocks is not None:
+            req.block_ids = [b % num_blocks for b in req.block_ids]
         next_block += count
         plan.seqs.append(ScheduledSeq(req, start=0, num_tokens=n, sample=True, from_prev=False))
     return plan
