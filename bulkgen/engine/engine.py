@@ -34,6 +34,8 @@ from bulkgen.engine.scheduler import Scheduler
 from bulkgen.engine.warmup import warmup_blocks, warmup_plans
 from bulkgen.model.attention import get_backend
 from bulkgen.model.config import ModelConfig
+from bulkgen.model.fp8 import fp8_unsupported
+from bulkgen.model.fp8_checkpoint import weight_quantization
 from bulkgen.model.loader import load_model, resolve_dtype
 
 log = logging.getLogger(__name__)
@@ -60,7 +62,13 @@ class Engine:
         self.max_model_len = min(cfg.max_model_len or limit, limit)
         backend = get_backend(cfg.attention, self.device)
         load_format = cfg.load_format if self.model_dir is not None else "dummy"
-        model = load_model(self.model_dir, mcfg, backend, self.dtype, self.device, load_format)
+        dummy = load_format == "dummy"
+        self.quantization = weight_quantization(model_config, cfg.quantization, dummy)
+        if self.quantization is not None and (reason := fp8_unsupported(self.device)):
+            raise ValueError(reason)  # before any work
+        model = load_model(
+            self.model_dir, mcfg, backend, self.dtype, self.device, load_format, cfg.quantization
+        )
         # The monitor measures copy bandwidth with buffers of its own: before the cache takes
         # the memory.
         self.monitor = self._monitor(model, mcfg) if self.device.type == "cuda" else None
@@ -256,6 +264,7 @@ class Engine:
             "startup_s": round(self.startup_s, 3),
             "device": str(self.device),
             "dtype": str(self.dtype).removeprefix("torch."),
+            "quantization": self.quantization,  # None, or how the weights are FP8
             "async_loop": self.async_loop,
             "generated_tokens": self.scheduler.num_generated,
             "cached_prompt_tokens": self.scheduler.num_cached_tokens,

@@ -10,6 +10,14 @@ import torch
 
 from bulkgen.model.attention import AttentionBackend
 from bulkgen.model.config import ModelConfig
+from bulkgen.model.fp8 import Fp8Linear, quantize_model, replace_modules
+from bulkgen.model.fp8_checkpoint import (
+    checkpoint_quantization,
+    copy_part,
+    fp8_modules,
+    is_zero_point,
+    scale_target,
+)
 from bulkgen.model.llama import LlamaForCausalLM
 from bulkgen.model.ops import get_ops
 
@@ -44,16 +52,29 @@ def load_model(
     dtype: torch.dtype,
     device: torch.device,
     load_format: str = "auto",
+    quantization: str | None = None,
 ) -> LlamaForCausalLM:
+    """quantization "fp8": quantize the projections to FP8 once loaded (an FP8 checkpoint's own
+    scheme, read from its config.json, wins)."""
     with torch.device("meta"):
         model = LlamaForCausalLM(cfg, backend, get_ops(device))
-    model = model.to(dtype).to_empty(device=device).eval().requires_grad_(False)
+    model = model.to(dtype)
+    scheme = None
+    if load_format != "dummy":
+        scheme = checkpoint_quantization(json.loads((Path(model_dir) / "config.json").read_text()))
+    if scheme is not None:  # FP8 modules before to_empty: .to(dtype) would cast their weights
+        static = scheme.static_activations
+        names = fp8_modules(_checkpoint_files(Path(model_dir)), _FUSED)
+        replace_modules(model, names, lambda linear: Fp8Linear.like(linear, static))
+    model = model.to_empty(device=device).eval().requires_grad_(False)
     model.rotary.build(device)
     with torch.no_grad():
         if load_format == "dummy":
             _fill_dummy(model)
         else:
             _load_safetensors(model, Path(model_dir), cfg, device)
+        if quantization == "fp8" and scheme is None:
+            quantize_model(model)
     return model
 
 
@@ -100,22 +121,30 @@ def _load_safetensors(
         missing |= {f"{pname}#{i}" for i in range(shards[fused])} if fused else {f"{pname}#0"}
     shard_sizes = {"qkv_proj": [cfg.q_size, cfg.kv_size, cfg.kv_size]}
     shard_sizes["gate_up_proj"] = [cfg.intermediate_size] * 2
+    written = set()  # a fused FP8 input scale is the largest of its parts'
     for name, tensor in _iter_tensors(_checkpoint_files(model_dir), device):
         if "rotary_emb" in name or (name == "lm_head.weight" and model.lm_head is None):
             continue
+        if is_zero_point(name):
+            continue
+        name = scale_target(name) or name  # FP8 scales under our parameter names
         parts = name.split(".")
         fused = next((p for p in parts if p in _FUSED), None)
         if fused is None:
             if name not in params:
                 raise ValueError(f"{model_dir}: unexpected weight {name!r} for {cfg.architecture}")
-            params[name].copy_(tensor)
+            rows = params[name].shape[0] if params[name].dim() else 1
+            copy_part(params[name], tensor, name, 0, rows, first=True)
             missing.discard(f"{name}#0")
             continue
         target, shard = _FUSED[fused]
         our_name = name.replace(fused, target)
+        if our_name not in params:
+            raise ValueError(f"{model_dir}: unexpected weight {name!r} for {cfg.architecture}")
         sizes = shard_sizes[target]
         start = sum(sizes[:shard])
-        params[our_name].narrow(0, start, sizes[shard]).copy_(tensor)
+        copy_part(params[our_name], tensor, our_name, start, sizes[shard], our_name not in written)
+        written.add(our_name)
         missing.discard(f"{our_name}#{shard}")
     if missing:
         names = sorted({m.split("#")[0] for m in missing})
