@@ -92,7 +92,9 @@ def test_triton_activation_quantizer_equals_the_torch_reference_bit_for_bit(dtyp
     x[2] = 0
     x[3, :6] = torch.tensor([1e-3, -1e-4, 1e-6, 0.5, -7.0, 9.0]) * x[3].abs().max()
     static_scale = torch.tensor(0.01) if static else None
-    q, scale = quantize_rows(x.to(DEVICE), None if static_scale is None else static_scale.to(DEVICE))
+    q, scale = quantize_rows(
+        x.to(DEVICE), None if static_scale is None else static_scale.to(DEVICE)
+    )
     ref_q, ref_scale = quantize_rows_reference(x, static_scale)
     assert torch.equal(scale.cpu(), ref_scale)
     assert torch.equal(q.cpu().view(torch.uint8), ref_q.view(torch.uint8))
