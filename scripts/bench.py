@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from bench_bulkgen import data_parallel, run_bulkgen
+from bench_bulkgen import data_parallel, engine_options, run_bulkgen
 from bench_measure import measure_ceilings
 from bench_transformers import run_transformers
 from bench_workloads import LLAMA3_8B, make_workload, split_roofline_s
@@ -80,11 +80,13 @@ def child(args) -> None:
             sync=args.engine == "bulkgen-sync",
             prefix_cache=args.engine != "bulkgen-noprefix",
             workers=data_parallel(args.engine),
+            options=engine_options(args.engine),
         )
     result["num_prompts"] = len(work)
     work = token_work(work, Path(args.model_dir))
     result["prompt_tokens"] = sum(len(p) for p, _ in work)
-    result["roofline_s"] = split_roofline_s(work, data_parallel(args.engine), args)
+    fp8_weights = engine_options(args.engine).get("quantization") == "fp8"
+    result["roofline_s"] = split_roofline_s(work, data_parallel(args.engine), args, fp8_weights)
     Path(args.result).write_text(json.dumps(result))
 
 

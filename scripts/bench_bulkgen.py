@@ -29,14 +29,29 @@ JSON_SCHEMA = {
 }
 
 
+# Engine names that are `bulkgen run` options (issue 13): FP8 weights; FP8 weights and KV cache.
+ENGINE_OPTIONS = {
+    "bulkgen-fp8w": {"quantization": "fp8"},
+    "bulkgen-fp8": {"quantization": "fp8", "kv_cache_dtype": "fp8"},
+}
+
+
+def engine_options(engine: str) -> dict:
+    """The RunConfig options an engine name stands for (bulkgen-fp8w-dp2 as bulkgen-fp8w)."""
+    return ENGINE_OPTIONS.get(engine.split("-dp", 1)[0], {})
+
+
 def data_parallel(engine: str) -> int:
     """Workers of an engine name: bulkgen-dp2 is `bulkgen run --data-parallel 2`."""
     return int(engine.rsplit("-dp", 1)[1]) if "-dp" in engine else 1
 
 
-def run_bulkgen(args, work, sync: bool, prefix_cache: bool = True, workers: int = 1) -> dict:
+def run_bulkgen(
+    args, work, sync: bool, prefix_cache: bool = True, workers: int = 1, options=None
+) -> dict:
     """The whole `bulkgen run` pipeline: Parquet of token-id prompts in, shards out. With
-    workers > 1, `--data-parallel` worker processes on GPUs 0..workers-1."""
+    workers > 1, `--data-parallel` worker processes on GPUs 0..workers-1. options: more
+    RunConfig fields (engine_options)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     import torch
@@ -81,6 +96,7 @@ def run_bulkgen(args, work, sync: bool, prefix_cache: bool = True, workers: int 
         quiet=True,
         device="cuda",
         dtype="bfloat16",
+        **(options or {}),
     )
     if workers > 1:
         from bulkgen.parallel_local import run_local

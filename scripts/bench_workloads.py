@@ -11,8 +11,9 @@ LLAMA3_8B = dict(_LLAMA3_8B)
 KV_BYTES_PER_TOKEN = 2 * 32 * 8 * 128 * 2  # K and V, 32 layers, 8 kv heads, head_dim 128, bf16
 
 
-def weight_bytes_read() -> float:
-    """Bytes of weights a decode step reads: everything but the embedding table (gathered)."""
+def weight_bytes_read(fp8_weights: bool = False) -> float:
+    """Bytes of weights a decode step reads: everything but the embedding table (gathered).
+    fp8_weights: the projections at one byte a weight (norms and lm_head stay bf16)."""
     c = LLAMA3_8B
     h, i, layers, v = (
         c["hidden_size"],
@@ -21,8 +22,8 @@ def weight_bytes_read() -> float:
         c["vocab_size"],
     )
     kv = c["num_key_value_heads"] * h // c["num_attention_heads"]
-    per_layer = h * (h + 2 * kv) + h * h + 2 * h * i + i * h + 2 * h
-    return 2.0 * (layers * per_layer + h + v * h)
+    projections = layers * (h * (h + 2 * kv) + h * h + 2 * h * i + i * h)
+    return (1.0 if fp8_weights else 2.0) * projections + 2.0 * (layers * 2 * h + h + v * h)
 
 
 _WORDS = (
@@ -82,17 +83,21 @@ def make_workload(name: str, out_len: int, num_prompts: int | None) -> list[tupl
     raise ValueError(name)
 
 
-def roofline_s(work, bandwidth: float, flops_rate: float, max_num_seqs: int) -> float:
-    """Decode bytes (weights once per step plus live KV) over bandwidth, plus prefill FLOPs."""
+def roofline_s(
+    work, bandwidth: float, flops_rate: float, max_num_seqs: int, fp8_weights: bool = False
+) -> float:
+    """Decode bytes (weights once per step plus live KV) over bandwidth, plus prefill FLOPs.
+    fp8_weights: FP8 weight bytes, and prefill at twice the bf16 FLOP rate (FP8 tensor cores)."""
     outs = [o for _, o in work]
     steps = max(max(outs), sum(outs) / max_num_seqs)
     kv = sum(KV_BYTES_PER_TOKEN * (len(p) * o + o * (o - 1) / 2) for p, o in work)
     params = weight_bytes_read() / 2
     prefill_flops = sum(2 * params * len(p) for p, _ in work)
-    return (steps * weight_bytes_read() + kv) / bandwidth + prefill_flops / flops_rate
+    weights = steps * weight_bytes_read(fp8_weights)
+    return (weights + kv) / bandwidth + prefill_flops / (flops_rate * (2 if fp8_weights else 1))
 
 
-def split_roofline_s(work, workers: int, args) -> float:
+def split_roofline_s(work, workers: int, args, fp8_weights: bool = False) -> float:
     """The roofline of the slowest worker when the rows are shared out as `bulkgen run` does."""
     from bulkgen.parallel import owner
 
@@ -100,7 +105,7 @@ def split_roofline_s(work, workers: int, args) -> float:
         [w for i, w in enumerate(work) if owner(str(i), workers) == k] for k in range(workers)
     ]
     return max(
-        roofline_s(share, args.bandwidth, args.flops, args.max_num_seqs)
+        roofline_s(share, args.bandwidth, args.flops, args.max_num_seqs, fp8_weights)
         for share in shares
         if share
     )
