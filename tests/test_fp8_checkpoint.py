@@ -257,3 +257,17 @@ def test_an_unsupported_scheme_is_refused_naming_it(source, tmp_path, change, na
     (fp8_dir / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match=named):
         load(fp8_dir)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+def test_quantizing_at_load_keeps_qwen2_biases_and_qwen3_norms_as_they_are(tiny_models, arch):
+    model, ref = load(tiny_models[arch], quantization="fp8"), load(tiny_models[arch])
+    attn, ref_attn = model.model.layers[0].self_attn, ref.model.layers[0].self_attn
+    assert isinstance(attn.qkv_proj, Fp8Linear)
+    if arch == "qwen2":
+        assert torch.equal(attn.qkv_proj.bias, ref_attn.qkv_proj.bias)
+    else:
+        assert torch.equal(attn.q_norm.weight, ref_attn.q_norm.weight)
+    back = attn.qkv_proj.weight.float() * attn.qkv_proj.weight_scale[:, None]
+    assert relative_error(back, ref_attn.qkv_proj.weight) < 0.05
+    assert torch.isfinite(logits(model, IDS)).all()

@@ -91,3 +91,9 @@ def test_an_unknown_quantization_is_refused():
         EngineConfig(model="m", quantization="int4")
     result = bulkgen("run", "x.jsonl", "-o", "out", "--quantization", "int4")
     assert result.exit_code == 2 and "Invalid value for '--quantization'" in result.output
+
+
+def test_run_help_explains_the_quantization_flag():
+    result = bulkgen("run", "--help")
+    assert result.exit_code == 0
+    assert "--quantization [fp8]" in result.output and "Ada or" in result.output
