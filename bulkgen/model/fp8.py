@@ -15,6 +15,8 @@ CUDA graphs capture it.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import nn
 
@@ -23,6 +25,13 @@ FP8_MAX = 448.0  # largest finite float8_e4m3fn
 MIN_ABSMAX = 1e-12  # an all-zero row (graph padding) gets a tiny scale, not a division by zero
 # The projections that become FP8 (names in our fused layout, see loader._FUSED).
 FP8_TARGETS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+
+
+class Fp8Activation(NamedTuple):
+    """Activation rows already quantized by the kernel that produced them (fp8_fused.py)."""
+
+    q: torch.Tensor  # [M, K] float8_e4m3fn
+    scale: torch.Tensor  # [M, 1] float32
 
 
 def fp8_unsupported(device: torch.device) -> str | None:
@@ -100,6 +109,7 @@ class Fp8Linear(nn.Module):
     ) -> None:
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
+        self.out_dtype = dtype  # the model's: what the bf16 linear it replaces returned
         self.weight = _frozen(torch.empty(out_features, in_features, dtype=FP8))
         self.weight_scale = _frozen(torch.empty(out_features, dtype=torch.float32))
         self.bias = _frozen(torch.empty(out_features, dtype=dtype)) if bias else None
@@ -130,9 +140,13 @@ class Fp8Linear(nn.Module):
             fp8.bias.data = linear.bias.data
         return fp8
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        lead = x.shape[:-1]
-        xq, x_scale = quantize_rows(x.reshape(-1, self.in_features), self.input_scale)
+    def forward(self, x: torch.Tensor | Fp8Activation) -> torch.Tensor:
+        """x [..., K] (quantized here), or rows quantized by the op that produced them."""
+        if isinstance(x, Fp8Activation):
+            (xq, x_scale), lead = x, x.q.shape[:-1]
+        else:
+            lead = x.shape[:-1]
+            xq, x_scale = quantize_rows(x.reshape(-1, self.in_features), self.input_scale)
         if self.use_scaled_mm:
             out = torch._scaled_mm(
                 xq,
@@ -143,7 +157,7 @@ class Fp8Linear(nn.Module):
             )
         else:
             out = scaled_mm_reference(xq, x_scale, self.weight, self.weight_scale)
-        out = out.to(x.dtype)
+        out = out.to(self.out_dtype)
         if self.bias is not None:
             out = out + self.bias
         return out.view(*lead, self.out_features)
@@ -177,3 +191,23 @@ def replace_modules(model: nn.Module, names: list[str], build) -> None:
 def quantize_model(model: nn.Module) -> None:
     """Quantize the model's loaded projections to FP8 in place (--quantization fp8)."""
     replace_modules(model, fp8_module_names(model), Fp8Linear.from_linear)
+
+
+def fuse_input_quantization(model: nn.Module) -> None:
+    """On CUDA, let the norms and SiLU that feed dynamic-FP8 projections write FP8 rows and their
+    scales themselves (fp8_fused.py) rather than bf16 that each projection quantizes again.
+
+    In llama.py a DecoderLayer's ops feed only its qkv and gate_up projections (its two norms),
+    and an MLP's only its down projection (SiLU * up); attention's ops (q/k norm, rotary) and the
+    final norm keep theirs. So swapping those two namespaces changes what flows nowhere else.
+    """
+    from bulkgen.model.fp8_fused import fp8_ops
+
+    def dynamic(module: nn.Module) -> bool:
+        return isinstance(module, Fp8Linear) and module.input_scale is None
+
+    for layer in model.model.layers:
+        if dynamic(layer.self_attn.qkv_proj) and dynamic(layer.mlp.gate_up_proj):
+            layer.ops = fp8_ops(layer.ops)
+        if dynamic(layer.mlp.down_proj):
+            layer.mlp.ops = fp8_ops(layer.mlp.ops)

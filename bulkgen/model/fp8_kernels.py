@@ -41,6 +41,18 @@ def _round_e4m3(x):
 
 
 @triton.jit
+def row_scale(absmax):
+    """A row's scale from its absmax (float32): absmax / 448, an all-zero row's tiny."""
+    return tl.math.div_rn(tl.maximum(absmax, _MIN_ABSMAX), _FP8_MAX)
+
+
+@triton.jit
+def quantize_value(x, scale):
+    """x (float32) / scale as the float8_e4m3fn value torch's clamp-and-cast gives."""
+    return _round_e4m3(tl.clamp(tl.math.div_rn(x, scale), -_FP8_MAX, _FP8_MAX))
+
+
+@triton.jit
 def _quantize_rows_kernel(
     x_ptr,
     q_ptr,
@@ -61,11 +73,11 @@ def _quantize_rows_kernel(
             cols = start + tl.arange(0, BLOCK)
             x = tl.load(x_row + cols, mask=cols < K, other=0.0).to(tl.float32)
             absmax = tl.maximum(absmax, tl.abs(x))
-        scale = tl.math.div_rn(tl.maximum(tl.max(absmax, axis=0), _MIN_ABSMAX), _FP8_MAX)
+        scale = row_scale(tl.max(absmax, axis=0))
     for start in range(0, K, BLOCK):
         cols = start + tl.arange(0, BLOCK)
         x = tl.load(x_row + cols, mask=cols < K, other=0.0).to(tl.float32)
-        q = _round_e4m3(tl.clamp(tl.math.div_rn(x, scale), -_FP8_MAX, _FP8_MAX))
+        q = quantize_value(x, scale)
         tl.store(q_ptr + row * K + cols, q.to(q_ptr.dtype.element_ty), mask=cols < K)
     tl.store(scale_ptr + row, scale)
 

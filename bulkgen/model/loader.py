@@ -10,7 +10,7 @@ import torch
 
 from bulkgen.model.attention import AttentionBackend
 from bulkgen.model.config import ModelConfig
-from bulkgen.model.fp8 import Fp8Linear, quantize_model, replace_modules
+from bulkgen.model.fp8 import Fp8Linear, fuse_input_quantization, quantize_model, replace_modules
 from bulkgen.model.fp8_checkpoint import (
     checkpoint_quantization,
     copy_part,
@@ -75,6 +75,8 @@ def load_model(
             _load_safetensors(model, Path(model_dir), cfg, device)
         if quantization == "fp8" and scheme is None:
             quantize_model(model)
+    if device.type == "cuda":  # the fused Triton ops: norms and SiLU write FP8 rows
+        fuse_input_quantization(model)
     return model
 
 
