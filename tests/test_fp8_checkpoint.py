@@ -74,13 +74,12 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     return ((out - ref).norm() / ref.norm()).item()
 
 
-@pytest.fixture(scope="module")
-def source(tmp_path_factory) -> Path:
-    """A tiny Llama with its fused parts at different scales, unquantized (the oracle)."""
+def build_source(out: Path) -> Path:
+    """A tiny Llama with its fused parts at different scales, unquantized (the oracle), in out."""
+    out.mkdir(parents=True, exist_ok=True)
     from conftest import VOCAB_SIZE, _config, build_tokenizer
     from transformers import AutoModelForCausalLM
 
-    out = tmp_path_factory.mktemp("fp8-source")
     config = _config("llama", VOCAB_SIZE, build_tokenizer(out).eos_token_id)
     config.initializer_range = 0.05
     torch.manual_seed(0)
@@ -94,10 +93,9 @@ def source(tmp_path_factory) -> Path:
     return out
 
 
-@pytest.fixture(scope="module")
-def input_absmax(source) -> dict[str, float]:
+def calibrate(model_dir: Path) -> dict[str, float]:
     """Largest input of each of our projections over IDS: what a calibration would see."""
-    model, seen = load(source), {}
+    model, seen = load(model_dir), {}
     for name, module in model.named_modules():
         if isinstance(module, nn.Linear) and name.endswith("proj"):
             module.register_forward_pre_hook(
@@ -105,6 +103,16 @@ def input_absmax(source) -> dict[str, float]:
             )
     logits(model, IDS)
     return seen
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory) -> Path:
+    return build_source(tmp_path_factory.mktemp("fp8-source"))
+
+
+@pytest.fixture(scope="module")
+def input_absmax(source) -> dict[str, float]:
+    return calibrate(source)
 
 
 def write_fp8(src: Path, dst: Path, kind: str, strategy: str, absmax=None, ignore=()) -> Path:

@@ -3,6 +3,8 @@ what stats.json says (GPU only; the arithmetic is checked on the CPU in test_fp8
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -73,3 +75,40 @@ def test_fp8_on_the_llama3_8b_shape_halves_the_weights_and_async_equals_sync():
     assert all(len(t) == 32 for t in results[0])
     assert results[0] == results[1]
     assert engine.runner.graph_steps > 0
+
+
+def test_bulkgen_run_with_quantization_fp8_records_it_in_stats_json(tmp_path, tiny_model_dir):
+    from click.testing import CliRunner
+
+    from bulkgen.cli import main
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"Say {i}."}) + "\n" for i in range(8)))
+    out = tmp_path / "out"
+    args = ["run", prompts, "-m", tiny_model_dir, "-o", out, "--quantization", "fp8"]
+    result = CliRunner().invoke(main, [str(a) for a in [*args, "--max-tokens", "8"]])
+    assert result.exit_code == 0, result.output
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["rows"] == 8 and stats["completion_tokens"] > 0
+    assert stats["quantization"]["source"] == "quantized at load"
+    assert stats["quantization"]["weights"].startswith("float8_e4m3fn")
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_an_fp8_checkpoint_runs_in_cuda_graphs_close_to_its_bf16_source(tmp_path, static):
+    from test_fp8_checkpoint import IDS, build_source, calibrate, write_fp8
+
+    source = build_source(tmp_path / "source")
+    absmax = calibrate(source) if static else None
+    fp8_dir = write_fp8(source, tmp_path / "fp8", "compressed-tensors", "tensor", absmax)
+    params = SamplingParams(max_tokens=1, temperature=0.0, logprobs=5)
+    kw = dict(device="cuda", dtype="bfloat16")
+    fp8 = LLM(str(fp8_dir), **kw)
+    assert fp8.engine.stats["quantization"]["source"] == "checkpoint (compressed-tensors)"
+    prompts = [IDS[: 8 + i] for i in range(16)]
+    got, ref = fp8.generate(prompts, params), LLM(str(source), **kw).generate(prompts, params)
+    # FP8 costs accuracy, and this small random model's next-token logits lie close together
+    # (on the CPU in float32 12-14 of 16 argmaxes stay): FP8's pick is among bf16's top 5.
+    in_top5 = [a.token_ids[0] in {t for t, _ in b.top_logprobs[0]} for a, b in zip(got, ref)]
+    assert sum(in_top5) >= 15
+    assert sum(a.token_ids == b.token_ids for a, b in zip(got, ref, strict=True)) >= 8
