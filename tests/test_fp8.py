@@ -177,3 +177,16 @@ def test_fp8_linear_replays_in_a_cuda_graph_with_new_inputs():
         x.copy_(torch.randn_like(x))
         graph.replay()
         assert torch.equal(out, fp8(x))
+
+
+@pytest.mark.gpu
+@needs_fp8_gpu
+@pytest.mark.parametrize("width", [576, 4096, 14336])
+def test_triton_quantizer_on_cuda_equals_torch_bit_for_bit(width):
+    x = (torch.randn(256, width, device="cuda") * 3).to(torch.bfloat16)
+    x[7] = 0
+    for static_scale in (None, torch.tensor(0.02, device="cuda")):
+        q, scale = quantize_rows(x, static_scale)
+        ref_q, ref_scale = quantize_rows_reference(x, static_scale)
+        assert torch.equal(scale, ref_scale)
+        assert torch.equal(q.view(torch.uint8), ref_q.view(torch.uint8))

@@ -91,3 +91,25 @@ def test_the_fp8_kernels_compile_for_hopper():
     done = subprocess.run([sys.executable, script], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.count("cvt to e4m3: yes") == 3
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("rows", [1, 37, 256])
+def test_fp8_norms_and_silu_on_cuda_at_8b_widths_match_the_unfused_path(rows):
+    def close(out: Fp8Activation, ref: tuple[torch.Tensor, torch.Tensor]) -> None:
+        # Other kernels than the unfused pair, compiled apart: a float32 contraction may differ
+        # in the last bit and flip a rare FP8 rounding, never more.
+        assert torch.allclose(out.scale, ref[1], rtol=1e-6, atol=0)
+        assert (out.q.float() != ref[0].float()).float().mean() < 1e-3
+
+    x = torch.randn(rows, 4096, device="cuda", dtype=torch.bfloat16)
+    residual = torch.randn_like(x)
+    weight = (torch.rand(4096, device="cuda") + 0.5).to(torch.bfloat16)
+    close(rms_norm_fp8(x, weight, 1e-5), quantize_rows(fused.rms_norm(x, weight, 1e-5)))
+    out, new_res = add_rms_norm_fp8(x, residual, weight, 1e-5)
+    ref, ref_res = fused.add_rms_norm(x, residual, weight, 1e-5)
+    close(out, quantize_rows(ref))
+    assert torch.equal(new_res, ref_res)
+    gate_up = torch.randn(rows, 2 * 14336, device="cuda", dtype=torch.bfloat16) * 4
+    close(silu_and_mul_fp8(gate_up), quantize_rows(fused.silu_and_mul(gate_up)))
