@@ -177,6 +177,7 @@ class EngineConfig:
     dtype: str = "auto"
     device: str = "auto"
     load_format: str = "auto"  # auto | safetensors | dummy
+    quantization: str | None = None  # fp8: FP8 weights, quantized at load (model/fp8.py)
     block_size: int = 16
     num_blocks: int | None = None
     kv_memory: float = 0.9  # fraction of free device memory for the KV cache
@@ -219,6 +220,8 @@ class EngineConfig:
             raise ValueError(
                 f"load_format must be auto, safetensors or dummy, got {self.load_format!r}"
             )
+        if self.quantization not in (None, "fp8"):
+            raise ValueError(f"quantization must be fp8 or None, got {self.quantization!r}")
 
     @property
     def auto_num_seqs(self) -> bool:

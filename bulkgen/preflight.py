@@ -47,6 +47,7 @@ def checked_parts(config: RunConfig, reader: Reader | None = None) -> tuple:
     template = None if config.prompt_template is None else PromptTemplate(config.prompt_template)
     reader = reader or checked_reader(config)
     model_dir = model_folder(config.model, weights=config.load_format != "dummy")
+    check_fp8(config, model_dir)
     tokenizer = tokenizer_of(model_dir)
     tokenize = Tokenize(
         tokenizer,
@@ -112,6 +113,31 @@ def model_folder(name: str, weights: bool = True) -> Path:
         return resolve_model(name, weights=weights)
     except ModelNotFoundError as e:
         raise UserError(str(e)) from e
+
+
+def check_fp8(config: RunConfig, model_dir: Path) -> None:
+    """FP8 weights (--quantization fp8, or an FP8 checkpoint) need a GPU with FP8 tensor cores,
+    and a scheme bulkgen reads: a UserError now rather than after the threads start."""
+    try:
+        model_config = json.loads((model_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return  # the engine names what is wrong with the folder
+    if config.quantization is None and "quantization_config" not in model_config:
+        return
+    from bulkgen.engine.model_files import resolve_device
+    from bulkgen.model.fp8 import fp8_unsupported
+    from bulkgen.model.fp8_checkpoint import weight_quantization
+
+    dummy = config.load_format == "dummy"
+    try:
+        if weight_quantization(model_config, config.quantization, dummy) is None:
+            return
+        device = resolve_device(config.device)
+    except (ValueError, RuntimeError) as e:  # a bad scheme, no CUDA, a bad device name
+        raise UserError(f"model {config.model}: {e}") from e
+    reason = fp8_unsupported(device)
+    if reason is not None:
+        raise UserError(f"model {config.model}: {reason}")
 
 
 def tokenizer_of(model_dir: Path):

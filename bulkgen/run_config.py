@@ -45,6 +45,7 @@ class RunConfig:
     kv_memory: float | None = None
     max_model_len: int | None = None  # None: the model's own context length
     load_format: str = "auto"  # dummy: random weights of the model's shape (benchmarks)
+    quantization: str | None = None  # fp8: quantize the weights at load
     sync: bool = False
     quiet: bool = False
     overwrite: bool = False
@@ -95,6 +96,7 @@ class RunConfig:
             dtype=self.dtype,
             device=self.device,
             load_format=self.load_format,
+            quantization=self.quantization,
             async_loop=not self.sync,
             prefix_cache=self.prefix_cache,
             tensor_parallel=self.tensor_parallel,

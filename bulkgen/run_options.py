@@ -226,6 +226,14 @@ _OPTIONS = [
         help="dummy: random weights of the model's shape, to measure speed without the weights.",
     ),
     click.option(
+        "--quantization",
+        type=click.Choice(["fp8"]),
+        default=None,
+        help="fp8: quantize the weights to FP8 (e4m3) at load, with per-channel scales and "
+        "activations quantized per token (embeddings and lm_head stay 16-bit); needs an Ada or "
+        "Hopper GPU. FP8 checkpoints (compressed-tensors, fp8) load as FP8 without it.",
+    ),
+    click.option(
         "--sync",
         is_flag=True,
         help="Run the engine loop without CPU/GPU overlap, to "

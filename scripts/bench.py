@@ -26,7 +26,13 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from bench_bulkgen import data_parallel, run_bulkgen, seq_setting, tensor_parallel
+from bench_bulkgen import (
+    data_parallel,
+    engine_options,
+    run_bulkgen,
+    seq_setting,
+    tensor_parallel,
+)
 from bench_measure import measure_ceilings
 from bench_transformers import run_transformers
 from bench_workloads import make_workload, split_roofline_s
@@ -90,6 +96,7 @@ def child(args) -> None:
             prefix_cache=args.engine != "bulkgen-noprefix",
             workers=data_parallel(args.engine),
             tp=tensor_parallel(args.engine),
+            options=engine_options(args.engine),
         )
     result["num_prompts"] = len(work)
     work = token_work(work, Path(args.model_dir))
@@ -98,8 +105,13 @@ def child(args) -> None:
     # The roofline at the batch size the run could use: auto's largest choice.
     seqs = seq_setting(args.max_num_seqs)
     seqs = (result.get("max_num_seqs_chosen_max") or 1024) if seqs == "auto" else seqs
+    options = engine_options(args.engine)
+    fp8 = {
+        "fp8_weights": options.get("quantization") == "fp8",
+        "kv_fp8": options.get("kv_cache_dtype") == "fp8",
+    }
     workers = data_parallel(args.engine)
-    result["roofline_s"] = split_roofline_s(work, workers, args, seqs, tp, shape)
+    result["roofline_s"] = split_roofline_s(work, workers, args, seqs, tp, shape, **fp8)
     Path(args.result).write_text(json.dumps(result))
 
 

@@ -31,6 +31,18 @@ JSON_SCHEMA = {
 }
 
 
+# Engine names that are `bulkgen run` options (issue 13): FP8 weights; FP8 weights and KV cache.
+ENGINE_OPTIONS = {
+    "bulkgen-fp8w": {"quantization": "fp8"},
+    "bulkgen-fp8": {"quantization": "fp8", "kv_cache_dtype": "fp8"},
+}
+
+
+def engine_options(engine: str) -> dict:
+    """The RunConfig options an engine name stands for (bulkgen-fp8w-dp2 as bulkgen-fp8w)."""
+    return ENGINE_OPTIONS.get(re.split(r"-dp|-tp", engine, maxsplit=1)[0], {})
+
+
 def data_parallel(engine: str) -> int:
     """Workers of an engine name: bulkgen-dp2 is `bulkgen run --data-parallel 2`."""
     found = re.search(r"-dp(\d+)", engine)
@@ -49,11 +61,18 @@ def seq_setting(value: str) -> int | str:
 
 
 def run_bulkgen(
-    args, work, sync: bool, prefix_cache: bool = True, workers: int = 1, tp: int = 1
+    args,
+    work,
+    sync: bool,
+    prefix_cache: bool = True,
+    workers: int = 1,
+    tp: int = 1,
+    options: dict | None = None,
 ) -> dict:
     """The whole `bulkgen run` pipeline: Parquet of token-id prompts in, shards out. With
     workers > 1, `--data-parallel` worker processes on GPUs 0..workers * tp - 1; with tp > 1,
-    each engine a tensor-parallel group of tp GPUs."""
+    each engine a tensor-parallel group of tp GPUs. options: more RunConfig fields
+    (engine_options)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     import torch
@@ -99,6 +118,7 @@ def run_bulkgen(
         device="cuda",
         dtype="bfloat16",
         tensor_parallel=tp,
+        **(options or {}),
     )
     gpus = list(range(workers * tp))
     if workers > 1:

@@ -11,14 +11,15 @@ LLAMA3_8B = dict(_LLAMA3_8B)
 KV_BYTES_PER_TOKEN = 2 * 32 * 8 * 128 * 2  # K and V, 32 layers, 8 kv heads, head_dim 128, bf16
 
 
-def kv_bytes_per_token(c: dict) -> int:
-    """K and V of every layer, bf16."""
+def kv_bytes_per_token(c: dict, kv_fp8: bool = False) -> int:
+    """K and V of every layer, bf16 (one byte an element with an FP8 cache)."""
     head_dim = c["hidden_size"] // c["num_attention_heads"]
-    return 2 * c["num_hidden_layers"] * c["num_key_value_heads"] * head_dim * 2
+    return 2 * c["num_hidden_layers"] * c["num_key_value_heads"] * head_dim * (1 if kv_fp8 else 2)
 
 
-def weight_bytes_read(c: dict = LLAMA3_8B) -> float:
-    """Bytes of weights a decode step reads: everything but the embedding table (gathered)."""
+def weight_bytes_read(c: dict = LLAMA3_8B, fp8_weights: bool = False) -> float:
+    """Bytes of weights a decode step reads: everything but the embedding table (gathered).
+    fp8_weights: the projections at one byte a weight (norms and lm_head stay bf16)."""
     h, i, layers, v = (
         c["hidden_size"],
         c["intermediate_size"],
@@ -26,8 +27,8 @@ def weight_bytes_read(c: dict = LLAMA3_8B) -> float:
         c["vocab_size"],
     )
     kv = c["num_key_value_heads"] * h // c["num_attention_heads"]
-    per_layer = h * (h + 2 * kv) + h * h + 2 * h * i + i * h + 2 * h
-    return 2.0 * (layers * per_layer + h + v * h)
+    projections = layers * (h * (h + 2 * kv) + h * h + 2 * h * i + i * h)
+    return (1.0 if fp8_weights else 2.0) * projections + 2.0 * (layers * 2 * h + h + v * h)
 
 
 _WORDS = (
@@ -88,26 +89,35 @@ def make_workload(name: str, out_len: int, num_prompts: int | None) -> list[tupl
 
 
 def roofline_s(
-    work, bandwidth: float, flops_rate: float, max_num_seqs: int, shape: dict = LLAMA3_8B
+    work,
+    bandwidth: float,
+    flops_rate: float,
+    max_num_seqs: int,
+    shape: dict = LLAMA3_8B,
+    fp8_weights: bool = False,
+    kv_fp8: bool = False,
 ) -> float:
     """Decode bytes (weights once per step plus live KV) over bandwidth, plus prefill FLOPs.
-    For a tensor-parallel group pass its GPUs' summed bandwidth and FLOP rate."""
+    For a tensor-parallel group pass its GPUs' summed bandwidth and FLOP rate. fp8_weights: FP8
+    weight bytes, and prefill at twice the bf16 FLOP rate (FP8 tensor cores); kv_fp8: FP8 KV
+    bytes."""
     outs = [o for _, o in work]
     steps = max(max(outs), sum(outs) / max_num_seqs)
-    per_token = kv_bytes_per_token(shape)
+    per_token = kv_bytes_per_token(shape, kv_fp8)
     kv = sum(per_token * (len(p) * o + o * (o - 1) / 2) for p, o in work)
-    weights = weight_bytes_read(shape)
-    prefill_flops = sum(2 * (weights / 2) * len(p) for p, _ in work)
-    return (steps * weights + kv) / bandwidth + prefill_flops / flops_rate
+    params = weight_bytes_read(shape) / 2
+    prefill_flops = sum(2 * params * len(p) for p, _ in work)
+    weights = steps * weight_bytes_read(shape, fp8_weights)
+    return (weights + kv) / bandwidth + prefill_flops / (flops_rate * (2 if fp8_weights else 1))
 
 
 def split_roofline_s(
-    work, workers: int, args, max_num_seqs: int, tp: int = 1, shape: dict = LLAMA3_8B
+    work, workers: int, args, max_num_seqs: int, tp: int = 1, shape: dict = LLAMA3_8B, **fp8
 ) -> float:
     """The roofline of each worker's even share of the rows, at most max_num_seqs rows a step:
     `bulkgen run --data-parallel` hands rows out as workers have room, so no worker has more
     than its share of the work left; a worker of tp GPUs has tp times one GPU's bandwidth and
-    FLOP rate."""
+    FLOP rate. fp8: roofline_s's fp8_weights and kv_fp8."""
     shares = [work[k::workers] for k in range(workers)]
     rate = tp * args.bandwidth, tp * args.flops, max_num_seqs
-    return max(roofline_s(share, *rate, shape) for share in shares if share)
+    return max(roofline_s(share, *rate, shape, **fp8) for share in shares if share)

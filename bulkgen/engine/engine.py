@@ -39,6 +39,8 @@ from bulkgen.engine.tp_group import RankGroup, RankSpec, join
 from bulkgen.engine.warmup import warmup_blocks, warmup_plans, widest_decode
 from bulkgen.model.attention import get_backend
 from bulkgen.model.config import ModelConfig
+from bulkgen.model.fp8 import fp8_unsupported
+from bulkgen.model.fp8_checkpoint import weight_quantization
 from bulkgen.model.loader import load_model, resolve_dtype
 
 log = logging.getLogger(__name__)
@@ -75,6 +77,10 @@ class Engine:
             self.model_dir = None
         mcfg = ModelConfig.from_dict(model_config)
         self.model_config = mcfg
+        dummy = cfg.load_format == "dummy" or self.model_dir is None
+        self.quantization = weight_quantization(model_config, cfg.quantization, dummy)
+        if self.quantization is not None and (reason := fp8_unsupported(self.device)):
+            raise ValueError(reason)  # before any work (no rank started yet)
         self.tp, self.group, self.device = join(cfg, mcfg, given_config, rank, self.device)
         self.dtype = resolve_dtype(cfg.dtype, self.device, mcfg)
         self.eos_token_ids = read_eos_ids(self.model_dir, model_config)
@@ -83,7 +89,14 @@ class Engine:
         backend = get_backend(cfg.attention, self.device)
         load_format = cfg.load_format if self.model_dir is not None else "dummy"
         model = load_model(
-            self.model_dir, mcfg, backend, self.dtype, self.device, load_format, self.tp
+            self.model_dir,
+            mcfg,
+            backend,
+            self.dtype,
+            self.device,
+            load_format,
+            self.tp,
+            cfg.quantization,
         )
         mcfg = model.cfg  # this rank's shape: its KV heads size its cache
         # The monitor measures copy bandwidth with buffers of its own: before the cache takes
@@ -308,6 +321,7 @@ class Engine:
             "device": str(self.device),
             "tensor_parallel": self.tp.size,
             "dtype": str(self.dtype).removeprefix("torch."),
+            "quantization": self.quantization,  # None, or how the weights are FP8
             "async_loop": self.async_loop,
             "generated_tokens": self.scheduler.num_generated,
             "cached_prompt_tokens": self.scheduler.num_cached_tokens,

@@ -15,6 +15,14 @@ import torch
 
 from bulkgen.model.attention import AttentionBackend
 from bulkgen.model.config import ModelConfig
+from bulkgen.model.fp8 import Fp8Linear, fuse_input_quantization, quantize_model, replace_modules
+from bulkgen.model.fp8_checkpoint import (
+    checkpoint_quantization,
+    copy_part,
+    fp8_modules,
+    is_zero_point,
+    scale_target,
+)
 from bulkgen.model.llama import LlamaForCausalLM
 from bulkgen.model.ops import get_ops
 from bulkgen.model.parallel_layers import TensorParallel, WeightShard, local_config
@@ -53,12 +61,28 @@ def load_model(
     device: torch.device,
     load_format: str = "auto",
     tp: TensorParallel | None = None,
+    quantization: str | None = None,
 ) -> LlamaForCausalLM:
-    """cfg: the whole model's shape; with tp, this rank's part of it is built and read."""
+    """cfg: the whole model's shape; with tp, this rank's part of it is built and read.
+    quantization "fp8": quantize the projections to FP8 once loaded (an FP8 checkpoint's own
+    scheme, read from its config.json, wins)."""
     tp = tp or TensorParallel()
     with torch.device("meta"):
         model = LlamaForCausalLM(local_config(cfg, tp.size), backend, get_ops(device), tp)
-    model = model.to(dtype).to_empty(device=device).eval().requires_grad_(False)
+    model = model.to(dtype)
+    scheme = None
+    if load_format != "dummy":
+        scheme = checkpoint_quantization(json.loads((Path(model_dir) / "config.json").read_text()))
+    if scheme is not None:  # FP8 modules before to_empty: .to(dtype) would cast their weights
+        if tp.size > 1:
+            raise ValueError(
+                f"{model_dir}: an FP8 checkpoint with --tensor-parallel is not supported yet; "
+                "run its bf16 source with --quantization fp8 instead"
+            )
+        static = scheme.static_activations
+        names = fp8_modules(_checkpoint_files(Path(model_dir)), _FUSED)
+        replace_modules(model, names, lambda linear: Fp8Linear.like(linear, static))
+    model = model.to_empty(device=device).eval().requires_grad_(False)
     model.rotary.build(device)
     model.loaded_bytes = 0
     with torch.no_grad():
@@ -67,6 +91,10 @@ def load_model(
         else:
             slices = WeightShard(cfg, tp.rank, tp.size)
             model.loaded_bytes = _load_safetensors(model, Path(model_dir), slices, device)
+        if quantization == "fp8" and scheme is None:
+            quantize_model(model)
+    if device.type == "cuda":  # the fused Triton ops: norms and SiLU write FP8 rows
+        fuse_input_quantization(model)
     return model
 
 
@@ -126,10 +154,14 @@ def _load_safetensors(
     shard_sizes = {"qkv_proj": [cfg.q_size, cfg.kv_size, cfg.kv_size]}
     shard_sizes["gate_up_proj"] = [cfg.intermediate_size] * 2
     loaded = 0
+    written = set()  # a fused FP8 input scale is the largest of its parts'
     for name, tensor in _iter_tensors(_checkpoint_files(model_dir), device, slices):
         if "rotary_emb" in name or (name == "lm_head.weight" and model.lm_head is None):
             continue
         loaded += tensor.numel() * tensor.element_size()
+        if is_zero_point(name):
+            continue
+        name = scale_target(name) or name  # FP8 scales under our parameter names
         parts = name.split(".")
         fused = next((p for p in parts if p in _FUSED), None)
         if fused is None:
@@ -138,14 +170,17 @@ def _load_safetensors(
             dest = params[name]
             if name in _VOCAB_TABLES:  # the last rank's rows end with padding past the vocab
                 dest = dest.narrow(0, 0, tensor.shape[0])
-            dest.copy_(tensor)
+            copy_part(dest, tensor, name, 0, dest.shape[0] if dest.dim() else 1, first=True)
             missing.discard(f"{name}#0")
             continue
         target, shard = _FUSED[fused]
         our_name = name.replace(fused, target)
+        if our_name not in params:
+            raise ValueError(f"{model_dir}: unexpected weight {name!r} for {cfg.architecture}")
         sizes = shard_sizes[target]
         start = sum(sizes[:shard])
-        params[our_name].narrow(0, start, sizes[shard]).copy_(tensor)
+        copy_part(params[our_name], tensor, our_name, start, sizes[shard], our_name not in written)
+        written.add(our_name)
         missing.discard(f"{our_name}#{shard}")
     if missing:
         names = sorted({m.split("#")[0] for m in missing})

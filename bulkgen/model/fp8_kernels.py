@@ -1,0 +1,106 @@
+"""Per-token FP8 activation quantization in one Triton launch: per-row absmax, scale, cast.
+
+Computes fp8.quantize_rows_reference bit for bit: the absmax and the division run in float32
+with IEEE rounding (div_rn; Triton's "/" is approximate on the GPU), then the clamp to +-448 and
+round-to-nearest-even to an e4m3 value done in float32 arithmetic (_round_e4m3), so that the cast
+itself is exact: the GPU's cvt rounds to nearest even too, but the interpreter's cast truncates,
+and the tests run there. A program owns one row and reads it twice (absmax, then cast:
+the second read hits L2), so any width runs without a row-sized register tile. The launch depends
+on shapes only, and a static scale is read on the device, so CUDA graphs capture it.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from bulkgen.model.fp8 import FP8, FP8_MAX, MIN_ABSMAX
+
+BLOCK = 2048  # elements of a row per loop iteration
+_FP8_MAX = tl.constexpr(FP8_MAX)
+_MIN_ABSMAX = tl.constexpr(MIN_ABSMAX)
+
+
+_ROUND = tl.constexpr(12582912.0)  # 1.5 * 2**23: (y + _ROUND) - _ROUND rounds |y| < 2**22 to even
+
+
+@triton.jit
+def _round_e4m3(x):
+    """x (float32, |x| <= 448) rounded to the nearest float8_e4m3fn value, ties to even."""
+    # The spacing of e4m3 values around x: 2**(exponent - 3) for normals (3 mantissa bits),
+    # 2**-9 below the smallest normal 2**-6. Scaling by powers of two is exact.
+    bits = x.to(tl.int32, bitcast=True)
+    exponent = ((bits >> 23) & 0xFF) - 127
+    step = tl.maximum(exponent, -6) - 3
+    spacing = ((127 + step) << 23).to(tl.float32, bitcast=True)
+    inverse = ((127 - step) << 23).to(tl.float32, bitcast=True)  # exact: both powers of two
+    rounded = ((tl.abs(x) * inverse + _ROUND) - _ROUND) * spacing
+    # x's sign bit, so that values rounding to zero keep it (-0.0) as torch's cast does.
+    return (rounded.to(tl.int32, bitcast=True) | (bits & -2147483648)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def row_scale(absmax):
+    """A row's scale from its absmax (float32): absmax / 448, an all-zero row's tiny."""
+    return tl.math.div_rn(tl.maximum(absmax, _MIN_ABSMAX), _FP8_MAX)
+
+
+@triton.jit
+def quantize_value(x, scale):
+    """x (float32) / scale as the float8_e4m3fn value torch's clamp-and-cast gives."""
+    return _round_e4m3(tl.clamp(tl.math.div_rn(x, scale), -_FP8_MAX, _FP8_MAX))
+
+
+@triton.jit
+def _quantize_rows_kernel(
+    x_ptr,
+    q_ptr,
+    scale_ptr,
+    static_scale_ptr,
+    K,
+    stride_x,
+    BLOCK: tl.constexpr,
+    STATIC: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * stride_x
+    if STATIC:
+        scale = tl.load(static_scale_ptr).to(tl.float32)
+    else:
+        absmax = tl.zeros([BLOCK], dtype=tl.float32)
+        for start in range(0, K, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            x = tl.load(x_row + cols, mask=cols < K, other=0.0).to(tl.float32)
+            absmax = tl.maximum(absmax, tl.abs(x))
+        scale = row_scale(tl.max(absmax, axis=0))
+    for start in range(0, K, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        x = tl.load(x_row + cols, mask=cols < K, other=0.0).to(tl.float32)
+        q = quantize_value(x, scale)
+        tl.store(q_ptr + row * K + cols, q.to(q_ptr.dtype.element_ty), mask=cols < K)
+    tl.store(scale_ptr + row, scale)
+
+
+def quantize_rows(
+    x: torch.Tensor, static_scale: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] (rows contiguous) -> (fp8 [M, K], float32 scales [M, 1]); new tensors."""
+    assert x.dim() == 2 and x.stride(1) == 1, "quantize_rows needs [M, K] with contiguous rows"
+    M, K = x.shape
+    q = torch.empty((M, K), dtype=FP8, device=x.device)
+    scale = torch.empty((M, 1), dtype=torch.float32, device=x.device)
+    if M == 0:
+        return q, scale
+    _quantize_rows_kernel[(M,)](
+        x,
+        q,
+        scale,
+        scale if static_scale is None else static_scale,  # unread without a static scale
+        K,
+        x.stride(0),
+        BLOCK=min(BLOCK, triton.next_power_of_2(K)),
+        STATIC=static_scale is not None,
+        num_warps=4,
+    )
+    return q, scale

@@ -1,0 +1,188 @@
+"""What FP8 costs in accuracy, on real weights (GPU): teacher-forced next-token distributions of
+each FP8 mode against bf16 over a fixed text set.
+
+    python scripts/fp8_accuracy.py [--model smollm2-135m]
+
+For each mode (FP8 weights; FP8 KV cache; both) the texts go through the engine's own model and
+KV cache as one prefill each (the attention kernels read keys and values back from the cache, so
+an FP8 cache is what they attend over), and every position's next-token distribution is compared
+with bf16's: top1_agreement (same argmax), mean_kl (KL(bf16 || mode), nats, mean over
+positions) and each side's accuracy at predicting the text's actual next token. One JSON line per
+mode; a mode whose option this bulkgen does not accept yet is a line with "skipped".
+The default model is the demo model (SmolLM2-135M-Instruct): dummy weights say nothing about
+accuracy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+
+import torch
+
+MODES = {
+    "bf16": {},
+    "fp8-weights": {"quantization": "fp8"},
+    "fp8-kv": {"kv_cache_dtype": "fp8"},
+    "fp8-weights+kv": {"quantization": "fp8", "kv_cache_dtype": "fp8"},
+}
+BLOCK_SIZE, MAX_TOKENS = 16, 512
+
+TEXTS = [
+    "The water cycle describes how water moves through the environment. Heat from the sun "
+    "evaporates water from oceans, lakes and rivers. The vapour rises, cools and condenses into "
+    "clouds. When the droplets grow heavy enough they fall as rain or snow, which flows back into "
+    "rivers and seeps into the ground, where it may stay for thousands of years.",
+    "To make a simple tomato sauce, warm two tablespoons of olive oil in a pan over medium heat. "
+    "Add a chopped onion and cook it until soft, then stir in two cloves of garlic. Pour in a can "
+    "of crushed tomatoes, season with salt and a pinch of sugar, and let it simmer for twenty "
+    "minutes. Finish with fresh basil and serve it over pasta.",
+    "def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    "
+    "return a\n\n\nprint([fibonacci(i) for i in range(10)])\n",
+    "Dear Ms. Patel,\n\nThank you for your letter of 3 March. I am pleased to confirm that your "
+    "order has been shipped and should arrive within five working days. If anything is missing "
+    "or damaged, please reply to this message and we will send a replacement at no cost.\n\n"
+    "Kind regards,\nThe customer service team",
+    "User: What is the capital of France?\nAssistant: The capital of France is Paris. It is also "
+    "the country's largest city, known for the Eiffel Tower, the Louvre museum and its cafes.\n"
+    "User: And of Germany?\nAssistant: The capital of Germany is Berlin.",
+    "Photosynthesis is the process by which green plants turn light into chemical energy. Inside "
+    "the chloroplasts, chlorophyll absorbs sunlight and uses it to split water molecules, "
+    "releasing oxygen. The energy is then used to build sugars from carbon dioxide taken from "
+    "the air, which the plant uses to grow.",
+    "In 1969 the Apollo 11 mission landed the first humans on the Moon. Neil Armstrong and Buzz "
+    "Aldrin spent about two and a half hours walking on the surface, collecting rock samples and "
+    "setting up experiments, while Michael Collins orbited above in the command module.",
+    "A good night's sleep matters more than most people think. Adults need seven to nine hours. "
+    "Keeping a regular schedule, avoiding screens before bed and limiting caffeine after noon "
+    "all help. Exercise during the day improves sleep too, but not right before bedtime.",
+    "The quick brown fox jumps over the lazy dog. This sentence contains every letter of the "
+    "English alphabet, which is why typists and designers have used it for more than a century "
+    "to test keyboards, typewriters and fonts.",
+    "Step 1: Preheat the oven to 180 degrees Celsius.\nStep 2: Mix 200 g of flour, 100 g of "
+    "sugar and two eggs in a bowl.\nStep 3: Add 100 ml of milk and stir until smooth.\nStep 4: "
+    "Pour the batter into a greased tin and bake for 35 minutes.",
+    "Machine learning models learn patterns from data instead of following hand-written rules. "
+    "A model is trained by adjusting its parameters to reduce the error on examples, and it is "
+    "evaluated on data it has not seen, to check that it generalises rather than memorises.",
+    "The mitochondria is often called the powerhouse of the cell. It produces most of the "
+    "chemical energy needed to power the cell's biochemical reactions, stored in a molecule "
+    "called adenosine triphosphate, or ATP.",
+    "SELECT name, COUNT(*) AS orders\nFROM customers JOIN orders ON orders.customer_id = "
+    "customers.id\nWHERE orders.created_at >= '2024-01-01'\nGROUP BY name\nORDER BY orders DESC\n"
+    "LIMIT 10;",
+    "Once upon a time, in a village at the edge of a great forest, there lived an old clockmaker. "
+    "Every morning he opened his shop at seven, wound every clock on the wall, and waited for "
+    "the children who came to watch the tiny wooden birds sing on the hour.",
+    "Climate describes the average weather of a region over many years, while weather is what "
+    "happens on a given day. A single cold winter does not disprove a warming climate, just as "
+    "one hot afternoon does not prove it.",
+    "The French Revolution began in 1789 and reshaped France's government and society. It ended "
+    "the absolute monarchy, proclaimed the rights of man and of the citizen, and was followed by "
+    "years of war and upheaval before Napoleon Bonaparte took power in 1799.",
+]
+
+
+def git_commit() -> str:
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return out.stdout.strip() or "unknown"
+
+
+def engine_for(model_dir: str, options: dict, device: str):
+    """An engine of the mode, or (None, why) when this bulkgen does not accept its options or
+    the device cannot run them."""
+    from bulkgen.config import EngineConfig
+    from bulkgen.engine.engine import Engine
+
+    try:
+        config = EngineConfig(
+            model=model_dir,
+            dtype="bfloat16",
+            device=device,
+            # A small cache that still holds the warm-up's steps (at most MAX_TOKENS tokens).
+            num_blocks=MAX_TOKENS // BLOCK_SIZE + 8,
+            block_size=BLOCK_SIZE,
+            max_batch_tokens=MAX_TOKENS,
+            max_num_seqs=4,
+            cuda_graphs=False,
+            **options,
+        )
+    except (TypeError, ValueError) as e:  # an option this version does not have
+        return None, f"not accepted: {e}"
+    try:
+        return Engine(config), None
+    except ValueError as e:  # FP8 on a device without it
+        return None, str(e)
+
+
+@torch.inference_mode()
+def teacher_forced_logprobs(engine, ids: list[int]) -> torch.Tensor:
+    """log-softmax of the next-token logits at every position of ids: [len(ids), vocab], from
+    one prefill through the engine's model and KV cache (blocks 0.. in order)."""
+    runner, device = engine.runner, engine.device
+    T = len(ids)
+    blocks = -(-T // BLOCK_SIZE)
+    meta = runner.model.attention.metadata(
+        torch.arange(T, device=device),  # slots: block b holds positions 16b..16b+15
+        torch.tensor([0, T], dtype=torch.int32, device=device),
+        torch.tensor([T], dtype=torch.int32, device=device),
+        torch.arange(blocks, dtype=torch.int32, device=device)[None],
+        [T],
+        [T],
+    )
+    input_ids = torch.tensor(ids, device=device)
+    hidden = runner.model(input_ids, torch.arange(T, device=device), meta, runner.kv)
+    return torch.log_softmax(runner.model.compute_logits(hidden), dim=-1)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m", help="a model folder or an alias")
+    ap.add_argument("--device", default="cuda", help="cpu runs the bf16 baseline only")
+    args = ap.parse_args()
+    from bulkgen.engine.model_files import model_dir
+    from bulkgen.text.tokenizer import load_tokenizer
+
+    folder = str(model_dir(args.model))
+    tokenizer = load_tokenizer(folder)
+    texts = [tokenizer(t)["input_ids"][:MAX_TOKENS] for t in TEXTS]
+    baseline = None
+    for mode, options in MODES.items():
+        engine, why = engine_for(folder, options, args.device)
+        if engine is None:
+            print(json.dumps({"mode": mode, "options": options, "skipped": why}), flush=True)
+            continue
+        logprobs = [teacher_forced_logprobs(engine, ids) for ids in texts]
+        if baseline is None:
+            baseline = logprobs
+        agree = kl = hits = base_hits = positions = 0.0
+        for ids, lp, ref in zip(texts, logprobs, baseline, strict=True):
+            agree += (lp.argmax(-1) == ref.argmax(-1)).sum().item()
+            kl += (ref.exp() * (ref - lp)).sum(-1).clamp(min=0).sum().item()
+            truth = torch.tensor(ids[1:], device=lp.device)
+            hits += (lp[:-1].argmax(-1) == truth).sum().item()
+            base_hits += (ref[:-1].argmax(-1) == truth).sum().item()
+            positions += len(ids)
+        line = {
+            "mode": mode,
+            "options": options,
+            "model": args.model,
+            "texts": len(texts),
+            "positions": int(positions),
+            "top1_agreement": round(agree / positions, 4),
+            "mean_kl": round(kl / positions, 5),
+            "next_token_acc": round(hits / (positions - len(texts)), 4),
+            "bf16_next_token_acc": round(base_hits / (positions - len(texts)), 4),
+            "quantization": engine.stats.get("quantization"),
+            "kv_cache_dtype": engine.stats.get("kv_cache_dtype"),
+            "git_commit": git_commit(),
+        }
+        print(json.dumps(line), flush=True)
+        engine.close()
+        del engine
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""Compile the FP8 Triton kernels for sm_90 without a GPU (the interpreter skips this compiler).
+
+    PYTHONPATH=. python scripts/fp8_compile_check.py
+
+Prints one line per kernel with the size of its PTX and whether it converts to e4m3 in hardware.
+"""
+
+from __future__ import annotations
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from bulkgen.model import fp8_fused, fp8_kernels
+
+FP8_OUT = {"q_ptr": "*fp8e4nv", "scale_ptr": "*fp32"}
+NORM_INTS = {"n_rows": "i32", "H": "i32", "eps": "fp32", "stride_x": "i32", "stride_res": "i32"}
+KERNELS = [
+    (
+        fp8_kernels._quantize_rows_kernel,
+        {"x_ptr": "*bf16", **FP8_OUT, "static_scale_ptr": "*fp32", "K": "i32", "stride_x": "i32"},
+        {"BLOCK": 2048, "STATIC": False},
+    ),
+    (
+        fp8_fused._rms_norm_fp8_kernel,
+        {"x_ptr": "*bf16", "res_ptr": "*bf16", "w_ptr": "*bf16", **FP8_OUT}
+        | {"new_res_ptr": "*bf16", **NORM_INTS},
+        {"BLOCK_H": 4096, "ROWS": 1, "HAS_RESIDUAL": True},
+    ),
+    (
+        fp8_fused._silu_and_mul_fp8_kernel,
+        {"gate_up_ptr": "*bf16", **FP8_OUT, "I": "i32", "stride_row": "i32"},
+        {"BLOCK": 2048, "LIBDEVICE_EXP": True},
+    ),
+]
+
+
+def main() -> None:
+    for fn, signature, constexprs in KERNELS:
+        signature = signature | {name: "constexpr" for name in constexprs}
+        source = ASTSource(fn, signature, constexprs=constexprs)
+        ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+        cvt = "yes" if "cvt.rn.satfinite.e4m3x2.f32" in ptx else "no"
+        print(f"{fn.__name__}: {len(ptx)} chars of PTX, cvt to e4m3: {cvt}")
+
+
+if __name__ == "__main__":
+    main()
