@@ -45,6 +45,7 @@ class RunConfig:
     kv_memory: float | None = None
     max_model_len: int | None = None  # None: the model's own context length
     load_format: str = "auto"  # dummy: random weights of the model's shape (benchmarks)
+    kv_cache_dtype: str = "auto"  # fp8: an e4m3 KV cache, twice the tokens (Ada/Hopper GPUs)
     sync: bool = False
     quiet: bool = False
     overwrite: bool = False
@@ -94,6 +95,7 @@ class RunConfig:
             dtype=self.dtype,
             device=self.device,
             load_format=self.load_format,
+            kv_cache_dtype=self.kv_cache_dtype,
             async_loop=not self.sync,
             prefix_cache=self.prefix_cache,
             **given,

@@ -208,6 +208,14 @@ _OPTIONS = [
         help="dummy: random weights of the model's shape, to measure speed without the weights.",
     ),
     click.option(
+        "--kv-cache-dtype",
+        type=click.Choice(["auto", "fp8"]),
+        default="auto",
+        show_default=True,
+        help="KV cache element type. auto: the model's dtype; fp8: float8 e4m3 with a scale per "
+        "layer, twice the tokens in the same memory (needs an Ada or Hopper GPU or newer).",
+    ),
+    click.option(
         "--sync",
         is_flag=True,
         help="Run the engine loop without CPU/GPU overlap, to "

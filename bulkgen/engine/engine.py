@@ -33,6 +33,7 @@ from bulkgen.engine.runner import ModelRunner, Step, kv_bytes_per_block
 from bulkgen.engine.scheduler import Scheduler
 from bulkgen.engine.warmup import warmup_blocks, warmup_plans
 from bulkgen.model.attention import get_backend
+from bulkgen.model.attention.kv_fp8 import check_kv_cache_dtype, resolve_kv_dtype
 from bulkgen.model.config import ModelConfig
 from bulkgen.model.loader import load_model, resolve_dtype
 
@@ -47,6 +48,7 @@ class Engine:
         t0 = time.perf_counter()
         self.cfg = cfg
         self.device = resolve_device(cfg.device)
+        check_kv_cache_dtype(cfg.kv_cache_dtype, self.device)  # before anything is loaded
         if model_config is None:
             self.model_dir = model_dir(cfg.model)
             model_config = json.loads((self.model_dir / "config.json").read_text())
@@ -55,6 +57,7 @@ class Engine:
         mcfg = ModelConfig.from_dict(model_config)
         self.model_config = mcfg
         self.dtype = resolve_dtype(cfg.dtype, self.device, mcfg)
+        self.kv_dtype = resolve_kv_dtype(cfg.kv_cache_dtype, self.dtype)
         self.eos_token_ids = read_eos_ids(self.model_dir, model_config)
         limit = mcfg.max_position_embeddings
         self.max_model_len = min(cfg.max_model_len or limit, limit)
@@ -70,6 +73,7 @@ class Engine:
             self.runner.warm_up(warmup_plans(cfg, self.max_model_len))
         self.runner.capture_graphs()
         blocks = BlockManager(num_blocks, cfg.block_size, cfg.prefix_cache)
+        log.info("KV cache: %s, %d tokens", self._kv_dtype_name, num_blocks * cfg.block_size)
         self.scheduler = Scheduler(cfg, blocks, self.max_model_len, self.eos_token_ids)
         self._requests: dict[str, Request] = {}  # unfinished requests by id, for abort()
         self._watched: dict[str, Request] = {}  # the unfinished ones with stop strings
@@ -97,12 +101,12 @@ class Engine:
         weights = sum(p.numel() * p.element_size() for p in model.parameters())
         # Decode gathers a few embedding rows, but reads the table in full when it is the head.
         weights -= 0 if model.lm_head is None else embed
-        return GpuMonitor(self.device, weights, kv_bytes_per_block(mcfg, 1, self.dtype))
+        return GpuMonitor(self.device, weights, kv_bytes_per_block(mcfg, 1, self.kv_dtype))
 
     def _auto_num_blocks(self, model, mcfg: ModelConfig) -> int:
         """KV blocks that fit: on CUDA, measured after a warm-up pass of the largest steps."""
         cfg = self.cfg
-        per_block = kv_bytes_per_block(mcfg, cfg.block_size, self.dtype)
+        per_block = kv_bytes_per_block(mcfg, cfg.block_size, self.kv_dtype)
         if self.device.type != "cuda":
             want = cfg.max_num_seqs * self.max_model_len
             return max(1, min(CPU_KV_BUDGET // per_block, -(-want // cfg.block_size)))
@@ -256,6 +260,8 @@ class Engine:
             "startup_s": round(self.startup_s, 3),
             "device": str(self.device),
             "dtype": str(self.dtype).removeprefix("torch."),
+            "kv_cache_dtype": self._kv_dtype_name,
+            "kv_capacity_tokens": self.scheduler.blocks.num_blocks * self.cfg.block_size,
             "async_loop": self.async_loop,
             "generated_tokens": self.scheduler.num_generated,
             "cached_prompt_tokens": self.scheduler.num_cached_tokens,
@@ -264,6 +270,10 @@ class Engine:
             "eager_decode_steps": self.runner.eager_decode_steps,
             **(self.monitor.stats if self.monitor is not None else {}),
         }
+
+    @property
+    def _kv_dtype_name(self) -> str:
+        return str(self.kv_dtype).removeprefix("torch.")
 
     def close(self) -> None:
         if self.monitor is not None:
