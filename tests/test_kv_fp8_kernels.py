@@ -12,6 +12,10 @@ a scale applied twice, never, or to the wrong one of K and V shows.
 from __future__ import annotations
 
 import os
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import torch
 
@@ -25,6 +29,7 @@ from bulkgen.model.attention import torch_backend, triton_backend  # noqa: E402
 from bulkgen.model.attention.kv_fp8 import FP8_DTYPE, FP8_MAX, quantize  # noqa: E402
 from bulkgen.model.attention.triton_decode import paged_decode  # noqa: E402
 
+CACHES = ("bf16", "fp8")
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 1e-2}
 K_SCALE, V_SCALE = 0.25, 3.0  # distinct and not 1: a scale lost or swapped changes the output
 gpu = pytest.mark.gpu
@@ -141,6 +146,25 @@ def test_scales_are_ignored_by_a_full_precision_cache():
     plain = triton_backend.paged_attention(q, k_cache, v_cache, meta, 0.25)
     scaled = triton_backend.paged_attention(q, k_cache, v_cache, meta, 0.25, K_SCALE, V_SCALE)
     assert torch.equal(plain, scaled)
+
+
+def test_kernels_compile_for_sm90_with_the_fp8_casts_only_in_the_fp8_variants():
+    """The GPU compiler accepts both variants of each kernel (the interpreter never runs it), and
+    the bf16 variants carry no fp8 code: the constexpr branch compiles away."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = "1"
+    root = Path(__file__).resolve().parent.parent
+    env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])  # this checkout
+    script = root / "scripts" / "compile_check_attention.py"
+    done = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr
+    counts = dict(re.findall(r"^(\w+ +\w+) *:.* (\d+) e4m3 conversions$", done.stdout, re.M))
+    counts = {" ".join(k.split()): int(v) for k, v in counts.items()}
+    assert set(counts) == {f"{k} {c}" for k in ("write_kv", "decode", "prefill") for c in CACHES}
+    for name, n in counts.items():
+        assert (n > 0) == name.endswith("fp8"), counts
 
 
 # ---- GPU only: real shapes and the rounding ---------------------------------------------------
