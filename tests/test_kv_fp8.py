@@ -173,7 +173,8 @@ def test_bulkgen_run_with_fp8_on_the_cpu_is_one_error_line(tmp_path, tiny_model_
     assert result.exit_code == 1, result.output
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    assert "--kv-cache-dtype fp8 needs a GPU with FP8 support" in lines[0]
+    assert lines[0].startswith(f"error: cannot load model {tiny_model_dir}: --kv-cache-dtype fp8")
+    assert "needs a GPU with FP8 support (compute capability 8.9 or newer" in lines[0]
     assert not list(out.glob("part-*"))
 
 
