@@ -117,7 +117,8 @@ def load_kv_scale(model: torch.nn.Module, name: str, tensor: torch.Tensor) -> bo
     KV-cache scale (the loader then treats it as a weight).
 
     A scale is one number (a per-tensor scale; a per-head one is reduced to its maximum, which
-    never overflows where the finer scales did not). Read on the host once, at load time.
+    never overflows where the finer scales did not). Read on the host once, at load time: the
+    decode CUDA graphs capture the scales as they are when the runner is built.
     """
     target = kv_scale_target(name)
     if target is None:
