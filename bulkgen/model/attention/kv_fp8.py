@@ -5,9 +5,10 @@ bf16's 2, so the same memory holds twice the tokens). Each attention layer has a
 and v_scale: a stored value is x8 = fp8(clamp(x / scale, -448, 448)) and stands for x8 * scale.
 Without calibrated scales (dummy weights, bf16 checkpoints) both are 1.0, as in vLLM: e4m3 then
 covers |x| up to 448 with 3 mantissa bits, and down to 2**-9 in its subnormals (the demo model's
-largest |key| and |value| over its demo prompts are 21.6 and 12.5: scripts/accuracy_kv.py). FP8 checkpoints made by llm-compressor / compressed-tensors
-or ModelOpt carry calibrated scales per layer; kv_scale_target names them and load_kv_scale puts
-one on its layer (the loader calls it for each checkpoint tensor).
+largest |key| and |value| over its demo prompts are 21.6 and 12.5: scripts/accuracy_kv.py).
+FP8 checkpoints made by llm-compressor / compressed-tensors or ModelOpt carry calibrated scales
+per layer; kv_scale_target names them and load_kv_scale puts one on its layer (the loader calls
+it for each checkpoint tensor).
 
 The scales apply to an fp8 cache only; a bf16/fp32 cache stores values as they are. The Triton
 kernels fold them out of their inner loops: k_scale into the softmax scale, v_scale into the
