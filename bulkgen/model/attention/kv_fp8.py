@@ -5,7 +5,7 @@ bf16's 2, so the same memory holds twice the tokens). Each attention layer has a
 and v_scale: a stored value is x8 = fp8(clamp(x / scale, -448, 448)) and stands for x8 * scale.
 Without calibrated scales (dummy weights, bf16 checkpoints) both are 1.0, as in vLLM: e4m3 then
 covers |x| up to 448 with 3 mantissa bits, and down to 2**-9 in its subnormals (the demo model's
-largest |key| and |value| over its demo prompts are 21.6 and 12.5: scripts/accuracy_kv.py).
+largest |key| or |value| over its demo prompts and answers is 23.7: scripts/accuracy_kv.py).
 FP8 checkpoints made by llm-compressor / compressed-tensors or ModelOpt carry calibrated scales
 per layer; kv_scale_target names them and load_kv_scale puts one on its layer (the loader calls
 it for each checkpoint tensor).
