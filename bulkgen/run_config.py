@@ -46,6 +46,7 @@ class RunConfig:
     max_model_len: int | None = None  # None: the model's own context length
     load_format: str = "auto"  # dummy: random weights of the model's shape (benchmarks)
     quantization: str | None = None  # fp8: quantize the weights at load
+    kv_cache_dtype: str = "auto"  # fp8: an e4m3 KV cache, twice the tokens (Ada/Hopper GPUs)
     sync: bool = False
     quiet: bool = False
     overwrite: bool = False
@@ -97,6 +98,7 @@ class RunConfig:
             device=self.device,
             load_format=self.load_format,
             quantization=self.quantization,
+            kv_cache_dtype=self.kv_cache_dtype,
             async_loop=not self.sync,
             prefix_cache=self.prefix_cache,
             tensor_parallel=self.tensor_parallel,

@@ -234,6 +234,14 @@ _OPTIONS = [
         "Hopper GPU. FP8 checkpoints (compressed-tensors, fp8) load as FP8 without it.",
     ),
     click.option(
+        "--kv-cache-dtype",
+        type=click.Choice(["auto", "fp8"]),
+        default="auto",
+        show_default=True,
+        help="KV cache element type. auto: the model's dtype; fp8: float8 e4m3 with a scale per "
+        "layer, twice the tokens in the same memory (needs an Ada or Hopper GPU or newer).",
+    ),
+    click.option(
         "--sync",
         is_flag=True,
         help="Run the engine loop without CPU/GPU overlap, to "

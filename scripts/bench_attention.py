@@ -1,21 +1,24 @@
 """Benchmark the Triton attention kernels at the Llama-3-8B attention shape; one JSON line each.
 
-    PYTHONPATH=. python scripts/bench_attention.py   (or after pip install -e .)
+    PYTHONPATH=. python scripts/bench_attention.py [--kv-cache-dtype auto,fp8]
 
 Decode: batch 32 and 256 at contexts 256..8192, every sequence at the same length, blocks of 16 in
 a shuffled block table. Reports the median time and the achieved bandwidth of the K/V read (the
 bytes decode must move) beside a device-to-device copy measured in the same run. Prefill: 2048
 new tokens in one sequence, with no cached context and after 6144 cached tokens, in TFLOP/s of the
-causal attention actually computed (4 * Hq * D flops per query-key pair).
+causal attention actually computed (4 * Hq * D flops per query-key pair). --kv-cache-dtype fp8
+runs the same over a float8_e4m3fn cache (its bandwidth counts the fp8 bytes read).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 
 import torch
 from triton.testing import do_bench
 
+from bulkgen.model.attention.kv_fp8 import resolve_kv_dtype
 from bulkgen.model.attention.metadata import AttnMetadata
 from bulkgen.model.attention.triton_backend import paged_attention
 from bulkgen.model.attention.triton_decode import decode_block_n, num_kv_splits
@@ -25,13 +28,13 @@ DTYPE = torch.bfloat16
 DEVICE = torch.device("cuda")
 
 
-def paged_inputs(seq_lens: list[int], query_lens: list[int], decode_only: bool):
+def paged_inputs(seq_lens: list[int], query_lens: list[int], decode_only: bool, kv_dtype):
     """q, caches and metadata with every sequence's blocks scattered over the cache."""
     blocks_per_seq = [-(-n // BLOCK_SIZE) for n in seq_lens]
     num_blocks, width = sum(blocks_per_seq), max(blocks_per_seq)
     shape = (num_blocks, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)
-    k_cache = torch.randn(shape, dtype=DTYPE, device=DEVICE)
-    v_cache = torch.randn(shape, dtype=DTYPE, device=DEVICE)
+    k_cache = torch.randn(shape, dtype=DTYPE, device=DEVICE).to(kv_dtype)
+    v_cache = torch.randn(shape, dtype=DTYPE, device=DEVICE).to(kv_dtype)
     block_ids = torch.randperm(num_blocks, device=DEVICE).int()
     block_tables = torch.zeros(len(seq_lens), width, dtype=torch.int32, device=DEVICE)
     start = 0
@@ -63,8 +66,8 @@ def copy_gb_per_s() -> float:
     return 2 * src.numel() / median_ms(lambda: dst.copy_(src)) / 1e6
 
 
-def bench_decode(batch: int, context: int, copy_bw: float) -> dict:
-    q, k_cache, v_cache, meta = paged_inputs([context] * batch, [1] * batch, decode_only=True)
+def bench_decode(batch: int, context: int, copy_bw: float, kv_dtype) -> dict:
+    q, k_cache, v_cache, meta = paged_inputs([context] * batch, [1] * batch, True, kv_dtype)
     scale = HEAD_DIM**-0.5
     ms = median_ms(lambda: paged_attention(q, k_cache, v_cache, meta, scale))
     kv_bytes = 2 * batch * context * NUM_KV_HEADS * HEAD_DIM * k_cache.element_size()
@@ -73,6 +76,7 @@ def bench_decode(batch: int, context: int, copy_bw: float) -> dict:
     gb_per_s = kv_bytes / ms / 1e6
     return {
         "kernel": "decode",
+        "kv_dtype": str(kv_dtype).removeprefix("torch."),
         "batch": batch,
         "context": context,
         "splits": splits,
@@ -82,9 +86,9 @@ def bench_decode(batch: int, context: int, copy_bw: float) -> dict:
     }
 
 
-def bench_prefill(new_tokens: int, cached: int) -> dict:
+def bench_prefill(new_tokens: int, cached: int, kv_dtype) -> dict:
     seq_len = cached + new_tokens
-    q, k_cache, v_cache, meta = paged_inputs([seq_len], [new_tokens], decode_only=False)
+    q, k_cache, v_cache, meta = paged_inputs([seq_len], [new_tokens], False, kv_dtype)
     scale = HEAD_DIM**-0.5
     ms = median_ms(lambda: paged_attention(q, k_cache, v_cache, meta, scale))
     # Query row i (0-based) of the new tokens attends to cached + i + 1 keys.
@@ -92,6 +96,7 @@ def bench_prefill(new_tokens: int, cached: int) -> dict:
     flops = 4 * NUM_Q_HEADS * HEAD_DIM * pairs
     return {
         "kernel": "prefill",
+        "kv_dtype": str(kv_dtype).removeprefix("torch."),
         "tokens": new_tokens,
         "cached": cached,
         "ms": round(ms, 4),
@@ -100,14 +105,19 @@ def bench_prefill(new_tokens: int, cached: int) -> dict:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kv-cache-dtype", default="auto", help="auto, fp8 or auto,fp8")
+    args = parser.parse_args()
     copy_bw = copy_gb_per_s()
     print(json.dumps({"kernel": "copy", "gb_per_s": round(copy_bw, 1)}), flush=True)
-    for batch in (32, 256):
-        for context in (256, 512, 1024, 2048, 4096, 8192):
-            print(json.dumps(bench_decode(batch, context, copy_bw)), flush=True)
-            torch.cuda.empty_cache()
-    for cached in (0, 6144):
-        print(json.dumps(bench_prefill(2048, cached)), flush=True)
+    for name in args.kv_cache_dtype.split(","):
+        kv_dtype = resolve_kv_dtype(name, DTYPE)
+        for batch in (32, 256):
+            for context in (256, 512, 1024, 2048, 4096, 8192):
+                print(json.dumps(bench_decode(batch, context, copy_bw, kv_dtype)), flush=True)
+                torch.cuda.empty_cache()
+        for cached in (0, 6144):
+            print(json.dumps(bench_prefill(2048, cached, kv_dtype)), flush=True)
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ from bulkgen.engine.scheduler import Scheduler
 from bulkgen.engine.tp_group import RankGroup, RankSpec, join
 from bulkgen.engine.warmup import warmup_blocks, warmup_plans, widest_decode
 from bulkgen.model.attention import get_backend
+from bulkgen.model.attention.kv_fp8 import check_kv_cache_dtype, resolve_kv_dtype
 from bulkgen.model.config import ModelConfig
 from bulkgen.model.fp8 import fp8_unsupported
 from bulkgen.model.fp8_checkpoint import weight_quantization
@@ -69,6 +70,7 @@ class Engine:
         t0 = time.perf_counter()
         self.cfg = cfg
         self.device = resolve_device(cfg.device)
+        check_kv_cache_dtype(cfg.kv_cache_dtype, self.device)  # before anything is loaded
         given_config = model_config
         if model_config is None:
             self.model_dir = model_dir(cfg.model)
@@ -83,6 +85,7 @@ class Engine:
             raise ValueError(reason)  # before any work (no rank started yet)
         self.tp, self.group, self.device = join(cfg, mcfg, given_config, rank, self.device)
         self.dtype = resolve_dtype(cfg.dtype, self.device, mcfg)
+        self.kv_dtype = resolve_kv_dtype(cfg.kv_cache_dtype, self.dtype)
         self.eos_token_ids = read_eos_ids(self.model_dir, model_config)
         limit = mcfg.max_position_embeddings
         self.max_model_len = min(cfg.max_model_len or limit, limit)
@@ -114,6 +117,7 @@ class Engine:
         if self.group is not None:
             self.group.busy = False  # started: the watcher's backstop now covers steps only
         blocks = BlockManager(num_blocks, cfg.block_size, cfg.prefix_cache)
+        log.info("KV cache: %s, %d tokens", self._kv_dtype_name, num_blocks * cfg.block_size)
         self.scheduler = Scheduler(cfg, blocks, self.max_model_len, self.eos_token_ids)
         self._requests: dict[str, Request] = {}  # unfinished requests by id, for abort()
         self._watched: dict[str, Request] = {}  # the unfinished ones with stop strings
@@ -141,12 +145,12 @@ class Engine:
         weights = sum(p.numel() * p.element_size() for p in model.parameters())
         # Decode gathers a few embedding rows, but reads the table in full when it is the head.
         weights -= 0 if model.lm_head is None else embed
-        return GpuMonitor(self.device, weights, kv_bytes_per_block(mcfg, 1, self.dtype))
+        return GpuMonitor(self.device, weights, kv_bytes_per_block(mcfg, 1, self.kv_dtype))
 
     def _auto_num_blocks(self, model, mcfg: ModelConfig) -> int:
         """KV blocks that fit: on CUDA, measured after a warm-up pass of the largest steps."""
         cfg = self.cfg
-        per_block = kv_bytes_per_block(mcfg, cfg.block_size, self.dtype)
+        per_block = kv_bytes_per_block(mcfg, cfg.block_size, self.kv_dtype)
         if self.device.type != "cuda":
             want = cfg.seq_rows * self.max_model_len
             return max(1, min(CPU_KV_BUDGET // per_block, -(-want // cfg.block_size)))
@@ -322,6 +326,8 @@ class Engine:
             "tensor_parallel": self.tp.size,
             "dtype": str(self.dtype).removeprefix("torch."),
             "quantization": self.quantization,  # None, or how the weights are FP8
+            "kv_cache_dtype": self._kv_dtype_name,
+            "kv_capacity_tokens": self.scheduler.blocks.num_blocks * self.cfg.block_size,
             "async_loop": self.async_loop,
             "generated_tokens": self.scheduler.num_generated,
             "cached_prompt_tokens": self.scheduler.num_cached_tokens,
@@ -334,6 +340,10 @@ class Engine:
             "eager_decode_steps": self.runner.eager_decode_steps,
             **(self.monitor.stats if self.monitor is not None else {}),
         }
+
+    @property
+    def _kv_dtype_name(self) -> str:
+        return str(self.kv_dtype).removeprefix("torch.")
 
     def close(self) -> None:
         if self.monitor is not None:

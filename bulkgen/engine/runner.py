@@ -30,6 +30,7 @@ from bulkgen.engine.penalty_state import PenaltyState
 from bulkgen.engine.plan import Plan, ScheduledSeq
 from bulkgen.engine.sampler import SamplingTensors, sample, top_logprobs, unpack_bitmask
 from bulkgen.engine.tables import DeviceTables
+from bulkgen.model.attention.kv_fp8 import resolve_kv_dtype
 from bulkgen.model.attention.metadata import AttnMetadata
 from bulkgen.model.config import ModelConfig
 from bulkgen.model.llama import LlamaForCausalLM
@@ -78,7 +79,9 @@ class Forward:
 
 
 def kv_bytes_per_block(mcfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-    elem = torch.empty(0, dtype=dtype).element_size()
+    """Bytes of keys and values for block_size tokens in a cache of this dtype (fp8: half of
+    bf16's, so the same memory holds twice the blocks)."""
+    elem = dtype.itemsize
     return 2 * mcfg.num_layers * block_size * mcfg.num_kv_heads * mcfg.head_dim * elem
 
 
@@ -97,7 +100,7 @@ class ModelRunner:
         self.tp: TensorParallel = model.tp
         self.followers = None  # rank 0's channel to the other ranks (engine/tp_group.py)
         self.attention = model.attention
-        dtype = next(model.parameters()).dtype
+        dtype = resolve_kv_dtype(ecfg.kv_cache_dtype, model.model.embed_tokens.weight.dtype)
         shape = (mcfg.num_layers, 2, num_blocks, ecfg.block_size, mcfg.num_kv_heads, mcfg.head_dim)
         self.kv_cache = torch.empty(shape, dtype=dtype, device=device)
         self.kv = [(layer[0], layer[1]) for layer in self.kv_cache]  # per layer: (k, v) views

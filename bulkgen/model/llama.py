@@ -81,6 +81,8 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         self.scale = cfg.head_dim**-0.5
+        # An fp8 KV cache's scales (kv_fp8.py): 1.0 unless the checkpoint has calibrated ones.
+        self.k_scale = self.v_scale = 1.0
 
     def forward(
         self,
@@ -100,8 +102,9 @@ class Attention(nn.Module):
             k = self.ops.rms_norm(k, self.k_norm.weight, cfg.rms_norm_eps)
         q, k = self.ops.rotary(q, k, positions, rotary.cos, rotary.sin)
         k_cache, v_cache = kv
-        self.backend.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-        o = self.backend.attend(q, k_cache, v_cache, meta, self.scale)
+        k_scale, v_scale = self.k_scale, self.v_scale
+        self.backend.write_kv(k, v, k_cache, v_cache, meta.slot_mapping, k_scale, v_scale)
+        o = self.backend.attend(q, k_cache, v_cache, meta, self.scale, k_scale, v_scale)
         return self.tp.all_reduce(self.o_proj(o.reshape(-1, cfg.q_size)))
 
 

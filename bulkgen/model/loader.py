@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from bulkgen.model.attention import AttentionBackend
+from bulkgen.model.attention.kv_fp8 import load_kv_scale
 from bulkgen.model.config import ModelConfig
 from bulkgen.model.fp8 import Fp8Linear, fuse_input_quantization, quantize_model, replace_modules
 from bulkgen.model.fp8_checkpoint import (
@@ -159,6 +160,8 @@ def _load_safetensors(
         if "rotary_emb" in name or (name == "lm_head.weight" and model.lm_head is None):
             continue
         loaded += tensor.numel() * tensor.element_size()
+        if load_kv_scale(model, name, tensor):  # before the fused names: k_proj.k_scale
+            continue
         if is_zero_point(name):
             continue
         name = scale_target(name) or name  # FP8 scales under our parameter names

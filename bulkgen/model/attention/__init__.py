@@ -20,8 +20,9 @@ from bulkgen.model.attention.metadata import AttnMetadata
 class AttentionBackend:
     name: str
     graph_safe: bool
-    write_kv: Callable[..., None]  # (k, v, k_cache, v_cache, slot_mapping)
-    attend: Callable[..., torch.Tensor]  # (q, k_cache, v_cache, meta, scale) -> out
+    # Both take a layer's k_scale and v_scale last (an fp8 cache's scales: kv_fp8.py).
+    write_kv: Callable[..., None]  # (k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
+    attend: Callable[..., torch.Tensor]  # (q, k_cache, v_cache, meta, scale, k_s, v_s) -> out
 
     def metadata(
         self,

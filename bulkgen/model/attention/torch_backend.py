@@ -3,12 +3,14 @@
 The CPU path and the correctness oracle for the Triton kernels. One-token rows (decode) are done
 together over contexts padded to the longest; longer rows loop per sequence (never per token).
 Lengths come from the plan's host-side lists, so it never syncs with the device.
+An fp8 cache (kv_fp8.py) is quantized on write and dequantized on read with the layer's scales.
 """
 
 from __future__ import annotations
 
 import torch
 
+from bulkgen.model.attention.kv_fp8 import dequantize, is_fp8, quantize
 from bulkgen.model.attention.metadata import AttnMetadata
 
 
@@ -18,13 +20,26 @@ def write_kv(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> None:
-    """Store this step's keys/values [T, Hkv, D] at their slots of the [N, bs, Hkv, D] caches."""
+    """Store this step's keys/values [T, Hkv, D] at their slots of the [N, bs, Hkv, D] caches
+    (an fp8 cache stores x / scale; the scales are ignored by other caches)."""
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     keep = slot_mapping >= 0
     slots = slot_mapping[keep]
-    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, k[keep].to(k_cache.dtype))
-    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, v[keep].to(v_cache.dtype))
+    for x, cache, scale in ((k, k_cache, k_scale), (v, v_cache, v_scale)):
+        rows = cache.view(-1, num_kv_heads, head_dim)
+        if is_fp8(cache):  # index_copy_ has no float8 kernel on the CPU: copy the bytes
+            rows.view(torch.uint8).index_copy_(0, slots, quantize(x[keep], scale).view(torch.uint8))
+        else:
+            rows.index_copy_(0, slots, x[keep].to(cache.dtype))
+
+
+def _read(cache: torch.Tensor, blocks: torch.Tensor, scale: float) -> torch.Tensor:
+    """The cached rows of these blocks in float32."""
+    rows = cache[blocks]
+    return dequantize(rows, scale) if is_fp8(cache) else rows.float()
 
 
 def paged_attention(
@@ -33,10 +48,12 @@ def paged_attention(
     v_cache: torch.Tensor,
     meta: AttnMetadata,
     scale: float,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Causal attention of q [T, Hq, D] over each sequence's cached context; returns [T, Hq, D].
 
-    Computed in float32 whatever the cache dtype.
+    Computed in float32 whatever the cache dtype; k_scale/v_scale dequantize an fp8 cache.
     """
     num_q_heads, head_dim = q.shape[1], q.shape[2]
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -52,15 +69,16 @@ def paged_attention(
     if decode:  # all one-token rows at once: the common case, and per-row loops are slow
         rows = torch.tensor([starts[b] for b in decode], device=q.device)
         lens = [seq_lens[b] for b in decode]
-        out[rows] = _decode_rows(q[rows], k_cache, v_cache, meta.block_tables[decode], lens, scale)
+        tables = meta.block_tables[decode]
+        out[rows] = _decode_rows(q[rows], k_cache, v_cache, tables, lens, scale, k_scale, v_scale)
     for b, (q_len, seq_len) in enumerate(zip(q_lens, seq_lens, strict=True)):
         if q_len == 1:
             continue
         start = starts[b]
         num_blocks = -(-seq_len // block_size)
         blocks = meta.block_tables[b, :num_blocks].long()
-        k = k_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:seq_len].float()
-        v = v_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:seq_len].float()
+        k = _read(k_cache, blocks, k_scale).reshape(-1, num_kv_heads, head_dim)[:seq_len]
+        v = _read(v_cache, blocks, v_scale).reshape(-1, num_kv_heads, head_dim)[:seq_len]
         qb = q[start : start + q_len].float().view(q_len, num_kv_heads, group, head_dim)
         scores = torch.einsum("qhgd,khd->hgqk", qb, k) * scale  # [Hkv, G, q_len, seq_len]
         q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)
@@ -79,6 +97,8 @@ def _decode_rows(
     block_tables: torch.Tensor,
     seq_lens: list[int],
     scale: float,
+    k_scale: float,
+    v_scale: float,
 ) -> torch.Tensor:
     """One query row per sequence, q [B, Hq, D], over contexts padded to the longest."""
     batch, num_q_heads, head_dim = q.shape
@@ -94,8 +114,8 @@ def _decode_rows(
     pad = torch.arange(width * block_size, device=q.device)[None, :] >= lens[:, None]
     # Padding slots may hold anything (NaN included): zero them, since 0 * NaN is NaN.
     keep = ~pad[:, :, None, None]
-    k = k_cache[blocks].reshape(batch, width * block_size, num_kv_heads, head_dim).float()
-    v = v_cache[blocks].reshape(batch, width * block_size, num_kv_heads, head_dim).float()
+    k = _read(k_cache, blocks, k_scale).reshape(batch, width * block_size, num_kv_heads, head_dim)
+    v = _read(v_cache, blocks, v_scale).reshape(batch, width * block_size, num_kv_heads, head_dim)
     k, v = torch.where(keep, k, 0.0), torch.where(keep, v, 0.0)
     qg = q.float().view(batch, num_kv_heads, num_q_heads // num_kv_heads, head_dim)
     scores = torch.einsum("bhgd,bkhd->bhgk", qg, k) * scale

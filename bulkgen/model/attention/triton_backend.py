@@ -28,14 +28,26 @@ def paged_attention(
     v_cache: torch.Tensor,
     meta: AttnMetadata,
     scale: float,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Causal attention of q [T, Hq, D] over each sequence's cached context; returns [T, Hq, D].
 
-    The cache must already hold this step's keys and values (write_kv runs first).
+    The cache must already hold this step's keys and values (write_kv runs first); k_scale and
+    v_scale dequantize an fp8 cache.
     """
     if meta.decode_only:
         # Never meta.max_seq_len here: the launch must not change between graph replays.
-        return paged_decode(q, k_cache, v_cache, meta.seq_lens, meta.block_tables, scale)
+        return paged_decode(
+            q,
+            k_cache,
+            v_cache,
+            meta.seq_lens,
+            meta.block_tables,
+            scale,
+            k_scale=k_scale,
+            v_scale=v_scale,
+        )
     return paged_prefill(
         q,
         k_cache,
@@ -45,4 +57,6 @@ def paged_attention(
         meta.block_tables,
         meta.max_query_len,
         scale,
+        k_scale,
+        v_scale,
     )

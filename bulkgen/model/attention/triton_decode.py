@@ -17,6 +17,9 @@ S is chosen from the batch size, kv-head count and block-table width (all static
 from the lengths of this step, so the grid and every argument stay the same from one step to the
 next and the launches can be captured in a CUDA graph and replayed after seq_lens and
 block_tables change in place.
+
+An fp8 cache (KV_FP8) is cast to the query's dtype as each tile is loaded; its layer scales are
+folded out of the loop (k_scale into qk_scale, v_scale into the final normalisation).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from bulkgen.model.attention.kv_fp8 import is_fp8
 from bulkgen.model.attention.triton_kv import check_cache, kv_tile_offsets
 
 LOG2E = 1.4426950408889634
@@ -45,7 +49,8 @@ def _decode_split_kernel(
     out_ptr,
     part_out_ptr,
     part_lse_ptr,
-    qk_scale,  # softmax scale * log2(e)
+    qk_scale,  # softmax scale * log2(e) (* k_scale for an fp8 cache)
+    v_scale,  # an fp8 cache's value scale
     stride_qt,
     stride_qh,
     stride_bt,
@@ -58,6 +63,7 @@ def _decode_split_kernel(
     BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -98,6 +104,8 @@ def _decode_split_kernel(
             BLOCK_SIZE,
         )
         k_t = tl.load(k_cache_ptr + rows[None, :] + dims[:, None], mask=valid[None, :], other=0.0)
+        if KV_FP8:
+            k_t = k_t.to(q.dtype)
         s = tl.dot(q, k_t, input_precision=DOT_PRECISION) * qk_scale
         s = tl.where(valid[None, :], s, float("-inf"))
         # Every tile has a valid position, so m_new is finite and alpha is 0 on the first tile.
@@ -106,13 +114,18 @@ def _decode_split_kernel(
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = tl.load(v_cache_ptr + rows[:, None] + dims[None, :], mask=valid[:, None], other=0.0)
+        if KV_FP8:
+            v = v.to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
 
     # An empty split (or a padding row with seq_len 0) has l_i == 0: write out = 0, lse = -inf.
     has_work = l_i > 0
     l_safe = tl.where(has_work, l_i, 1.0)
-    out = acc / l_safe[:, None]
+    if KV_FP8:
+        out = acc * (v_scale / l_safe)[:, None]
+    else:
+        out = acc / l_safe[:, None]
     if num_splits == 1:
         out_rows = out_ptr + b * num_q_heads * HEAD_DIM + heads[:, None] * HEAD_DIM
         tl.store(
@@ -182,16 +195,20 @@ def paged_decode(
     num_splits: int | None = None,
     num_warps: int = 4,
     num_stages: int | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Attention of one query row per sequence, q [B, Hq, D], over its cached context.
 
-    num_splits, num_warps and num_stages override the tuned choices (for benchmarks).
+    num_splits, num_warps and num_stages override the tuned choices (for benchmarks);
+    k_scale/v_scale dequantize an fp8 cache (ignored for others).
     """
     batch, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     check_cache(k_cache, v_cache, head_dim)
     assert num_q_heads % num_kv_heads == 0 and seq_lens.shape[0] == batch
     group = num_q_heads // num_kv_heads
+    fp8 = is_fp8(k_cache)
     block_n = decode_block_n(head_dim)
     if num_splits is None:
         max_context = block_tables.shape[1] * block_size
@@ -213,7 +230,8 @@ def paged_decode(
         out,
         part_out,
         part_lse,
-        scale * LOG2E,
+        scale * LOG2E * (k_scale if fp8 else 1.0),
+        v_scale,
         q.stride(0),
         q.stride(1),
         block_tables.stride(0),
@@ -226,6 +244,7 @@ def paged_decode(
         BLOCK_SIZE=block_size,
         BLOCK_N=block_n,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        KV_FP8=fp8,
         num_warps=num_warps,
         **({"num_stages": num_stages} if num_stages else {}),
     )

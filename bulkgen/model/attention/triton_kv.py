@@ -3,6 +3,8 @@
 write_kv: grid (T,). Program t copies token t's keys and values ([Hkv, D] each) to slot
 slot_mapping[t] of the caches, converting to the cache dtype; slots < 0 (the padding rows of a
 CUDA-graph batch) are skipped. Slot s lives at block s // block_size, offset s % block_size.
+An fp8 cache (kv_fp8.py) stores clamp(x * (1 / scale), -448, 448) rounded to e4m3, as
+kv_fp8.quantize does; other caches compile the plain cast only.
 
 kv_tile_offsets: the gather that both attention kernels use. A tile of consecutive token positions
 of one sequence maps, token by token, to (block_tables[b, pos // block_size], pos % block_size), so
@@ -14,6 +16,10 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from bulkgen.model.attention.kv_fp8 import FP8_MAX, is_fp8
+
+_FP8_MAX = tl.constexpr(FP8_MAX)
 
 
 @triton.jit
@@ -48,9 +54,12 @@ def _write_kv_kernel(
     stride_cache_slot,
     stride_cache_head,
     num_kv_heads,
+    k_inv_scale,
+    v_inv_scale,
     BLOCK_SIZE: tl.constexpr,
     HEADS_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr,
+    QUANTIZE: tl.constexpr,  # an fp8 cache: scale and saturate before the cast
 ):
     t = tl.program_id(0)
     slot = tl.load(slot_ptr + t).to(tl.int64)
@@ -67,6 +76,9 @@ def _write_kv_kernel(
     )
     k = tl.load(k_ptr + t * stride_kt + heads * stride_kh + dims, mask=mask)
     v = tl.load(v_ptr + t * stride_vt + heads * stride_vh + dims, mask=mask)
+    if QUANTIZE:
+        k = tl.clamp(k.to(tl.float32) * k_inv_scale, -_FP8_MAX, _FP8_MAX)
+        v = tl.clamp(v.to(tl.float32) * v_inv_scale, -_FP8_MAX, _FP8_MAX)
     tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
     tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
@@ -77,8 +89,11 @@ def write_kv(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> None:
-    """Store this step's keys/values [T, Hkv, D] at their slots of the [N, bs, Hkv, D] caches."""
+    """Store this step's keys/values [T, Hkv, D] at their slots of the [N, bs, Hkv, D] caches
+    (an fp8 cache stores x / scale; the scales are ignored by other caches)."""
     num_tokens, num_kv_heads, head_dim = k.shape
     check_cache(k_cache, v_cache, head_dim)
     if num_tokens == 0:
@@ -100,9 +115,12 @@ def write_kv(
         k_cache.stride(1),
         k_cache.stride(2),
         num_kv_heads,
+        1.0 / k_scale,
+        1.0 / v_scale,
         BLOCK_SIZE=k_cache.shape[1],
         HEADS_PAD=triton.next_power_of_2(num_kv_heads),
         HEAD_DIM=head_dim,
+        QUANTIZE=is_fp8(k_cache),
         num_warps=4,
     )
 

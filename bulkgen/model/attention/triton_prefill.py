@@ -15,6 +15,9 @@ by binary search over query_start_loc and exits if it falls in a gap. Each progr
 [BLOCK_M, D] query tile in registers and streams K/V tiles of BLOCK_N positions (tl.dot, online
 softmax in base 2, fp32 accumulators): first the tiles wholly before the tile's first position,
 which need no mask, then the few that cross the causal diagonal.
+
+An fp8 cache (KV_FP8) is cast to the query's dtype as each tile is loaded; its layer scales are
+folded out of the loop (k_scale into qk_scale, v_scale into the final normalisation).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from bulkgen.model.attention.kv_fp8 import is_fp8
 from bulkgen.model.attention.triton_kv import check_cache, kv_tile_offsets
 
 LOG2E = 1.4426950408889634
@@ -64,6 +68,7 @@ def _attend(
     HEAD_DIM: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     CAUSAL: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):
     """Online-softmax update of (acc, l_i, m_i) with the cached positions lo..hi-1."""
     dims = tl.arange(0, HEAD_DIM)
@@ -81,6 +86,8 @@ def _attend(
             BLOCK_SIZE,
         )
         k_t = tl.load(k_cache_ptr + rows[None, :] + dims[:, None], mask=valid[None, :], other=0.0)
+        if KV_FP8:
+            k_t = k_t.to(q.dtype)
         s = tl.dot(q, k_t, input_precision=DOT_PRECISION) * qk_scale
         if CAUSAL:
             s = tl.where(valid[None, :] & (pos[None, :] <= q_pos[:, None]), s, float("-inf"))
@@ -90,6 +97,8 @@ def _attend(
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = tl.load(v_cache_ptr + rows[:, None] + dims[None, :], mask=valid[:, None], other=0.0)
+        if KV_FP8:
+            v = v.to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
     return acc, l_i, m_i
@@ -108,7 +117,8 @@ def _prefill_kernel(
     block_tables_ptr,
     out_ptr,
     num_seqs,
-    qk_scale,  # softmax scale * log2(e)
+    qk_scale,  # softmax scale * log2(e) (* k_scale for an fp8 cache)
+    v_scale,  # an fp8 cache's value scale
     stride_qt,
     stride_qh,
     stride_bt,
@@ -122,6 +132,7 @@ def _prefill_kernel(
     BLOCK_M: tl.constexpr,  # tile rows: a power of two >= BLOCK_Q * GROUP
     BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):
     tile_id = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -159,16 +170,19 @@ def _prefill_kernel(
     acc, l_i, m_i = _attend(
         acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, block_table_row, kv_head,
         0, unmasked_end, qk_scale, stride_cache_block, stride_cache_slot, stride_cache_head,
-        BLOCK_SIZE, BLOCK_N, HEAD_DIM, DOT_PRECISION, False,
+        BLOCK_SIZE, BLOCK_N, HEAD_DIM, DOT_PRECISION, False, KV_FP8,
     )
     acc, l_i, m_i = _attend(
         acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, block_table_row, kv_head,
         unmasked_end, end, qk_scale, stride_cache_block, stride_cache_slot, stride_cache_head,
-        BLOCK_SIZE, BLOCK_N, HEAD_DIM, DOT_PRECISION, True,
+        BLOCK_SIZE, BLOCK_N, HEAD_DIM, DOT_PRECISION, True, KV_FP8,
     )
     # fmt: on
 
-    out = acc / l_i[:, None]
+    if KV_FP8:
+        out = acc * (v_scale / l_i)[:, None]
+    else:
+        out = acc / l_i[:, None]
     num_q_heads = tl.num_programs(1) * GROUP
     out_rows = out_ptr + (q_rows[:, None] * num_q_heads + heads[:, None]) * HEAD_DIM
     tl.store(out_rows + dims[None, :], out.to(out_ptr.dtype.element_ty), mask=row_mask[:, None])
@@ -194,8 +208,11 @@ def paged_prefill(
     block_tables: torch.Tensor,
     max_query_len: int,
     scale: float,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
-    """Causal attention of q [T, Hq, D] (rows grouped by query_start_loc) over the cache."""
+    """Causal attention of q [T, Hq, D] (rows grouped by query_start_loc) over the cache;
+    k_scale/v_scale dequantize an fp8 cache (ignored for others)."""
     num_tokens, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     check_cache(k_cache, v_cache, head_dim)
@@ -206,6 +223,7 @@ def paged_prefill(
     if num_tokens == 0:
         return out
     group = num_q_heads // num_kv_heads
+    fp8 = is_fp8(k_cache)
     block_q, block_m, block_n = prefill_tiles(max_query_len, group, head_dim)
     _prefill_kernel[(num_tokens // block_q + num_seqs, num_kv_heads)](
         q,
@@ -216,7 +234,8 @@ def paged_prefill(
         block_tables,
         out,
         num_seqs,
-        scale * LOG2E,
+        scale * LOG2E * (k_scale if fp8 else 1.0),
+        v_scale,
         q.stride(0),
         q.stride(1),
         block_tables.stride(0),
@@ -230,6 +249,7 @@ def paged_prefill(
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        KV_FP8=fp8,
         num_warps=4,
     )
     return out

@@ -1,0 +1,132 @@
+"""Compile the KV-write and paged attention kernels for sm_90 without a GPU, bf16 and fp8 caches.
+
+    PYTHONPATH=. python scripts/compile_check_attention.py
+
+The CPU interpreter runs the kernels as Python and never meets the GPU compiler: this catches
+what only codegen rejects (a constant that is not tl.constexpr, an fp8 cast the target lacks).
+For each kernel and cache dtype it prints the PTX size and the fp8 conversion instructions
+(cvt ... e4m3), which an fp8 variant must have and a bf16 one must not.
+"""
+
+from __future__ import annotations
+
+import re
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from bulkgen.model.attention import triton_decode, triton_kv, triton_prefill
+
+TARGET = GPUTarget("cuda", 90, 32)
+# The Llama-3-8B shape: head_dim 128, 16-token blocks, 4 query heads per kv-head.
+HEAD_DIM, BLOCK_SIZE, GROUP = 128, 16, 4
+CACHE = {"bf16": "*bf16", "fp8": "*fp8e4nv"}
+
+
+def _scalars(names: str, kind: str) -> dict[str, str]:
+    return {name: kind for name in names.split()}
+
+
+def write_kv_source(cache: str) -> ASTSource:
+    signature = {
+        **_scalars("k_ptr v_ptr", "*bf16"),
+        **_scalars("k_cache_ptr v_cache_ptr", CACHE[cache]),
+        "slot_ptr": "*i64",
+        **_scalars(
+            "stride_kt stride_kh stride_vt stride_vh stride_cache_block stride_cache_slot "
+            "stride_cache_head num_kv_heads",
+            "i32",
+        ),
+        **_scalars("k_inv_scale v_inv_scale", "fp32"),
+        **_scalars("BLOCK_SIZE HEADS_PAD HEAD_DIM QUANTIZE", "constexpr"),
+    }
+    constexprs = {
+        "BLOCK_SIZE": BLOCK_SIZE,
+        "HEADS_PAD": 8,
+        "HEAD_DIM": HEAD_DIM,
+        "QUANTIZE": cache == "fp8",
+    }
+    return ASTSource(triton_kv._write_kv_kernel, signature, constexprs=constexprs)
+
+
+def decode_source(cache: str) -> ASTSource:
+    signature = {
+        "q_ptr": "*bf16",
+        **_scalars("k_cache_ptr v_cache_ptr", CACHE[cache]),
+        **_scalars("seq_lens_ptr block_tables_ptr", "*i32"),
+        "out_ptr": "*bf16",
+        **_scalars("part_out_ptr part_lse_ptr", "*fp32"),
+        **_scalars("qk_scale v_scale", "fp32"),
+        **_scalars(
+            "stride_qt stride_qh stride_bt stride_cache_block stride_cache_slot stride_cache_head",
+            "i32",
+        ),
+        **_scalars("GROUP GROUP_PAD HEAD_DIM BLOCK_SIZE BLOCK_N DOT_PRECISION KV_FP8", "constexpr"),
+    }
+    constexprs = {
+        "GROUP": GROUP,
+        "GROUP_PAD": 16,
+        "HEAD_DIM": HEAD_DIM,
+        "BLOCK_SIZE": BLOCK_SIZE,
+        "BLOCK_N": triton_decode.decode_block_n(HEAD_DIM),
+        "DOT_PRECISION": "tf32",
+        "KV_FP8": cache == "fp8",
+    }
+    return ASTSource(triton_decode._decode_split_kernel, signature, constexprs=constexprs)
+
+
+def prefill_source(cache: str) -> ASTSource:
+    block_q, block_m, block_n = triton_prefill.prefill_tiles(2048, GROUP, HEAD_DIM)
+    signature = {
+        "q_ptr": "*bf16",
+        **_scalars("k_cache_ptr v_cache_ptr", CACHE[cache]),
+        **_scalars("query_start_loc_ptr seq_lens_ptr block_tables_ptr", "*i32"),
+        "out_ptr": "*bf16",
+        "num_seqs": "i32",
+        **_scalars("qk_scale v_scale", "fp32"),
+        **_scalars(
+            "stride_qt stride_qh stride_bt stride_cache_block stride_cache_slot stride_cache_head",
+            "i32",
+        ),
+        **_scalars(
+            "GROUP HEAD_DIM BLOCK_SIZE BLOCK_Q BLOCK_M BLOCK_N DOT_PRECISION KV_FP8", "constexpr"
+        ),
+    }
+    constexprs = {
+        "GROUP": GROUP,
+        "HEAD_DIM": HEAD_DIM,
+        "BLOCK_SIZE": BLOCK_SIZE,
+        "BLOCK_Q": block_q,
+        "BLOCK_M": block_m,
+        "BLOCK_N": block_n,
+        "DOT_PRECISION": "tf32",
+        "KV_FP8": cache == "fp8",
+    }
+    return ASTSource(triton_prefill._prefill_kernel, signature, constexprs=constexprs)
+
+
+SOURCES = {"write_kv": write_kv_source, "decode": decode_source, "prefill": prefill_source}
+
+
+def compile_ptx(kernel: str, cache: str) -> str:
+    """The sm_90 PTX of one kernel for one cache dtype ("bf16" or "fp8")."""
+    compiled = triton.compile(SOURCES[kernel](cache), target=TARGET, options={"num_warps": 4})
+    return compiled.asm["ptx"]
+
+
+def fp8_conversions(ptx: str) -> int:
+    """cvt instructions to or from e4m3 in the PTX."""
+    return len(re.findall(r"\bcvt\.[^;]*e4m3", ptx))
+
+
+def main() -> None:
+    for kernel in SOURCES:
+        for cache in CACHE:
+            ptx = compile_ptx(kernel, cache)
+            print(f"{kernel:8s} {cache:4s}: {len(ptx):7d} chars of PTX, "
+                  f"{fp8_conversions(ptx)} e4m3 conversions")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
