@@ -208,7 +208,14 @@ def test_fp8_run_equals_a_full_precision_run_of_fp8_rounded_keys_and_values(
     ids = encode_all(tiny_model_dir, PROMPTS)
     ids += [ids[2] + [7, 8], ids[2] + [9]]  # share a cached prefix with prompt 2
     scales = {0: (0.5, 2.0), 1: (3.0, 0.25)}
-    kw = dict(dtype="float32", device="cpu", block_size=4, num_blocks=24, max_batch_tokens=16)
+    kw = dict(
+        dtype="float32",
+        device="cpu",
+        block_size=4,
+        num_blocks=24,
+        max_batch_tokens=16,
+        output_reserve=0,
+    )  # admission without a horizon: preemption happens
     fp8 = LLM(str(tiny_model_dir), kv_cache_dtype="fp8", **kw)
     real_write = torch_backend.write_kv
 
