@@ -66,7 +66,10 @@ def quantize_rows_reference(
     fp8_kernels.py computes the same, bit for bit."""
     xf = x.float()
     if static_scale is None:
-        scale = xf.abs().amax(dim=1, keepdim=True).clamp(min=MIN_ABSMAX) / FP8_MAX
+        absmax = xf.abs().amax(dim=1, keepdim=True).clamp(min=MIN_ABSMAX)
+        # Divided by a tensor, not the number: torch on CUDA divides by a scalar as a multiply by
+        # its reciprocal, an ulp off IEEE division in some rows (seen on the H200).
+        scale = absmax / torch.full_like(absmax, FP8_MAX)
     else:
         scale = static_scale.float().reshape(1, 1).expand(x.shape[0], 1).contiguous()
     return (xf / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
