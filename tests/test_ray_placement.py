@@ -39,7 +39,8 @@ def test_no_node_with_n_gpus_is_one_line_naming_the_largest():
 def test_groups_are_counted_per_node_not_over_the_cluster():
     nodes = [node(3), node(3)]  # 6 GPUs, but a group of 2 cannot span two nodes' odd ones
     check_fit(nodes, 2, 2, gpus=True)
-    with pytest.raises(UserError, match=r"room for 2 groups of 2 GPUs on one node \(GPUs per node: 3, 3\)"):  # fmt: skip
+    room = r"room for 2 groups of 2 GPUs on one node \(GPUs per node: 3, 3\)"
+    with pytest.raises(UserError, match=room):
         check_fit(nodes, 3, 2, gpus=True)
     with pytest.raises(UserError, match="room for 1 group of 2 GPUs"):  # each actor takes a CPU
         check_fit([node(4, cpus=1)], 2, 2, gpus=True)
