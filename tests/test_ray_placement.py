@@ -94,3 +94,17 @@ def test_a_job_the_cluster_cannot_place_fails_in_one_line_before_any_work(
         run_parallel(config, workers, "")
     assert str(e.value).startswith(error) and "\n" not in str(e.value)
     assert not (out / "job.json").exists() and not list(out.glob("part-*"))
+
+
+def test_gpus_another_job_holds_are_waited_for_then_one_error_line(two_gpu_ray, monkeypatch):
+    ray = two_gpu_ray
+    monkeypatch.setattr("bulkgen.ray_placement.RESERVE_WAIT_S", 1.0)
+    other = ray.util.placement_group([{"GPU": 2.0}])  # another job's, holding both GPUs
+    ray.get(other.ready(), timeout=60)
+    try:
+        with pytest.raises(UserError, match="Ray could not reserve the groups within 1 s"):
+            reserve(ray, 1, 2, gpus=True)
+        pending = [g for g in ray.util.placement_group_table().values() if g["state"] == "PENDING"]
+        assert not pending, "the job's unplaced group is given back"
+    finally:
+        ray.util.remove_placement_group(other)
