@@ -108,3 +108,19 @@ def test_gpus_another_job_holds_are_waited_for_then_one_error_line(two_gpu_ray, 
         assert not pending, "the job's unplaced group is given back"
     finally:
         ray.util.remove_placement_group(other)
+
+
+@pytest.mark.gpu
+def test_a_ray_worker_of_two_ranks_runs_on_two_real_gpus(tmp_path, tiny_model_dir, two_gpu_ray):
+    """On nvidia-h200-x2 the local Ray's 2 GPUs are real: one actor of num_gpus=2, its engine
+    rank 0 on one and its rank 1 process on the other, joined by NCCL."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two CUDA devices")
+    prompts = write_prompts(tmp_path / "in.jsonl", 8)
+    config = RunConfig(inputs=(str(prompts),), out=str(tmp_path / "out"),
+                       model=str(tiny_model_dir), quiet=True, tensor_parallel=2)  # fmt: skip
+    stats = run_parallel(config, 1, "")
+    assert stats["rows"] == 8 and stats["data_parallel"]["gpus"] == 2
+    assert [w["tensor_parallel"] for w in stats["workers"]] == [2]
+    assert stats["workers"][0]["device"].startswith("cuda")
