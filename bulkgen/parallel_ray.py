@@ -76,7 +76,7 @@ def run_ray(config: RunConfig, workers: int | str | None, address: str | None) -
         from ray.util.queue import Queue
     except ImportError:
         raise UserError("--ray needs Ray: pip install 'bulkgen[ray]'") from None
-    from bulkgen import preflight
+    from bulkgen import preflight, ray_placement
 
     job = JobDir(config.out)
     job.check(config.job_settings(), config.overwrite)
@@ -92,13 +92,23 @@ def run_ray(config: RunConfig, workers: int | str | None, address: str | None) -
             raise UserError(f"--ray {address or ''}: cannot reach a Ray cluster: {e}") from e
     actors: list = []
     queues: list = []
+    group = None  # the placement group of tensor-parallel workers (ray_placement.py)
     try:
         resources = ray.cluster_resources()
         gpus = int(resources.get("GPU", 0)) if config.device != "cpu" else 0
-        count = worker_count(workers, gpus, "the Ray cluster")
-        slots = gpus or int(resources.get("CPU", 0))
-        if count > slots:  # an autoscaling cluster may add nodes; a fixed one never starts them
-            print(f"bulkgen: {count} workers, the Ray cluster has {slots} now", flush=True)
+        tp = config.tensor_parallel  # each worker a group of tp GPUs on one node
+        if tp > 1:  # as many groups as the nodes hold; a placement group reserves them
+            nodes = ray.nodes()
+            if gpus:  # no node has tp GPUs: that first, before how many groups to run
+                ray_placement.check_fit(nodes, 1, tp, True)
+            room = sum(ray_placement.groups_per_node(nodes, tp, True)) if gpus else 0
+            count = worker_count(workers, room, "the Ray cluster")
+            group = ray_placement.reserve(ray, count, tp, bool(gpus))
+        else:
+            count = worker_count(workers, gpus, "the Ray cluster")
+            slots = gpus or int(resources.get("CPU", 0))
+            if count > slots:  # an autoscaling cluster may add nodes; a fixed one never does
+                print(f"bulkgen: {count} workers, the Ray cluster has {slots} now", flush=True)
         job.lock()
         start = job.prepare(preflight.job_record(config, model_dir, reader), config.overwrite)
         messages = Queue(actor_options={"num_cpus": 0})
@@ -121,7 +131,7 @@ def run_ray(config: RunConfig, workers: int | str | None, address: str | None) -
             "max_restarts": MAX_RESTARTS,
             "max_task_retries": MAX_RESTARTS,
         }
-        options["runtime_env"] = {"env_vars": actor_env()}
+        options["runtime_env"] = {"env_vars": actor_env()}  # the tp ranks inherit it
         remote = ray.remote(RayWorker)
 
         def hand(i: int, attempt: int, rows: list | None) -> None:
@@ -131,6 +141,8 @@ def run_ray(config: RunConfig, workers: int | str | None, address: str | None) -
         calls = {}
         started_at = time.time()
         for i in range(count):
+            if group is not None:  # worker i in bundle i: tp GPUs of one node
+                options.update(ray_placement.actor_options(group, i, tp, bool(gpus)))
             actor = remote.options(name=actor_name(config.out, i), **options).remote()
             actors.append(actor)
             calls[actor.run.remote(i, count, worker_config, messages, feeds[i])] = i
@@ -150,6 +162,10 @@ def run_ray(config: RunConfig, workers: int | str | None, address: str | None) -
             ray.kill(actor, no_restart=True)
         for q in queues:
             q.shutdown(force=True)
+        if group is not None:
+            from ray.util import remove_placement_group
+
+            remove_placement_group(group)
         if not connected:
             ray.shutdown()
         job.unlock()
@@ -160,6 +176,7 @@ def run_ray(config: RunConfig, workers: int | str | None, address: str | None) -
         "workers": count,
         "backend": "ray",
         "gpus": gpus,
+        "tensor_parallel": config.tensor_parallel,
         **sharing_stats(stats["workers"], sharing),
     }
     return finish(config, stats, reader)

@@ -88,3 +88,27 @@ def test_a_ray_actor_killed_mid_way_is_restarted_and_every_row_is_written_once(
     assert stats["workers"][1]["this_run"]["resumed_after_rows"] > 0
     # The rows the killed attempt held unwritten were handed out again (work_sharing.py).
     assert sum(w["rows_handed"] for w in stats["workers"]) > rows
+
+
+def test_two_ray_workers_of_two_tensor_parallel_ranks_write_every_row_once(
+    tmp_path, tiny_model_dir, local_ray
+):
+    """On the CPU each actor (one CPU of its placement-group bundle) is rank 0 of its group and
+    starts rank 1 as its own process, joined by gloo: the texts are those of one process."""
+    prompts = write_prompts(tmp_path / "in.jsonl", 12)
+    greedy = SamplingParams(max_tokens=6, temperature=0.0)
+    config = RunConfig(inputs=(str(prompts),), out=str(tmp_path / "out"),
+                       model=str(tiny_model_dir), quiet=True, device="cpu", sampling=greedy,
+                       shard_size=4, tensor_parallel=2)  # fmt: skip
+    stats = run_parallel(config, 2, "")
+    assert stats["data_parallel"]["tensor_parallel"] == 2
+    rows = shard_rows(tmp_path / "out")
+    assert sorted(r["id"] for r in rows) == sorted(f"in:{i}" for i in range(12))
+    assert [w["tensor_parallel"] for w in stats["workers"]] == [2, 2]  # each engine a group
+    # The job's placement group (a bundle of one CPU per worker) is given back at its end.
+    groups = local_ray.util.placement_group_table().values()
+    assert groups and all(g["state"] == "REMOVED" for g in groups)
+    single = dataclasses.replace(config, out=str(tmp_path / "single"), tensor_parallel=1)
+    run_parallel(single, 1, None)  # one process on this machine
+    texts = {r["id"]: r["text"] for r in shard_rows(tmp_path / "single")}
+    assert all(r["text"] == texts[r["id"]] for r in rows)
