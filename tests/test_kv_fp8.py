@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from bulkgen import LLM, SamplingParams
 from bulkgen.cli import main
 from bulkgen.config import EngineConfig
-from bulkgen.engine import engine as engine_module
+from bulkgen.engine import kv_sizing
 from bulkgen.engine.engine import Engine
 from bulkgen.engine.runner import kv_bytes_per_block
 from bulkgen.model.attention import kv_fp8, torch_backend
@@ -184,7 +184,7 @@ def test_bulkgen_run_with_fp8_on_the_cpu_is_one_error_line(tmp_path, tiny_model_
 def test_the_same_memory_holds_four_times_the_fp32_blocks(tiny_model_dir, allow_fp8, monkeypatch):
     mcfg = ModelConfig.from_dir(tiny_model_dir)
     fp32_block = kv_bytes_per_block(mcfg, 16, torch.float32)
-    monkeypatch.setattr(engine_module, "CPU_KV_BUDGET", 10 * fp32_block)
+    monkeypatch.setattr(kv_sizing, "CPU_KV_BUDGET", 10 * fp32_block)
     plain = LLM(str(tiny_model_dir), dtype="float32", device="cpu").engine
     fp8 = LLM(str(tiny_model_dir), dtype="float32", device="cpu", kv_cache_dtype="fp8").engine
     assert plain.stats["kv_blocks"] == 10 and fp8.stats["kv_blocks"] == 40

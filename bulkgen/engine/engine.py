@@ -30,13 +30,14 @@ import torch
 from bulkgen.config import EngineConfig, SamplingParams
 from bulkgen.engine.blocks import BlockManager
 from bulkgen.engine.grammar import GrammarCompiler, load_tokenizer
+from bulkgen.engine.kv_sizing import auto_num_blocks
 from bulkgen.engine.model_files import model_dir, read_eos_ids, resolve_device
-from bulkgen.engine.monitor import GpuMonitor
+from bulkgen.engine.monitor import GpuMonitor, step_time_stats
 from bulkgen.engine.request import Request, RequestOutput
 from bulkgen.engine.runner import ModelRunner, Step, kv_bytes_per_block
 from bulkgen.engine.scheduler import Scheduler
 from bulkgen.engine.tp_group import RankGroup, RankSpec, join
-from bulkgen.engine.warmup import warmup_blocks, warmup_plans, widest_decode
+from bulkgen.engine.warmup import warmup_plans
 from bulkgen.model.attention import get_backend
 from bulkgen.model.attention.kv_fp8 import check_kv_cache_dtype, resolve_kv_dtype
 from bulkgen.model.config import ModelConfig
@@ -45,8 +46,6 @@ from bulkgen.model.fp8_checkpoint import weight_quantization
 from bulkgen.model.loader import load_model, resolve_dtype
 
 log = logging.getLogger(__name__)
-
-CPU_KV_BUDGET = 2 << 30  # bytes of KV cache on the CPU when num_blocks is not given
 
 
 class Engine:
@@ -106,7 +105,9 @@ class Engine:
         # the memory.
         cuda0 = self.device.type == "cuda" and self.tp.rank == 0
         self.monitor = self._monitor(model, mcfg) if cuda0 else None
-        num_blocks = cfg.num_blocks or self._auto_num_blocks(model, mcfg)
+        num_blocks = cfg.num_blocks or auto_num_blocks(
+            model, mcfg, cfg, self.device, self.kv_dtype, self.max_model_len, self.tp
+        )
         self.runner = ModelRunner(model, mcfg, cfg, self.device, num_blocks, self.max_model_len)
         # Every rank runs the same warm-up plans and captures the same graphs: their collectives
         # meet. Only then does rank 0 send its steps to the others.
@@ -146,53 +147,6 @@ class Engine:
         # Decode gathers a few embedding rows, but reads the table in full when it is the head.
         weights -= 0 if model.lm_head is None else embed
         return GpuMonitor(self.device, weights, kv_bytes_per_block(mcfg, 1, self.kv_dtype))
-
-    def _auto_num_blocks(self, model, mcfg: ModelConfig) -> int:
-        """KV blocks that fit: on CUDA, measured after a warm-up pass of the largest steps."""
-        cfg = self.cfg
-        per_block = kv_bytes_per_block(mcfg, cfg.block_size, self.kv_dtype)
-        if self.device.type != "cuda":
-            want = cfg.seq_rows * self.max_model_len
-            return max(1, min(CPU_KV_BUDGET // per_block, -(-want // cfg.block_size)))
-        plans = warmup_plans(cfg, self.max_model_len)
-        probe = ModelRunner(
-            model,
-            mcfg,
-            cfg,
-            self.device,
-            warmup_blocks(cfg, self.max_model_len),
-            self.max_model_len,
-            graphs=False,
-        )
-        torch.cuda.synchronize(self.device)
-        before = torch.cuda.memory_allocated(self.device)
-        torch.cuda.reset_peak_memory_stats(self.device)
-        probe.warm_up(plans)
-        activations = torch.cuda.max_memory_allocated(self.device) - before
-        graphs = cfg.cuda_graphs and model.attention.graph_safe
-        graph_pool = self._graph_pool_bytes(probe) if graphs else 0
-        del probe
-        torch.cuda.empty_cache()
-        free, _ = torch.cuda.mem_get_info(self.device)
-        # Headroom: the warm-up's peak again (prefill steps allocate as they run), the decode
-        # graphs' pool (at most what the widest decode forward allocates, its logits included:
-        # the graphs keep their pool for the whole run, smaller graphs reuse the widest one's),
-        # plus 2 GiB for cuBLAS workspaces, the step buffers and the penalty state.
-        budget = int((free - activations - graph_pool - (2 << 30)) * cfg.kv_memory)
-        if budget < per_block:
-            raise ValueError("no device memory left for the KV cache: lower --max-batch-tokens")
-        return self.tp.min(budget // per_block, self.device)  # the same cache on every rank
-
-    def _graph_pool_bytes(self, probe: ModelRunner) -> int:
-        """Bytes the widest decode forward allocates (eagerly, as its graph's capture would)."""
-        torch.cuda.synchronize(self.device)
-        torch.cuda.reset_peak_memory_stats(self.device)
-        before = torch.cuda.memory_allocated(self.device)
-        forward = probe.forward(widest_decode(self.cfg))
-        torch.cuda.synchronize(self.device)
-        peak = torch.cuda.max_memory_allocated(self.device) - before
-        probe.sample(forward).wait()
-        return peak
 
     # ---- the interface the pipeline drives ------------------------------------------------
 
@@ -301,18 +255,6 @@ class Engine:
         self._prev = None
         return waited
 
-    def host_time_stats(self) -> dict:
-        """Median and p99 host milliseconds per step (schedule, pack, launch, update), and of the
-        mask filling of constrained steps (part of the host time)."""
-        stats = {}
-        for name, samples in (("host", self.host_s), ("mask", self.mask_s)):
-            times = sorted(samples)
-            for label, q in (("median", 0.5), ("p99", 0.99)):
-                if times:
-                    ms = 1e3 * times[min(len(times) - 1, int(q * len(times)))]
-                    stats[f"{name}_ms_per_step_{label}"] = round(ms, 3)
-        return stats
-
     @property
     def stats(self) -> dict:
         return {
@@ -331,7 +273,7 @@ class Engine:
             "async_loop": self.async_loop,
             "generated_tokens": self.scheduler.num_generated,
             "cached_prompt_tokens": self.scheduler.num_cached_tokens,
-            **self.host_time_stats(),
+            **step_time_stats(host=self.host_s, mask=self.mask_s),
             "max_num_seqs": self.cfg.max_num_seqs,
             **self.scheduler.admission.stats,
             "max_running_seqs": self.scheduler.max_running,

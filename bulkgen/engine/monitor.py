@@ -102,3 +102,16 @@ class GpuMonitor:
             out["decode_bandwidth_gbs"] = round(achieved / 1e9, 1)
             out["decode_bandwidth_efficiency"] = round(achieved / self.copy_bandwidth, 3)
         return out
+
+
+def step_time_stats(**samples: list[float]) -> dict:
+    """Median and p99 milliseconds of each named list of per-step seconds (the engine's host
+    time per step, and the mask filling of constrained steps, part of it): host_ms_per_step_*."""
+    stats = {}
+    for name, seconds in samples.items():
+        times = sorted(seconds)
+        for label, q in (("median", 0.5), ("p99", 0.99)):
+            if times:
+                ms = 1e3 * times[min(len(times) - 1, int(q * len(times)))]
+                stats[f"{name}_ms_per_step_{label}"] = round(ms, 3)
+    return stats
