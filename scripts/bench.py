@@ -22,20 +22,19 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-import numpy as np
 from bench_bulkgen import (
+    STATS_KEYS,
     data_parallel,
     engine_options,
     run_bulkgen,
     seq_setting,
     tensor_parallel,
 )
-from bench_measure import measure_ceilings
+from bench_measure import measure_ceilings, plot
 from bench_transformers import run_transformers
-from bench_workloads import make_workload, split_roofline_s
+from bench_workloads import make_workload, model_folder, split_roofline_s
 
 from bulkgen.model.shapes import SHAPES
 
@@ -52,17 +51,6 @@ def git_commit() -> str:
         return out.stdout.strip() or "unknown"
     except OSError:
         return "unknown"
-
-
-def model_folder(tokenizer_dir: Path, shape: str = "8b") -> Path:
-    """A model folder: the shape's config plus the carried tokenizer (weights come from dummy)."""
-    folder = Path(tempfile.mkdtemp(prefix=f"bulkgen-{shape}-"))
-    (folder / "config.json").write_text(json.dumps(dict(SHAPES[shape])))
-    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [128001, 128009]}))
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        if (tokenizer_dir / name).is_file():
-            (folder / name).write_bytes((tokenizer_dir / name).read_bytes())
-    return folder
 
 
 # ---- engines (each in its own process) -------------------------------------------------------
@@ -116,33 +104,6 @@ def child(args) -> None:
 
 
 # ---- parent ----------------------------------------------------------------------------------
-
-
-def plot(runs: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
-    for label, series in runs.items():
-        if len(series) < 3:
-            continue
-        t = np.array([s[0] for s in series])
-        util = np.array([s[1] for s in series])
-        tok = np.array([s[2] for s in series], dtype=float)
-        if not tok.any():
-            continue
-        rate = np.gradient(tok, t)
-        ax1.plot(t, rate, label=label)
-        ax2.plot(t, util, label=label)
-    ax1.set_ylabel("generated tokens/s")
-    ax2.set_ylabel("GPU busy (NVML %)")
-    ax2.set_xlabel("seconds into the timed region")
-    if ax1.get_legend_handles_labels()[0]:
-        ax1.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
 
 
 def main() -> None:
@@ -300,17 +261,7 @@ def main() -> None:
                 for key in (
                     "stats_gpu_busy_pct",
                     "stats_decode_bw_eff",
-                    "host_ms_per_step_median",
-                    "host_ms_per_step_p99",
-                    "mask_ms_per_step_median",
-                    "mask_ms_per_step_p99",
-                    "preemptions",
-                    "recomputed_tokens",
-                    "eager_decode_steps",
-                    "max_num_seqs_chosen",
-                    "max_num_seqs_chosen_max",
-                    "max_running_seqs",
-                    "graph_max_batch",
+                    *STATS_KEYS,
                     "max_idle_gap_s",
                 ):
                     if r.get(key) is not None:

@@ -31,6 +31,21 @@ JSON_SCHEMA = {
 }
 
 
+# stats.json fields every bulkgen run's result carries (bench.py copies them into its line).
+STATS_KEYS = (
+    "host_ms_per_step_median",
+    "host_ms_per_step_p99",
+    "mask_ms_per_step_median",
+    "mask_ms_per_step_p99",
+    "preemptions",
+    "recomputed_tokens",
+    "eager_decode_steps",
+    "max_num_seqs_chosen",
+    "max_num_seqs_chosen_max",
+    "max_running_seqs",
+    "graph_max_batch",
+)
+
 # Engine names that are `bulkgen run` options (issue 13): FP8 weights; FP8 weights and KV cache.
 ENGINE_OPTIONS = {
     "bulkgen-fp8w": {"quantization": "fp8"},
@@ -181,20 +196,5 @@ def run_bulkgen(
         # what stats.json tells a user: the engine's own NVML busy and decode bandwidth
         "stats_gpu_busy_pct": stats.get("gpu_busy_pct"),
         "stats_decode_bw_eff": stats.get("decode_bandwidth_efficiency"),
-        **{
-            k: stats.get(k)
-            for k in (
-                "host_ms_per_step_median",
-                "host_ms_per_step_p99",
-                "mask_ms_per_step_median",
-                "mask_ms_per_step_p99",
-                "preemptions",
-                "recomputed_tokens",
-                "eager_decode_steps",
-                "max_num_seqs_chosen",
-                "max_num_seqs_chosen_max",
-                "max_running_seqs",
-                "graph_max_batch",
-            )
-        },
+        **{k: stats.get(k) for k in STATS_KEYS},
     }

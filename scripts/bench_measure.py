@@ -178,3 +178,31 @@ def profile_window(seconds: float) -> dict:
         }
     except Exception as e:  # the profile is an extra; never lose the benchmark over it
         return {"error": repr(e)}
+
+
+def plot(runs: dict, path) -> None:
+    """A PNG of tokens/s and GPU busy over time, one line per run (its NVML series)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    for label, series in runs.items():
+        if len(series) < 3:
+            continue
+        t = np.array([s[0] for s in series])
+        util = np.array([s[1] for s in series])
+        tok = np.array([s[2] for s in series], dtype=float)
+        if not tok.any():
+            continue
+        rate = np.gradient(tok, t)
+        ax1.plot(t, rate, label=label)
+        ax2.plot(t, util, label=label)
+    ax1.set_ylabel("generated tokens/s")
+    ax2.set_ylabel("GPU busy (NVML %)")
+    ax2.set_xlabel("seconds into the timed region")
+    if ax1.get_legend_handles_labels()[0]:
+        ax1.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)

@@ -3,12 +3,16 @@ lengths) and their HBM roofline on the Llama-3-8B shape (or the 70B one, --shape
 
 from __future__ import annotations
 
+import json
+import tempfile
+from pathlib import Path
+
 import numpy as np
 
 from bulkgen.model.shapes import LLAMA3_8B as _LLAMA3_8B
+from bulkgen.model.shapes import SHAPES
 
 LLAMA3_8B = dict(_LLAMA3_8B)
-KV_BYTES_PER_TOKEN = 2 * 32 * 8 * 128 * 2  # K and V, 32 layers, 8 kv heads, head_dim 128, bf16
 
 
 def kv_bytes_per_token(c: dict, kv_fp8: bool = False) -> int:
@@ -121,3 +125,14 @@ def split_roofline_s(
     shares = [work[k::workers] for k in range(workers)]
     rate = tp * args.bandwidth, tp * args.flops, max_num_seqs
     return max(roofline_s(share, *rate, shape, **fp8) for share in shares if share)
+
+
+def model_folder(tokenizer_dir: Path, shape: str = "8b") -> Path:
+    """A model folder: the shape's config plus the carried tokenizer (weights come from dummy)."""
+    folder = Path(tempfile.mkdtemp(prefix=f"bulkgen-{shape}-"))
+    (folder / "config.json").write_text(json.dumps(dict(SHAPES[shape])))
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [128001, 128009]}))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        if (tokenizer_dir / name).is_file():
+            (folder / name).write_bytes((tokenizer_dir / name).read_bytes())
+    return folder
