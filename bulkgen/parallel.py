@@ -28,6 +28,7 @@ from bulkgen.io.reader import Reader
 from bulkgen.progress import Counts
 from bulkgen.row import Row
 from bulkgen.run_config import RunConfig
+from bulkgen.run_stats import job_record
 from bulkgen.samples import Resume
 from bulkgen.work_sharing import Credit, Dispatcher, Feed
 
@@ -179,36 +180,13 @@ def job_stats(config, model_dir, job: JobDir, start: Done, wall: float, load_tim
     """stats.json of a data-parallel job, from what complete shards held at its start and hold
     now: exact, though a restarted Ray actor sends the progress bar some rows twice."""
     end = job.scan()
-    from bulkgen.preflight import bulkgen_version
-
     run = Counts(
         end.rows - start.rows,
         end.errors - start.errors,
         end.prompt_tokens - start.prompt_tokens,
         end.completion_tokens - start.completion_tokens,
     )
-    return {
-        "rows": end.rows,
-        "errors": end.errors,
-        "prompt_tokens": end.prompt_tokens,
-        "completion_tokens": end.completion_tokens,
-        "shards": len(end.shards),
-        "this_run": {
-            "rows": run.rows,
-            "errors": run.errors,
-            "prompt_tokens": run.prompt_tokens,
-            "completion_tokens": run.completion_tokens,
-            "resumed_after_rows": start.rows,
-        },
-        "wall_time_s": round(wall, 3),
-        "load_time_s": round(load_time, 3),
-        "generated_tokens_per_s": round(run.completion_tokens / max(wall, 1e-9), 1),
-        "model": config.model,
-        "model_path": str(model_dir),
-        "sampling": config.job_settings()["sampling"],
-        "format": config.format,
-        "bulkgen_version": bulkgen_version(),
-    }
+    return job_record(config, model_dir, start, run, len(end.shards), wall, load_time)
 
 
 def add_workers(stats: dict, worker_stats: dict[int, dict], sharing: Dispatcher,

@@ -11,6 +11,41 @@ from bulkgen.progress import Counts
 from bulkgen.run_config import RunConfig
 
 
+def job_record(
+    config: RunConfig,
+    model_dir: Path,
+    before: Done,
+    run: Counts,
+    shards: int,
+    wall: float,
+    load_time: float,
+) -> dict:
+    """What every stats.json says of a job (one process or data-parallel): before, what complete
+    shards held when it started; run, what this run wrote; shards, the complete shards now."""
+    return {
+        "rows": before.rows + run.rows,
+        "errors": before.errors + run.errors,
+        "prompt_tokens": before.prompt_tokens + run.prompt_tokens,
+        "completion_tokens": before.completion_tokens + run.completion_tokens,
+        "shards": shards,
+        "this_run": {
+            "rows": run.rows,
+            "errors": run.errors,
+            "prompt_tokens": run.prompt_tokens,
+            "completion_tokens": run.completion_tokens,
+            "resumed_after_rows": before.rows,
+        },
+        "wall_time_s": round(wall, 3),
+        "load_time_s": round(load_time, 3),
+        "generated_tokens_per_s": round(run.completion_tokens / max(wall, 1e-9), 1),
+        "model": config.model,
+        "model_path": str(model_dir),
+        "sampling": config.job_settings()["sampling"],
+        "format": config.format,
+        "bulkgen_version": bulkgen_version(),
+    }
+
+
 def run_stats(
     config: RunConfig,
     model_dir: Path,
@@ -22,32 +57,13 @@ def run_stats(
     engine_stats: dict,
 ) -> dict:
     """done: what complete shards held before this run; run: this run's progress counts."""
-    wall = run.elapsed
-    stats = {
-        "rows": done.rows + run.rows,
-        "errors": done.errors + run.errors,
-        "prompt_tokens": done.prompt_tokens + run.prompt_tokens,
-        "completion_tokens": done.completion_tokens + run.completion_tokens,
-        "shards": len(done.shards) + new_shards,
-        # Rows whose stage raised (a bug to report), written as error records.
-        "row_faults": row_faults,
-        "this_run": {
-            "rows": run.rows,
-            "errors": run.errors,
-            "prompt_tokens": run.prompt_tokens,
-            "completion_tokens": run.completion_tokens,
-            "resumed_after_rows": done.rows,
-            **({"input_rows": run.inputs} if config.n > 1 else {}),
-        },
-        "wall_time_s": round(wall, 3),
-        "load_time_s": round(load_time, 3),
-        "generated_tokens_per_s": round(run.completion_tokens / max(wall, 1e-9), 1),
-        "model": config.model,
-        "model_path": str(model_dir),
-        "sampling": config.job_settings()["sampling"],
-        "format": config.format,
-        "bulkgen_version": bulkgen_version(),
-    }
+    stats = job_record(
+        config, model_dir, done, run, len(done.shards) + new_shards, run.elapsed, load_time
+    )
+    # Rows whose stage raised (a bug to report), written as error records.
+    stats["row_faults"] = row_faults
+    if config.n > 1:
+        stats["this_run"]["input_rows"] = run.inputs
     if engine_stats.get("device") == "cpu":
         import torch
 
