@@ -6,6 +6,7 @@ from __future__ import annotations
 import click
 
 from bulkgen.sampling_options import SAMPLING_OPTIONS
+from bulkgen.scaling_options import SCALING_OPTIONS
 from bulkgen.structured_options import STRUCTURED_OPTIONS
 
 DEFAULT_MODEL = "smollm2-135m"  # the same as bulkgen.model.hub.DEFAULT_MODEL
@@ -268,38 +269,5 @@ _OPTIONS = [
         help="Resume a job although an input file changed since it started (job.json records "
         "each file's size, time and a hash of its ends); rows are matched by id.",
     ),
-    # ---- scaling out (issue 6) ----
-    click.option(
-        "--data-parallel",
-        "--gpus",
-        "data_parallel",
-        metavar="N|all",
-        default=None,
-        help="Run N engine workers, one per GPU (all: every GPU; without GPUs, N CPU workers). "
-        "Rows are shared out by a hash of their id; each worker writes its own part-wII-* "
-        "shards, and a rerun resumes with any N.",
-    ),
-    click.option(
-        "--tensor-parallel",
-        "--tp",
-        "tensor_parallel",
-        type=click.IntRange(min=1),
-        default=1,
-        show_default=True,
-        metavar="N",
-        help="Split the model over N GPUs (one process each, joined by NCCL; on the CPU, N "
-        "processes joined by gloo), for models larger than one GPU. With --data-parallel M, "
-        "M groups of N GPUs.",
-    ),
-    click.option(
-        "--ray",
-        "ray_address",
-        metavar="[ADDRESS]",
-        is_flag=False,
-        flag_value="",
-        default=None,
-        help="Run the workers as Ray actors (pip install 'bulkgen[ray]') on the cluster at ADDRESS "
-        "(auto, ray://HOST:10001); with no ADDRESS, RAY_ADDRESS's cluster or a local Ray. --out "
-        "must be a folder every node shares.",
-    ),
+    *SCALING_OPTIONS,
 ]
