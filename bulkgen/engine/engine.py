@@ -25,8 +25,6 @@ import logging
 import random
 import time
 
-import torch
-
 from bulkgen.config import EngineConfig, SamplingParams
 from bulkgen.engine.blocks import BlockManager
 from bulkgen.engine.grammar import GrammarCompiler, load_tokenizer
@@ -36,7 +34,7 @@ from bulkgen.engine.monitor import GpuMonitor, step_time_stats
 from bulkgen.engine.request import Request, RequestOutput
 from bulkgen.engine.runner import ModelRunner, Step, kv_bytes_per_block
 from bulkgen.engine.scheduler import Scheduler
-from bulkgen.engine.tp_group import RankGroup, RankSpec, join
+from bulkgen.engine.tp_group import RankGroup, RankSpec, join, leave_group
 from bulkgen.engine.warmup import warmup_plans
 from bulkgen.model.attention import get_backend
 from bulkgen.model.attention.kv_fp8 import check_kv_cache_dtype, resolve_kv_dtype
@@ -300,5 +298,5 @@ class Engine:
             if self.group is not None:
                 self.group.close()
                 self.group = None
-            elif self.tp.size > 1 and torch.distributed.is_initialized():
-                torch.distributed.destroy_process_group()
+            elif self.tp.size > 1:
+                leave_group()

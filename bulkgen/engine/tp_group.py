@@ -270,13 +270,26 @@ class RankGroup:
                 proc.kill()
                 proc.wait()
         try:
-            if torch.distributed.is_initialized():
-                torch.distributed.destroy_process_group()
+            leave_group()
         except Exception:  # noqa: BLE001 - after a rank's death the group may be aborted already
             if self.failure is None:
                 raise
         finally:
             shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def leave_group() -> None:
+    """Leave the process group at the end of a run. NCCL's communicators are aborted, not
+    destroyed: destroy_process_group finalizes them with the peers, so a rank that left first
+    (or was killed after the stop frame) leaves the others blocked in it forever (seen on two
+    H200s: rank 0 hung in destroy_process_group after every token was written). No collective is
+    in flight by then (the last step has been waited for), so aborting loses nothing."""
+    if not torch.distributed.is_initialized():
+        return
+    if torch.distributed.get_backend() == "nccl":
+        torch.distributed.distributed_c10d._abort_process_group()
+    else:
+        torch.distributed.destroy_process_group()
 
 
 def _last_error(log: Path) -> str:
