@@ -262,33 +262,29 @@ class RankGroup:
                 proc.stdin.close()
             except (BrokenPipeError, ValueError, OSError):
                 pass
-        deadline = time.monotonic() + _STOP_WAIT_S
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
         try:
-            leave_group()
+            leave_group()  # while the other ranks leave it too, on the stop frame
         except Exception:  # noqa: BLE001 - after a rank's death the group may be aborted already
             if self.failure is None:
                 raise
         finally:
+            deadline = time.monotonic() + _STOP_WAIT_S
+            for proc in self.procs:
+                try:
+                    proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
             shutil.rmtree(self.folder, ignore_errors=True)
 
 
 def leave_group() -> None:
-    """Leave the process group at the end of a run. NCCL's communicators are aborted, not
-    destroyed: destroy_process_group finalizes them with the peers, so a rank that left first
-    (or was killed after the stop frame) leaves the others blocked in it forever (seen on two
-    H200s: rank 0 hung in destroy_process_group after every token was written). No collective is
-    in flight by then (the last step has been waited for), so aborting loses nothing."""
-    if not torch.distributed.is_initialized():
-        return
-    if torch.distributed.get_backend() == "nccl":
-        torch.distributed.distributed_c10d._abort_process_group()
-    else:
+    """Leave the process group at the end of a run: every rank calls this at about the same
+    time (rank 0 right after sending the stop frame, the others on reading it). NCCL's teardown
+    (finalize, and even abort within a node) waits for the peers to tear down too: when rank 0
+    waited for the others to exit before leaving, it hung in destroy_process_group on two H200s
+    (after every token had been written), and in an abort after that."""
+    if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
 
 
