@@ -26,12 +26,15 @@ prefill kernel of triton_prefill.py with:
   batch-invariant GEMMs: a fixed tile shape, every element reduced in one fixed order).
 
 Why what differs from step to step adds exact zeros. What changes with the step is which tiles a
-row visits past its own position (a tile runs up to its last query row's position), and, inside
-its last tile, whether the keys after p are real (later rows of a prefill) or absent (decode:
-loaded as 0). Either way they are masked to s = -inf. Online softmax in base 2 with m, l, acc:
+row visits past its own position (a query tile runs up to its last row's position, so a tile that
+straddles a multiple of BLOCK_N, as chunks starting off a multiple of BLOCK_Q make, visits one
+K/V tile more), and, inside its last tile, whether the keys after p are real (later rows of a
+prefill) or absent (decode: loaded as 0). Either way they are masked to s = -inf. Online softmax
+in base 2 with m, l, acc:
 - a fully masked tile: max(s) = -inf, so m_new = m (finite: position 0 is in every row's first
-  tile and never masked); alpha = exp2(m - m_new) = exp2(0) = 1; p = exp2(-inf) = 0; l*1 + 0 = l
-  and acc*1 + p @ v = acc + 0 = acc. m, l and acc are unchanged, bit for bit.
+  tile and never masked); alpha = exp2(m - m_new) = exp2(0) = 1 exactly (PTX's ex2.approx maps
+  +-0 to 1 and -inf to +0); p = exp2(-inf) = 0; l*1 + 0 = l and acc*1 + p @ v = acc + 0 = acc.
+  m, l and acc are unchanged, bit for bit.
 - a partially masked tile: the masked entries have p = 0 exactly; their max is -inf, which never
   wins; in the row sum and in p @ v they add 0 * v = +-0 (v finite: every position < the tile's
   end was written this step or before, and absent ones load as 0), which leaves any nonzero sum
@@ -43,14 +46,16 @@ Graph-safe: the grid (T // BLOCK_Q + B, Hkv) comes from static shapes and no hos
 (max_query_len is not used), so DecodeGraphBuffers' query_start_loc = arange(bucket + 1) serves
 as is. An fp8 cache works as in the prefill kernel (cast on load, scales folded out of the loop).
 
-Cost against the default decode kernel, per (sequence, kv-head): the same tile shape, the same
-K/V bytes read once, one program per sequence and kv-head, so at batch x Hkv >= 2 x SMs (at the
-8B shape, batch >= 33) the split kernel runs unsplit and the work is the same. Below that the
-split kernel spreads long contexts over up to 64 programs per (sequence, kv-head), this kernel
-not: small batches of long contexts leave SMs idle. The grid also holds B // BLOCK_Q empty
-programs (a binary search, then exit). Prefill runs 16-row tiles instead of 64: each K/V tile is
-loaded for 4x fewer query rows (4x the L2 traffic) and MMAs are smaller, and the diagonal tiles'
-mask is applied to every tile; prefill attention is a small part of a prefill step's GEMMs.
+Cost against the default decode kernel, per (sequence, kv-head): the same tile (16 rows x 64
+keys; on sm_90 both compile to mma.sync m16n8k16 with the same MMA and ex2 count per K/V tile)
+and the same K/V bytes, read once. The split kernel adds splits only while batch x Hkv < 2 x SMs
+(the H200's 132 SMs and the 8B shape's 8 kv-heads: batch <= 32); above that it runs unsplit and
+the work is the same. Below it, the split kernel spreads long contexts over up to 64 programs per
+(sequence, kv-head) and this kernel does not: small batches of long contexts leave SMs idle. The
+grid also holds B // BLOCK_Q empty programs (a binary search, then exit). Prefill runs 16-row
+tiles instead of the default's 64 (wgmma m64 on sm_90): each K/V tile is loaded for 4x fewer
+query rows (4x the L2 traffic), the MMAs are smaller, and the causal mask is applied to every
+tile; prefill attention is a small part of a prefill step next to its GEMMs.
 """
 
 from __future__ import annotations
