@@ -8,6 +8,9 @@ bytes decode must move) beside a device-to-device copy measured in the same run.
 new tokens in one sequence, with no cached context and after 6144 cached tokens, in TFLOP/s of the
 causal attention actually computed (4 * Hq * D flops per query-key pair). --kv-cache-dtype fp8
 runs the same over a float8_e4m3fn cache (its bandwidth counts the fp8 bytes read).
+--batch-invariant runs the batch-invariant backend instead (triton_invariant.py: the prefill
+kernel with one fixed tiling for every step, decode included, never split), labelled
+"decode-invariant" / "prefill-invariant": compare with a run without it for its cost.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import json
 import torch
 from triton.testing import do_bench
 
+from bulkgen.model.attention import triton_invariant
 from bulkgen.model.attention.kv_fp8 import resolve_kv_dtype
 from bulkgen.model.attention.metadata import AttnMetadata
 from bulkgen.model.attention.triton_backend import paged_attention
@@ -66,36 +70,38 @@ def copy_gb_per_s() -> float:
     return 2 * src.numel() / median_ms(lambda: dst.copy_(src)) / 1e6
 
 
-def bench_decode(batch: int, context: int, copy_bw: float, kv_dtype) -> dict:
+def bench_decode(batch: int, context: int, copy_bw: float, kv_dtype, invariant: bool) -> dict:
     q, k_cache, v_cache, meta = paged_inputs([context] * batch, [1] * batch, True, kv_dtype)
     scale = HEAD_DIM**-0.5
-    ms = median_ms(lambda: paged_attention(q, k_cache, v_cache, meta, scale))
+    attend = triton_invariant.paged_attention if invariant else paged_attention
+    ms = median_ms(lambda: attend(q, k_cache, v_cache, meta, scale))
     kv_bytes = 2 * batch * context * NUM_KV_HEADS * HEAD_DIM * k_cache.element_size()
     max_context = meta.block_tables.shape[1] * BLOCK_SIZE
     splits = num_kv_splits(batch, NUM_KV_HEADS, max_context, decode_block_n(HEAD_DIM), DEVICE)
     gb_per_s = kv_bytes / ms / 1e6
     return {
-        "kernel": "decode",
+        "kernel": "decode-invariant" if invariant else "decode",
         "kv_dtype": str(kv_dtype).removeprefix("torch."),
         "batch": batch,
         "context": context,
-        "splits": splits,
+        "splits": 1 if invariant else splits,
         "ms": round(ms, 4),
         "kv_gb_per_s": round(gb_per_s, 1),
         "of_copy_bw": round(gb_per_s / copy_bw, 3),
     }
 
 
-def bench_prefill(new_tokens: int, cached: int, kv_dtype) -> dict:
+def bench_prefill(new_tokens: int, cached: int, kv_dtype, invariant: bool) -> dict:
     seq_len = cached + new_tokens
     q, k_cache, v_cache, meta = paged_inputs([seq_len], [new_tokens], False, kv_dtype)
     scale = HEAD_DIM**-0.5
-    ms = median_ms(lambda: paged_attention(q, k_cache, v_cache, meta, scale))
+    attend = triton_invariant.paged_attention if invariant else paged_attention
+    ms = median_ms(lambda: attend(q, k_cache, v_cache, meta, scale))
     # Query row i (0-based) of the new tokens attends to cached + i + 1 keys.
     pairs = new_tokens * cached + new_tokens * (new_tokens + 1) // 2
     flops = 4 * NUM_Q_HEADS * HEAD_DIM * pairs
     return {
-        "kernel": "prefill",
+        "kernel": "prefill-invariant" if invariant else "prefill",
         "kv_dtype": str(kv_dtype).removeprefix("torch."),
         "tokens": new_tokens,
         "cached": cached,
@@ -107,6 +113,7 @@ def bench_prefill(new_tokens: int, cached: int, kv_dtype) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kv-cache-dtype", default="auto", help="auto, fp8 or auto,fp8")
+    parser.add_argument("--batch-invariant", action="store_true", help="the invariant backend")
     args = parser.parse_args()
     copy_bw = copy_gb_per_s()
     print(json.dumps({"kernel": "copy", "gb_per_s": round(copy_bw, 1)}), flush=True)
@@ -114,10 +121,12 @@ def main() -> None:
         kv_dtype = resolve_kv_dtype(name, DTYPE)
         for batch in (32, 256):
             for context in (256, 512, 1024, 2048, 4096, 8192):
-                print(json.dumps(bench_decode(batch, context, copy_bw, kv_dtype)), flush=True)
+                row = bench_decode(batch, context, copy_bw, kv_dtype, args.batch_invariant)
+                print(json.dumps(row), flush=True)
                 torch.cuda.empty_cache()
         for cached in (0, 6144):
-            print(json.dumps(bench_prefill(2048, cached, kv_dtype)), flush=True)
+            row = bench_prefill(2048, cached, kv_dtype, args.batch_invariant)
+            print(json.dumps(row), flush=True)
 
 
 if __name__ == "__main__":

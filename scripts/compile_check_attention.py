@@ -5,7 +5,8 @@
 The CPU interpreter runs the kernels as Python and never meets the GPU compiler: this catches
 what only codegen rejects (a constant that is not tl.constexpr, an fp8 cast the target lacks).
 For each kernel and cache dtype it prints the PTX size and the fp8 conversion instructions
-(cvt ... e4m3), which an fp8 variant must have and a bf16 one must not.
+(cvt ... e4m3), which an fp8 variant must have and a bf16 one must not, and its loops (backward
+branches): the batch-invariant prefill ("invariant", triton_invariant.py) streams K/V in one loop.
 """
 
 from __future__ import annotations
@@ -76,8 +77,11 @@ def decode_source(cache: str) -> ASTSource:
     return ASTSource(triton_decode._decode_split_kernel, signature, constexprs=constexprs)
 
 
-def prefill_source(cache: str) -> ASTSource:
-    block_q, block_m, block_n = triton_prefill.prefill_tiles(2048, GROUP, HEAD_DIM)
+def prefill_source(cache: str, invariant: bool = False) -> ASTSource:
+    if invariant:  # the batch-invariant backend's one tiling (triton_invariant.py)
+        block_q, block_m, block_n = triton_prefill.invariant_tiles(GROUP, HEAD_DIM)
+    else:
+        block_q, block_m, block_n = triton_prefill.prefill_tiles(2048, GROUP, HEAD_DIM)
     signature = {
         "q_ptr": "*bf16",
         **_scalars("k_cache_ptr v_cache_ptr", CACHE[cache]),
@@ -90,7 +94,8 @@ def prefill_source(cache: str) -> ASTSource:
             "i32",
         ),
         **_scalars(
-            "GROUP HEAD_DIM BLOCK_SIZE BLOCK_Q BLOCK_M BLOCK_N DOT_PRECISION KV_FP8", "constexpr"
+            "GROUP HEAD_DIM BLOCK_SIZE BLOCK_Q BLOCK_M BLOCK_N DOT_PRECISION KV_FP8 INVARIANT",
+            "constexpr",
         ),
     }
     constexprs = {
@@ -102,11 +107,21 @@ def prefill_source(cache: str) -> ASTSource:
         "BLOCK_N": block_n,
         "DOT_PRECISION": "tf32",
         "KV_FP8": cache == "fp8",
+        "INVARIANT": invariant,
     }
     return ASTSource(triton_prefill._prefill_kernel, signature, constexprs=constexprs)
 
 
-SOURCES = {"write_kv": write_kv_source, "decode": decode_source, "prefill": prefill_source}
+def invariant_source(cache: str) -> ASTSource:
+    return prefill_source(cache, invariant=True)
+
+
+SOURCES = {
+    "write_kv": write_kv_source,
+    "decode": decode_source,
+    "prefill": prefill_source,
+    "invariant": invariant_source,
+}
 
 
 def compile_ptx(kernel: str, cache: str) -> str:
@@ -120,11 +135,22 @@ def fp8_conversions(ptx: str) -> int:
     return len(re.findall(r"\bcvt\.[^;]*e4m3", ptx))
 
 
+def loops(ptx: str) -> int:
+    """Backward branches in the PTX: one per loop the compiler kept."""
+    labels, count = set(), 0
+    for line in ptx.splitlines():
+        if m := re.match(r"^\s*(\$L__BB\d+_\d+):", line):
+            labels.add(m.group(1))
+        elif (m := re.search(r"bra(?:\.uni)?\s+(\$L__BB\d+_\d+);", line)) and m.group(1) in labels:
+            count += 1
+    return count
+
+
 def main() -> None:
     for kernel in SOURCES:
         for cache in CACHE:
             ptx = compile_ptx(kernel, cache)
-            print(f"{kernel:8s} {cache:4s}: {len(ptx):7d} chars of PTX, "
+            print(f"{kernel:9s} {cache:4s}: {len(ptx):7d} chars of PTX, {loops(ptx)} loops, "
                   f"{fp8_conversions(ptx)} e4m3 conversions")  # fmt: skip
 
 

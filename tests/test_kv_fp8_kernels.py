@@ -162,7 +162,8 @@ def test_kernels_compile_for_sm90_with_the_fp8_casts_only_in_the_fp8_variants():
     assert done.returncode == 0, done.stderr
     counts = dict(re.findall(r"^(\w+ +\w+) *:.* (\d+) e4m3 conversions$", done.stdout, re.M))
     counts = {" ".join(k.split()): int(v) for k, v in counts.items()}
-    assert set(counts) == {f"{k} {c}" for k in ("write_kv", "decode", "prefill") for c in CACHES}
+    kernels = ("write_kv", "decode", "prefill", "invariant")
+    assert set(counts) == {f"{k} {c}" for k in kernels for c in CACHES}
     for name, n in counts.items():
         assert (n > 0) == name.endswith("fp8"), counts
 

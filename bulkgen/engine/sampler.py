@@ -98,14 +98,29 @@ def sample(
     return torch.where(st.temperature > 0, race.argmax(dim=-1), greedy_ids)
 
 
+def row_logsumexp(logits: torch.Tensor) -> torch.Tensor:
+    """logsumexp over each row of [B, V] -> [B], summed in an order that does not depend on B
+    (torch's own CUDA reduction picks its layout from the number of rows: triton_logprobs.py)."""
+    if logits.is_cuda:
+        from bulkgen.engine.triton_logprobs import logsumexp_rows
+
+        return logsumexp_rows(logits.float())
+    # One [V] reduction per row, on a fresh (aligned) copy: the same operation on the same shape
+    # and alignment whatever the batch.
+    rows = [row.clone().logsumexp(0) for row in logits]
+    return torch.stack(rows) if rows else logits.sum(-1)
+
+
 def top_logprobs(
-    logits: torch.Tensor, ids: torch.Tensor, k: int
+    logits: torch.Tensor, ids: torch.Tensor, k: int, batch_invariant: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Log-probabilities of the model's distribution: of the sampled ids [B], and the top k.
 
-    One logsumexp and one top-k over the logits: no [B, V] log-softmax is written.
+    One logsumexp and one top-k over the logits: no [B, V] log-softmax is written. With
+    batch_invariant a row's logprobs do not depend on its batch mates (row_logsumexp; the top-k
+    values are exact, only the order of exactly tied logits may follow the batch).
     """
-    lse = logits.logsumexp(dim=-1)
+    lse = row_logsumexp(logits) if batch_invariant else logits.logsumexp(dim=-1)
     chosen = logits.gather(1, ids[:, None]).squeeze(1) - lse
     if k == 0:
         return chosen, ids[:, None][:, :0], logits[:, :0]

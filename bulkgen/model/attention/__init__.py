@@ -1,4 +1,6 @@
-"""Attention backends: `torch` (reference, CPU) and `triton` (the GPU path).
+"""Attention backends: `torch` (reference, CPU) and `triton` (the GPU path), each with a
+batch-invariant variant (`torch-invariant`, `triton-invariant`: a row's output bit-identical
+whatever its batch, chunking or step kind; torch_invariant.py, triton_invariant.py).
 
 A backend (AttentionBackend) pairs a module's two functions, write_kv (store a step's keys and
 values in the paged cache) and paged_attention (attend over it), with whether their launches
@@ -49,16 +51,22 @@ class AttentionBackend:
         )
 
 
-def get_backend(name: str, device: torch.device) -> AttentionBackend:
-    """The attention backend for this device ("auto": triton on CUDA, torch elsewhere)."""
+def get_backend(name: str, device: torch.device, batch_invariant: bool = False) -> AttentionBackend:
+    """The attention backend for this device ("auto": triton on CUDA, torch elsewhere); its
+    batch-invariant variant when batch_invariant."""
     if name == "auto":
         name = "triton" if device.type == "cuda" else "torch"
+    suffix = "-invariant" if batch_invariant else ""
     if name == "torch":
-        from bulkgen.model.attention import torch_backend as m
-
-        return AttentionBackend("torch", False, m.write_kv, m.paged_attention)
+        if batch_invariant:
+            from bulkgen.model.attention import torch_invariant as m
+        else:
+            from bulkgen.model.attention import torch_backend as m
+        return AttentionBackend(name + suffix, False, m.write_kv, m.paged_attention)
     if name == "triton":
-        from bulkgen.model.attention import triton_backend as m
-
-        return AttentionBackend("triton", True, m.write_kv, m.paged_attention)
-    raise ValueError(f"attention backend {name!r} is not one of torch, triton")
+        if batch_invariant:
+            from bulkgen.model.attention import triton_invariant as m
+        else:
+            from bulkgen.model.attention import triton_backend as m
+        return AttentionBackend(name + suffix, True, m.write_kv, m.paged_attention)
+    raise ValueError(f"attention backend {name!r} is not one of auto, torch, triton")

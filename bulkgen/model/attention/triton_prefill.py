@@ -133,6 +133,7 @@ def _prefill_kernel(
     BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     KV_FP8: tl.constexpr,
+    INVARIANT: tl.constexpr,  # every K/V tile through the one masked loop (triton_invariant.py)
 ):
     tile_id = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -166,6 +167,8 @@ def _prefill_kernel(
     first_pos = ctx + tile * BLOCK_Q
     end = ctx + tl.minimum(q_len, (tile + 1) * BLOCK_Q)  # one past the last query's position
     unmasked_end = (first_pos + 1) // BLOCK_N * BLOCK_N  # whole tiles at or before first_pos
+    if INVARIANT:  # no unmasked loop (it would fold away): every tile runs the same masked code
+        unmasked_end = 0
     # fmt: off
     acc, l_i, m_i = _attend(
         acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, block_table_row, kv_head,
@@ -199,6 +202,11 @@ def prefill_tiles(max_query_len: int, group: int, head_dim: int) -> tuple[int, i
     return rows // group, rows, block_n
 
 
+def invariant_tiles(group: int, head_dim: int) -> tuple[int, int, int]:
+    """The one tiling of the batch-invariant mode, whatever the step: the decode-like tile."""
+    return prefill_tiles(1, group, head_dim)
+
+
 def paged_prefill(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -210,9 +218,11 @@ def paged_prefill(
     scale: float,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    invariant: bool = False,
 ) -> torch.Tensor:
     """Causal attention of q [T, Hq, D] (rows grouped by query_start_loc) over the cache;
-    k_scale/v_scale dequantize an fp8 cache (ignored for others)."""
+    k_scale/v_scale dequantize an fp8 cache (ignored for others). invariant: the fixed tiling
+    and single masked loop of triton_invariant.py (max_query_len is then unused)."""
     num_tokens, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     check_cache(k_cache, v_cache, head_dim)
@@ -224,7 +234,10 @@ def paged_prefill(
         return out
     group = num_q_heads // num_kv_heads
     fp8 = is_fp8(k_cache)
-    block_q, block_m, block_n = prefill_tiles(max_query_len, group, head_dim)
+    if invariant:
+        block_q, block_m, block_n = invariant_tiles(group, head_dim)
+    else:
+        block_q, block_m, block_n = prefill_tiles(max_query_len, group, head_dim)
     _prefill_kernel[(num_tokens // block_q + num_seqs, num_kv_heads)](
         q,
         k_cache,
@@ -250,6 +263,7 @@ def paged_prefill(
         BLOCK_N=block_n,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         KV_FP8=fp8,
-        num_warps=4,
+        INVARIANT=invariant,
+        num_warps=4,  # fixed: the invariant mode's reductions depend on it
     )
     return out
