@@ -83,7 +83,9 @@ def default_config(n: int, k: int, dtype: torch.dtype) -> MatmulConfig:
     return CANDIDATES["m128n128k64" if n >= WIDE_N else "m64n64k128"]
 
 
-@triton.jit
+# M is not specialised (Triton would compile other variants for M == 1 and M % 16 == 0): every M
+# runs the very same binary, and a CUDA graph's bucket size never triggers a compile.
+@triton.jit(do_not_specialize=["M"])
 def _matmul_kernel(
     x_ptr,
     w_ptr,
