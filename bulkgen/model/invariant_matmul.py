@@ -5,10 +5,11 @@ taken in an order that depends on its batch mates (their count, a CUDA-graph buc
 prefill or decode). In this Triton kernel the order depends on (N, K, dtype) only: the tiling
 (MatmulConfig) comes from default_config(N, K, dtype), never from M, and there is no split-K:
 each output tile is owned by one program that walks K from 0 upwards in BLOCK_K steps into one
-float32 accumulator. Rows past M in the last row tile read valid rows again (an index modulo M)
-and are never stored. So element (i, j) is a function of x[i], w[j], the constant config and the
-row's position in its tile (i % BLOCK_M); the tensor cores treat every position alike, which
-scripts/bench_invariant_mm.py and the GPU test check by moving rows between positions.
+float32 accumulator. Rows past M in the last row tile are masked off (read as zeros, never
+stored), and M is not a specialised argument, so one binary serves every M. Element (i, j) is
+then a function of x[i], w[j], the constant config and the row's position in its tile
+(i % BLOCK_M); the tensor cores treat every position alike, which scripts/bench_invariant_mm.py
+and the GPU test check by moving rows between positions.
 (invariant.py holds the CPU path and the model-level switch.)
 
 The grid is a plain one, a program per output tile (GROUP_M swizzled for L2 reuse), not a
@@ -118,9 +119,11 @@ def _matmul_kernel(
     pid_m = first_m + (pid % per_group) % group_size
     pid_n = (pid % per_group) // group_size
 
-    # Rows past M and columns past N read valid rows/columns again (modulo) instead of masking,
-    # so the inner loop's loads are unmasked; those results are never stored.
-    rows = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
+    # Rows past M are masked off (no memory traffic: a decode step's one row tile reads its few
+    # rows, not BLOCK_M); columns past N read valid columns again (modulo), unmasked, as Llama's
+    # N is a multiple of every BLOCK_N. Neither is ever stored.
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows[:, None] < M
     cols = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
     ks = tl.arange(0, BLOCK_K)
     x_ptrs = x_ptr + rows.to(tl.int64)[:, None] * stride_xm + ks[None, :] * stride_xk
@@ -130,10 +133,10 @@ def _matmul_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, tl.cdiv(K, BLOCK_K)):
         if EVEN_K:
-            a = tl.load(x_ptrs)
+            a = tl.load(x_ptrs, mask=row_ok, other=0.0)
             b = tl.load(w_ptrs)
         else:  # zeros past K add exact zeros to every sum
-            a = tl.load(x_ptrs, mask=ks[None, :] < K - k * BLOCK_K, other=0.0)
+            a = tl.load(x_ptrs, mask=row_ok & (ks[None, :] < K - k * BLOCK_K), other=0.0)
             b = tl.load(w_ptrs, mask=ks[:, None] < K - k * BLOCK_K, other=0.0)
         if UPCAST:  # the interpreter only (see invariant_matmul)
             acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
@@ -145,11 +148,10 @@ def _matmul_kernel(
         w_ptrs += BLOCK_K * stride_wk
 
     out_cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    out_rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols).to(tl.float32)[None, :]
-    y_ptrs = y_ptr + out_rows.to(tl.int64)[:, None] * stride_ym + out_cols[None, :]
-    mask = (out_rows[:, None] < M) & (out_cols[None, :] < N)
+    y_ptrs = y_ptr + rows.to(tl.int64)[:, None] * stride_ym + out_cols[None, :]
+    mask = row_ok & (out_cols[None, :] < N)
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
