@@ -123,9 +123,10 @@ def test_config_rejects_tiles_the_kernel_cannot_use():
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("n,k", [(64, 64), (384, 64), (1000, 999), (512, 4096)])
+@pytest.mark.parametrize("n,k", [(64, 64), (384, 64), (1000, 999), (512, 4096), (8192, 600)])
 def test_cpu_rows_are_the_same_bits_alone_in_any_batch_and_in_any_order(dtype, n, k):
     # torch's own F.linear on this CPU is not: in float32 a row alone and in a batch differ.
+    # (8192, 600) is above CPU_CACHE_BYTES in both dtypes: read in slices of rows.
     x, w, b = operands(200, n, k, dtype, bias=True)
     full = rowwise_linear(x, w, b)
     for m in (1, 2, 7, 31, 64, 129):

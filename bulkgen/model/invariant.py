@@ -13,8 +13,9 @@ invariant_linear dispatches by device:
   their kernel, blocking and threading from the shapes, strides, dtype, data alignment and thread
   count of a call; here every call has the same ones whatever M is (a fresh buffer from torch's
   CPU allocator is 64-byte aligned; a view of row i of x would be aligned by i * K * itemsize),
-  so each row runs the same code on the same bytes. It reads the weight once per row: a
-  correctness mode for the CPU, not a fast one.
+  so each row runs the same code on the same bytes. A large weight (lm_head) is split into
+  slices of rows whose size depends on its shape alone. A correctness mode for the CPU: a row
+  at a time is a matrix-vector product, slower than one GEMM.
 """
 
 from __future__ import annotations
@@ -26,17 +27,30 @@ from torch import nn
 from bulkgen.model.fp8 import Fp8Linear, replace_modules
 from bulkgen.model.parallel_layers import VocabParallelEmbedding
 
+# The CPU path reads a weight above CPU_CACHE_BYTES in slices of about SLICE_BYTES (an L2's size).
+CPU_CACHE_BYTES = 8 << 20
+SLICE_BYTES = 1 << 20
+
 
 def rowwise_linear(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """x [M, K] -> [M, N] by one F.linear per row on a fresh contiguous copy (the CPU path)."""
+    """x [M, K] -> [M, N] by one F.linear per row on a fresh contiguous copy (the CPU path).
+
+    A weight larger than the cache is taken in slices of rows (their size set by K and the
+    dtype alone), each used by every row before the next is read: the weight then streams from
+    memory once per call instead of once per row.
+    """
     M, K = x.shape
-    out = x.new_empty((M, weight.shape[0]))
-    for i in range(M):
-        row = torch.empty((1, K), dtype=x.dtype, device=x.device)
-        row.copy_(x[i])
-        out[i] = F.linear(row, weight, bias)[0]
+    N = weight.shape[0]
+    out = x.new_empty((M, N))
+    rows = [torch.empty((1, K), dtype=x.dtype, device=x.device).copy_(x[i]) for i in range(M)]
+    step = N if weight.nbytes <= CPU_CACHE_BYTES else max(1, SLICE_BYTES // weight[0].nbytes)
+    for start in range(0, N, step):
+        w = weight[start : start + step]
+        b = None if bias is None else bias[start : start + step]
+        for i, row in enumerate(rows):
+            out[i, start : start + step] = F.linear(row, w, b)[0]
     return out
 
 
