@@ -4,7 +4,8 @@ GPU compiler), once per candidate tiling and dtype.
     PYTHONPATH=. python scripts/compile_check_invariant_mm.py
 
 Each line: the config, its shared memory (an H200 block may use at most 227 KB), whether the
-PTX uses Hopper's wgmma (warpgroup MMA) and the loads' pipelining (cp.async). The launch
+PTX uses Hopper's wgmma (warpgroup MMA), the loads' pipelining (cp.async) and, for tma=True
+configs (invariant_tma.py), the TMA's bulk tensor copies. The launch
 arguments are specialised as a real launch does: unit strides are constants, pointers and the
 other integers divisible by 16 (Llama's shapes are).
 """
@@ -16,6 +17,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from bulkgen.model import invariant_matmul as im
+from bulkgen.model import invariant_tma
 
 H200_SHARED = 227 * 1024
 DTYPES = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}
@@ -24,26 +26,35 @@ INTS = ("M", "N", "K", "stride_xm", "stride_wn", "stride_ym")
 
 def compile_config(cfg: im.MatmulConfig, dtype: str, even_k: bool = True, bias: bool = False):
     ptr = DTYPES[dtype]
-    signature = {"x_ptr": ptr, "w_ptr": ptr, "bias_ptr": ptr, "y_ptr": ptr}
-    signature |= {name: "i32" for name in INTS}
     constexprs = {
-        "stride_xk": 1,
-        "stride_wk": 1,
         "BLOCK_M": cfg.block_m,
         "BLOCK_N": cfg.block_n,
         "BLOCK_K": cfg.block_k,
         "GROUP_M": cfg.group_m,
         "HAS_BIAS": bias,
-        "EVEN_K": even_k,
         "IEEE": dtype == "fp32",
         "UPCAST": False,
     }
+    if cfg.tma:
+        kernel = invariant_tma._matmul_tma_kernel
+        element = ptr.removeprefix("*")
+        signature = {
+            "x_desc": f"tensordesc<{element}[{cfg.block_m},{cfg.block_k}]>",
+            "w_desc": f"tensordesc<{element}[{cfg.block_n},{cfg.block_k}]>",
+        }
+        signature |= {"bias_ptr": ptr, "y_ptr": ptr, "M": "i32", "N": "i32", "K": "i32"}
+        signature |= {"stride_ym": "i32"}
+    else:
+        kernel = im._matmul_kernel
+        signature = {"x_ptr": ptr, "w_ptr": ptr, "bias_ptr": ptr, "y_ptr": ptr}
+        signature |= {name: "i32" for name in INTS}
+        constexprs |= {"stride_xk": 1, "stride_wk": 1, "EVEN_K": even_k}
     signature |= {name: "constexpr" for name in constexprs}
-    names = im._matmul_kernel.arg_names
+    names = kernel.arg_names
     # M is not divisible by 16 in general (a decode step's rows); the rest are in Llama's shapes.
-    aligned = [n for n in signature if signature[n] != "constexpr" and n != "M"]
+    aligned = [n for n in signature if signature[n] in ("i32", ptr) and n != "M"]
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
-    source = ASTSource(im._matmul_kernel, signature, constexprs=constexprs, attrs=attrs)
+    source = ASTSource(kernel, signature, constexprs=constexprs, attrs=attrs)
     options = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
 
@@ -62,11 +73,13 @@ def main() -> None:
                     continue
                 ptx, shared = kernel.asm["ptx"], kernel.metadata.shared
                 fits = "fits" if shared <= H200_SHARED else "TOO BIG"
+                tma = "cp.async.bulk.tensor" in ptx
                 print(
                     f"{name} {dtype} even_k={even_k} bias={bias}: shared {shared // 1024} KB "
                     f"({fits}), wgmma {'wgmma' in ptx}, cp.async {'cp.async' in ptx}, "
-                    f"{len(ptx)} chars of PTX"
+                    f"TMA {tma}, {len(ptx)} chars of PTX"
                 )
+                failed += cfg.tma != tma
                 failed += shared > H200_SHARED
     if failed:
         raise SystemExit(f"{failed} compilations failed or do not fit")

@@ -26,6 +26,8 @@ from bulkgen.model.invariant_matmul import (  # noqa: E402
 )
 
 SMALL = MatmulConfig(32, 16, 32)  # small tiles: several row and column tiles in the interpreter
+SMALL_TMA = MatmulConfig(32, 16, 32, tma=True)
+TILINGS = pytest.mark.parametrize("cfg", [SMALL, SMALL_TMA], ids=["pointers", "tma"])
 DTYPES = (torch.float32, torch.bfloat16)
 BF16_STEP = 2.0**-7  # bfloat16 keeps 8 significant bits
 # Llama-3-8B's projections and lm_head, (N, K).
@@ -56,12 +58,13 @@ def reference(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch
     return y.float()
 
 
+@TILINGS
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_kernel_matches_torch_on_ragged_shapes(dtype, bias):
-    # M, N and K are none of them a multiple of the tiles (37 rows, 50 columns, K = 100).
-    x, w, b = operands(37, 50, 100, dtype, bias)
-    y = invariant_matmul(x, w, b, SMALL)
+def test_kernel_matches_torch_on_ragged_shapes(dtype, bias, cfg):
+    # M, N and K are none of them a multiple of the tiles (37 rows, 50 columns, K = 104).
+    x, w, b = operands(37, 50, 104, dtype, bias)
+    y = invariant_matmul(x, w, b, cfg)
     assert y.shape == (37, 50) and y.dtype == dtype
     ref = reference(x, w, b)
     if dtype == torch.float32:
@@ -80,25 +83,31 @@ def test_kernel_with_the_default_tiling_of_a_narrow_weight():
     assert cfg.block_m >= 64  # Hopper's wgmma needs 64-row tiles
 
 
+@TILINGS
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_kernel_rows_are_the_same_bits_alone_in_any_batch_and_in_any_order(dtype):
-    x, w, b = operands(70, 50, 100, dtype, bias=True)
-    full = invariant_matmul(x, w, b, SMALL)
+def test_kernel_rows_are_the_same_bits_alone_in_any_batch_and_in_any_order(dtype, cfg):
+    x, w, b = operands(70, 50, 104, dtype, bias=True)
+    full = invariant_matmul(x, w, b, cfg)
     for m in (1, 5, 33, 64):  # fewer rows than a tile, one tile and a bit, whole tiles
-        assert torch.equal(invariant_matmul(x[:m], w, b, SMALL), full[:m])
+        assert torch.equal(invariant_matmul(x[:m], w, b, cfg), full[:m])
     for r in (0, 17, 69):  # each at position 0 of its own tile, alone
-        assert torch.equal(invariant_matmul(x[r : r + 1].clone(), w, b, SMALL)[0], full[r])
+        assert torch.equal(invariant_matmul(x[r : r + 1].clone(), w, b, cfg)[0], full[r])
     perm = torch.randperm(70)
-    assert torch.equal(invariant_matmul(x[perm], w, b, SMALL), full[perm])
+    assert torch.equal(invariant_matmul(x[perm], w, b, cfg), full[perm])
 
 
-def test_kernel_reads_strided_rows():
+@TILINGS
+def test_kernel_reads_strided_and_unaligned_rows(cfg):
     x, w, _ = operands(40, 48, 64, torch.float32)
-    wide = torch.randn(40, 3 * 64)
-    wide[:, 64:128] = x  # a column slice: row stride 192
-    assert torch.equal(
-        invariant_matmul(wide[:, 64:128], w, None, SMALL), invariant_matmul(x, w, None, SMALL)
-    )
+    wide = torch.randn(40, 3 * 64 + 1)
+    wide[:, 65:129] = x  # a column slice: row stride 193, an address 4 bytes past alignment
+    got = invariant_matmul(wide[:, 65:129], w, None, cfg)
+    assert torch.equal(got, invariant_matmul(x, w, None, cfg))
+
+
+def test_a_weight_the_tma_cannot_read_takes_the_pointer_kernel():
+    x, w, _ = operands(37, 50, 100, torch.bfloat16)  # rows of 200 bytes: not 16-byte multiples
+    assert torch.equal(invariant_matmul(x, w, None, SMALL_TMA), invariant_matmul(x, w, None, SMALL))
 
 
 def test_kernel_refuses_mismatched_operands():

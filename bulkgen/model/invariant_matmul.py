@@ -38,6 +38,9 @@ class MatmulConfig:
     group_m: int = 8  # row tiles that share a weight panel while it is in L2
     num_warps: int = 4
     num_stages: int = 3
+    # Load tiles with the Hopper TMA (invariant_tma.py) rather than per-thread pointer loads,
+    # for weights whose rows the TMA can read (16-byte aligned); others take the pointer kernel.
+    tma: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k", "group_m"):
@@ -63,6 +66,11 @@ CANDIDATES: dict[str, MatmulConfig] = {
     "m128n128k64w4": MatmulConfig(128, 128, 64, num_warps=4, num_stages=4),
     "m128n256k64": MatmulConfig(128, 256, 64, num_warps=8, num_stages=3),
     "m64n256k64": MatmulConfig(64, 256, 64, num_warps=4, num_stages=3),
+    # TMA tiles keep block_k * 2 bytes at 128, the TMA's widest swizzled row.
+    "m64n32k64t": MatmulConfig(64, 32, 64, num_warps=4, num_stages=8, tma=True),
+    "m64n64k64t": MatmulConfig(64, 64, 64, num_warps=4, num_stages=6, tma=True),
+    "m128n128k64t": MatmulConfig(128, 128, 64, num_warps=8, num_stages=4, tma=True),
+    "m128n256k64t": MatmulConfig(128, 256, 64, num_warps=8, num_stages=3, tma=True),
 }
 # float32 runs without tensor cores ("ieee": torch's fp32 linear does not use TF32 either);
 # its tiles are twice the bytes, so smaller ones.
@@ -82,6 +90,38 @@ def default_config(n: int, k: int, dtype: torch.dtype) -> MatmulConfig:
     if dtype == torch.float32:
         return FP32_CONFIG
     return CANDIDATES["m128n128k64" if n >= WIDE_N else "m64n64k128"]
+
+
+@triton.jit
+def tile_of(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """(row tile, column tile) of program pid: GROUP_M row tiles sweep a band of column tiles
+    together, so a weight panel is reused from L2. The order changes no result."""
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    per_group = GROUP_M * tl.cdiv(N, BLOCK_N)
+    first_m = (pid // per_group) * GROUP_M
+    group_size = tl.minimum(tiles_m - first_m, GROUP_M)
+    return first_m + (pid % per_group) % group_size, (pid % per_group) // group_size
+
+
+@triton.jit
+def mma(acc, a, b, IEEE: tl.constexpr, UPCAST: tl.constexpr):
+    """acc + a @ b in float32 (a [BM, BK], b [BK, BN])."""
+    if UPCAST:  # the interpreter only (see invariant_matmul)
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    elif IEEE:
+        return tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc)
+
+
+@triton.jit
+def store_tile(acc, bias_ptr, y_ptr, rows, cols, M, N, stride_ym, HAS_BIAS: tl.constexpr):
+    """acc (+ bias) rounded once to y's dtype; rows past M and columns past N are not stored."""
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
+    y_ptrs = y_ptr + rows.to(tl.int64)[:, None] * stride_ym + cols[None, :]
+    mask = (rows[:, None] < M) & (cols[None, :] < N)
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 # M is not specialised (Triton would compile other variants for M == 1 and M % 16 == 0): every M
@@ -109,25 +149,16 @@ def _matmul_kernel(
     IEEE: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
-    # Grouped order: GROUP_M row tiles sweep a band of column tiles together (L2 reuse of w).
-    pid = tl.program_id(0)
-    tiles_m = tl.cdiv(M, BLOCK_M)
-    tiles_n = tl.cdiv(N, BLOCK_N)
-    per_group = GROUP_M * tiles_n
-    first_m = (pid // per_group) * GROUP_M
-    group_size = tl.minimum(tiles_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % per_group) % group_size
-    pid_n = (pid % per_group) // group_size
-
+    pid_m, pid_n = tile_of(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     # Rows past M are masked off (no memory traffic: a decode step's one row tile reads its few
     # rows, not BLOCK_M); columns past N read valid columns again (modulo), unmasked, as Llama's
     # N is a multiple of every BLOCK_N. Neither is ever stored.
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows[:, None] < M
-    cols = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     ks = tl.arange(0, BLOCK_K)
     x_ptrs = x_ptr + rows.to(tl.int64)[:, None] * stride_xm + ks[None, :] * stride_xk
-    w_ptrs = w_ptr + cols.to(tl.int64)[None, :] * stride_wn + ks[:, None] * stride_wk
+    w_ptrs = w_ptr + (cols % N).to(tl.int64)[None, :] * stride_wn + ks[:, None] * stride_wk
 
     # The invariant: one program, K in order from 0, one float32 accumulator, nothing split.
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -138,21 +169,10 @@ def _matmul_kernel(
         else:  # zeros past K add exact zeros to every sum
             a = tl.load(x_ptrs, mask=row_ok & (ks[None, :] < K - k * BLOCK_K), other=0.0)
             b = tl.load(w_ptrs, mask=ks[:, None] < K - k * BLOCK_K, other=0.0)
-        if UPCAST:  # the interpreter only (see invariant_matmul)
-            acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-        elif IEEE:
-            acc = tl.dot(a, b, acc, input_precision="ieee")
-        else:
-            acc = tl.dot(a, b, acc)
+        acc = mma(acc, a, b, IEEE, UPCAST)
         x_ptrs += BLOCK_K * stride_xk
         w_ptrs += BLOCK_K * stride_wk
-
-    out_cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + cols).to(tl.float32)[None, :]
-    y_ptrs = y_ptr + rows.to(tl.int64)[:, None] * stride_ym + out_cols[None, :]
-    mask = row_ok & (out_cols[None, :] < N)
-    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+    store_tile(acc, bias_ptr, y_ptr, rows, cols, M, N, stride_ym, HAS_BIAS)
 
 
 def invariant_matmul(
@@ -179,10 +199,30 @@ def invariant_matmul(
     if K == 0:
         return y.zero_() if bias is None else y.copy_(bias.expand(M, N))
     grid = (triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n),)
+    flags = dict(
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        GROUP_M=cfg.group_m,
+        HAS_BIAS=bias is not None,
+        IEEE=x.dtype == torch.float32,
+        # CPU tensors mean TRITON_INTERPRET=1, whose tl.dot multiplies bfloat16's raw uint16 bits
+        # as integers (Triton 3.9): there, bfloat16 operands are widened first (exactly).
+        UPCAST=not x.is_cuda and x.dtype == torch.bfloat16,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+    bias_arg = bias if bias is not None else weight  # unread without a bias
+    if cfg.tma:
+        from bulkgen.model.invariant_tma import launch_tma, tma_aligned
+
+        if tma_aligned(weight):  # the same answer at every call with this weight
+            launch_tma(grid, x, weight, bias_arg, y, flags)
+            return y
     _matmul_kernel[grid](
         x,
         weight,
-        bias if bias is not None else weight,  # unread without a bias
+        bias_arg,
         y,
         M,
         N,
@@ -192,17 +232,7 @@ def invariant_matmul(
         weight.stride(0),
         weight.stride(1),
         y.stride(0),
-        BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k,
-        GROUP_M=cfg.group_m,
-        HAS_BIAS=bias is not None,
         EVEN_K=K % cfg.block_k == 0,
-        IEEE=x.dtype == torch.float32,
-        # CPU tensors mean TRITON_INTERPRET=1, whose tl.dot multiplies bfloat16's raw uint16 bits
-        # as integers (Triton 3.9): there, bfloat16 operands are widened first (exactly).
-        UPCAST=not x.is_cuda and x.dtype == torch.bfloat16,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+        **flags,
     )
     return y
