@@ -1,7 +1,7 @@
 """Compile the batch-invariant matmul kernel for sm_90 without a GPU (the interpreter skips the
 GPU compiler), once per candidate tiling and dtype.
 
-    PYTHONPATH=. python scripts/compile_check_invariant_mm.py
+    PYTHONPATH=. python scripts/compile_check_invariant_mm.py [--configs NAME,...]
 
 Each line: the config, its shared memory (an H200 block may use at most 227 KB), whether the
 PTX uses Hopper's wgmma (warpgroup MMA), the loads' pipelining (cp.async) and, for tma=True
@@ -11,6 +11,8 @@ other integers divisible by 16 (Llama's shapes are).
 """
 
 from __future__ import annotations
+
+import argparse
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -60,7 +62,12 @@ def compile_config(cfg: im.MatmulConfig, dtype: str, even_k: bool = True, bias: 
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--configs", help="candidate names (default: all, and the fp32 tiling)")
+    args = parser.parse_args()
     configs = dict(im.CANDIDATES) | {"fp32_config": im.FP32_CONFIG}
+    if args.configs:
+        configs = {name: configs[name] for name in args.configs.split(",")}
     failed = 0
     for name, cfg in configs.items():
         for dtype in ("fp32",) if cfg is im.FP32_CONFIG else ("bf16", "fp16"):

@@ -131,6 +131,31 @@ def test_config_rejects_tiles_the_kernel_cannot_use():
         MatmulConfig(64, 64, 8)
 
 
+def test_the_default_and_a_tma_tiling_compile_for_hopper():
+    """The interpreter skips the GPU compiler, which rejects what it accepts: compile for sm_90
+    in a process without TRITON_INTERPRET (no GPU needed). Every candidate:
+    scripts/compile_check_invariant_mm.py with no arguments."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    names = {
+        n
+        for n, c in CANDIDATES.items()
+        for s in LLAMA_8B.values()
+        if c == default_config(*s, torch.bfloat16)
+    }
+    names = sorted(names) + ["m128n128k64t", "fp32_config"]
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
+    script = root / "scripts" / "compile_check_invariant_mm.py"
+    command = [sys.executable, script, "--configs", ",".join(names)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert done.stdout.count("(fits)") == 4 * (len(names) - 1) + 2  # bf16 and fp16, fp32
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n,k", [(64, 64), (384, 64), (1000, 999), (512, 4096), (8192, 600)])
 def test_cpu_rows_are_the_same_bits_alone_in_any_batch_and_in_any_order(dtype, n, k):
@@ -173,3 +198,35 @@ def test_gpu_rows_are_the_same_bits_in_any_batch_for_llama_8b_shapes(shape):
     err = (full[:256].float() - ref).norm() / ref.norm()
     cublas = (F.linear(x[:256], w).float() - ref).norm() / ref.norm()
     assert err <= 1.5 * cublas + 1e-4, (err, cublas)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("name", CANDIDATES)
+def test_gpu_every_candidate_tiling_is_invariant_and_accurate(name):
+    cfg = CANDIDATES[name]
+    x, w, b = operands(1000, *LLAMA_8B["o"], torch.bfloat16, bias=True, device="cuda")
+    full = invariant_matmul(x, w, b, cfg)
+    for m in (1, 7, 64, 256):
+        assert torch.equal(invariant_matmul(x[:m], w, b, cfg), full[:m]), m
+    for r in (5, 127, 999):
+        assert torch.equal(invariant_matmul(x[r : r + 1].clone(), w, b, cfg)[0], full[r]), r
+    ref = F.linear(x.float(), w.float(), b.float())
+    assert ((full.float() - ref).norm() / ref.norm()).item() < 4e-3  # bf16 output rounding
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("name", ["library default", "m128n128k64t"])
+def test_gpu_a_cuda_graph_replays_the_same_bits(name):
+    # The engine replays decode steps from CUDA graphs: a TMA descriptor is captured by value.
+    x, w, _ = operands(64, *LLAMA_8B["qkv"], torch.bfloat16, device="cuda")
+    cfg = CANDIDATES.get(name)
+    eager = invariant_matmul(x, w, None, cfg)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = invariant_matmul(x, w, None, cfg)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    assert torch.equal(out, invariant_matmul(x, w, None, cfg))
+    assert not torch.equal(out, eager)  # the replay read the new rows
