@@ -9,8 +9,9 @@ float32 accumulator. Rows past M in the last row tile are masked off (read as ze
 stored), and M is not a specialised argument, so one binary serves every M. Element (i, j) is
 then a function of x[i], w[j], the constant config and the row's position in its tile
 (i % BLOCK_M); the tensor cores treat every position alike, which scripts/bench_invariant_mm.py
-and the GPU test check by moving rows between positions.
-(invariant.py holds the CPU path and the model-level switch.)
+and the GPU test check by moving rows between positions. A config with tma=True runs the same
+loop with its tiles fetched by the TMA (invariant_tma.py). invariant.py holds the CPU path and
+the model-level switch.
 
 The grid is a plain one, a program per output tile (GROUP_M swizzled for L2 reuse), not a
 persistent one: with tiles fixed for every M, a decode step has fewer tiles than the H200 has SMs
