@@ -152,6 +152,8 @@ class VocabParallelEmbedding(nn.Module):
         self.start = tp.rank * self.rows
         self.vocab_size = vocab_size
         self.weight = nn.Parameter(torch.empty(self.rows, hidden))
+        # The logits' GEMM; invariant.make_batch_invariant swaps in its invariant_linear.
+        self.linear = F.linear
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
@@ -165,5 +167,5 @@ class VocabParallelEmbedding(nn.Module):
     def logits(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """Float32 logits [T, V] from this rank's rows of `weight` (the table or the head)."""
         # Gathered in the weights' dtype (half the bytes of float32), widened after: exact.
-        local = F.linear(hidden, weight)
+        local = self.linear(hidden, weight)
         return self.tp.all_gather_last(local)[..., : self.vocab_size].float()
