@@ -192,8 +192,20 @@ class EngineConfig:
     prefix_cache: bool = True
     seed: int = 0
     tensor_parallel: int = 1  # ranks (processes, one GPU each) the model is split over
+    # Kernels whose arithmetic for a row does not depend on its batch (model/invariant.py).
+    batch_invariant: bool = False
 
     def __post_init__(self) -> None:
+        if self.batch_invariant and self.tensor_parallel > 1:
+            raise ValueError(
+                "batch_invariant does not combine with tensor_parallel > 1: the all-reduce's "
+                "order of summation follows the message size; run the model on one GPU"
+            )
+        if self.batch_invariant and self.quantization is not None:
+            raise ValueError(
+                "batch_invariant does not combine with FP8 weights (--quantization fp8): their "
+                "GEMMs are cuBLAS's, whose kernel choice follows the batch size"
+            )
         if isinstance(self.tensor_parallel, bool) or not isinstance(self.tensor_parallel, int):
             raise ValueError(f"tensor_parallel must be an integer, got {self.tensor_parallel!r}")
         if self.tensor_parallel < 1:

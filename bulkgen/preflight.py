@@ -67,6 +67,7 @@ def job_record(config: RunConfig, model_dir: Path, reader: Reader | None = None)
         "settings": config.job_settings(),
         "inputs": list(config.inputs),
         **files,
+        "batch_invariant": config.batch_invariant,
         "model_path": str(model_dir),
         "bulkgen_version": bulkgen_version(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

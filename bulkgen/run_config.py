@@ -59,6 +59,7 @@ class RunConfig:
     limit: int | None = None  # --limit: only the first rows of the inputs
     allow_changed_input: bool = False  # resume although an input file changed
     tensor_parallel: int = 1  # ranks the model is split over (processes, one GPU each)
+    batch_invariant: bool = False  # a row's output does not depend on its batch mates
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "inputs", tuple(self.inputs))
@@ -102,6 +103,7 @@ class RunConfig:
             async_loop=not self.sync,
             prefix_cache=self.prefix_cache,
             tensor_parallel=self.tensor_parallel,
+            batch_invariant=self.batch_invariant,
             **given,
             **seed,
         )
@@ -120,7 +122,9 @@ class RunConfig:
             "prompt_template": self.prompt_template,
             "system": self.system,
             # Left out at their defaults, so that job folders of older versions still resume.
-            **self._non_default("n", "messages_column", "output_token_ids", "limit"),
+            **self._non_default(
+                "n", "messages_column", "output_token_ids", "limit", "batch_invariant"
+            ),
         }
 
     def _non_default(self, *names: str) -> dict:

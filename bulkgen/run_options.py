@@ -243,6 +243,14 @@ _OPTIONS = [
         "layer, twice the tokens in the same memory (needs an Ada or Hopper GPU or newer).",
     ),
     click.option(
+        "--batch-invariant",
+        is_flag=True,
+        help="Compute each row with kernels whose arithmetic does not depend on its batch, so a "
+        "seeded or greedy row gives the same tokens alone, in any batch, after preemption and "
+        "on a rerun (fixed-tiling Triton GEMMs and one attention kernel; slower; not with "
+        "--tensor-parallel or FP8 weights).",
+    ),
+    click.option(
         "--sync",
         is_flag=True,
         help="Run the engine loop without CPU/GPU overlap, to "

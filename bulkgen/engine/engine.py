@@ -80,13 +80,15 @@ class Engine:
         self.quantization = weight_quantization(model_config, cfg.quantization, dummy)
         if self.quantization is not None and (reason := fp8_unsupported(self.device)):
             raise ValueError(reason)  # before any work (no rank started yet)
+        if cfg.batch_invariant and self.quantization is not None:
+            raise ValueError(f"{cfg.model} holds FP8 weights: batch_invariant needs 16-bit ones")
         self.tp, self.group, self.device = join(cfg, mcfg, given_config, rank, self.device)
         self.dtype = resolve_dtype(cfg.dtype, self.device, mcfg)
         self.kv_dtype = resolve_kv_dtype(cfg.kv_cache_dtype, self.dtype)
         self.eos_token_ids = read_eos_ids(self.model_dir, model_config)
         limit = mcfg.max_position_embeddings
         self.max_model_len = min(cfg.max_model_len or limit, limit)
-        backend = get_backend(cfg.attention, self.device)
+        backend = get_backend(cfg.attention, self.device, cfg.batch_invariant)
         load_format = cfg.load_format if self.model_dir is not None else "dummy"
         model = load_model(
             self.model_dir,
@@ -97,6 +99,7 @@ class Engine:
             load_format,
             self.tp,
             cfg.quantization,
+            cfg.batch_invariant,
         )
         mcfg = model.cfg  # this rank's shape: its KV heads size its cache
         # The monitor measures copy bandwidth with buffers of its own: before the cache takes
@@ -267,6 +270,7 @@ class Engine:
             "dtype": str(self.dtype).removeprefix("torch."),
             "quantization": self.quantization,  # None, or how the weights are FP8
             "kv_cache_dtype": self._kv_dtype_name,
+            "batch_invariant": self.cfg.batch_invariant,
             "kv_capacity_tokens": self.scheduler.blocks.num_blocks * self.cfg.block_size,
             "async_loop": self.async_loop,
             "generated_tokens": self.scheduler.num_generated,

@@ -291,7 +291,8 @@ class ModelRunner:
         if self.penalties.active:
             self.penalties.record(inp, ids)
         want = [p.logprobs for p in params if p.logprobs is not None]
-        lp = top_logprobs(logits, ids, max(want)) if want else None
+        invariant = self.ecfg.batch_invariant
+        lp = top_logprobs(logits, ids, max(want), batch_invariant=invariant) if want else None
         return ids, lp
 
     def _copy_out(self, plan: Plan, ids: torch.Tensor, lp) -> Step:

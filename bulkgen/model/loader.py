@@ -24,6 +24,7 @@ from bulkgen.model.fp8_checkpoint import (
     is_zero_point,
     scale_target,
 )
+from bulkgen.model.invariant import make_batch_invariant
 from bulkgen.model.llama import LlamaForCausalLM
 from bulkgen.model.ops import get_ops
 from bulkgen.model.parallel_layers import TensorParallel, WeightShard, local_config
@@ -63,10 +64,12 @@ def load_model(
     load_format: str = "auto",
     tp: TensorParallel | None = None,
     quantization: str | None = None,
+    batch_invariant: bool = False,
 ) -> LlamaForCausalLM:
     """cfg: the whole model's shape; with tp, this rank's part of it is built and read.
     quantization "fp8": quantize the projections to FP8 once loaded (an FP8 checkpoint's own
-    scheme, read from its config.json, wins)."""
+    scheme, read from its config.json, wins). batch_invariant: every GEMM (projections and
+    logits) through invariant.invariant_linear."""
     tp = tp or TensorParallel()
     with torch.device("meta"):
         model = LlamaForCausalLM(local_config(cfg, tp.size), backend, get_ops(device), tp)
@@ -96,6 +99,8 @@ def load_model(
             quantize_model(model)
     if device.type == "cuda":  # the fused Triton ops: norms and SiLU write FP8 rows
         fuse_input_quantization(model)
+    if batch_invariant:
+        make_batch_invariant(model)
     return model
 
 
