@@ -142,14 +142,15 @@ def run_bulkgen(
         from bulkgen.parallel_local import run_local
 
         # The workers' engines are in their own processes: NVML busy over all their GPUs,
-        # counted from the moment they had all loaded (load_time_s), as for one engine.
+        # counted over wall_s from the moment they had all loaded (load_time_s), as for one
+        # engine: not over the workers' exit after the last row (which had cut it to 80%).
         with Sampler(lambda: 0, gpus=gpus) as sampler:
             stats = run_local(config, workers)
         startup = stats["load_time_s"]
         return {
             "wall_s": stats["wall_time_s"],
             "out_tokens": stats["completion_tokens"],
-            "gpu_busy": sampler.busy_after(startup),
+            "gpu_busy": sampler.busy_after(startup, startup + stats["wall_time_s"]),
             "startup_s": round(startup, 1),
             "peak_mem_gb": None,
             "series": [],

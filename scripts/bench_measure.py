@@ -97,9 +97,9 @@ class Sampler:
     def busy(self) -> float:
         return self.busy_after(0.0)
 
-    def busy_after(self, start: float) -> float:
-        """Mean utilisation of the samples from `start` seconds on."""
-        rates = [u for t, u, _ in self.series if t >= start]
+    def busy_after(self, start: float, end: float = float("inf")) -> float:
+        """Mean utilisation of the samples from `start` seconds on (until `end`)."""
+        rates = [u for t, u, _ in self.series if start <= t <= end]
         return float(np.mean(rates)) if rates else float("nan")
 
     @property
