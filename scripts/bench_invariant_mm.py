@@ -32,8 +32,14 @@ import statistics
 
 import torch
 import torch.nn.functional as F
+import triton
 
-from bulkgen.model.invariant_matmul import CANDIDATES, MatmulConfig, default_config
+from bulkgen.model.invariant_matmul import (
+    CANDIDATES,
+    TILINGS_FILE,
+    MatmulConfig,
+    default_config,
+)
 from bulkgen.model.invariant_matmul import invariant_matmul as triton_mm
 
 SHAPES = {  # Llama-3-8B, (N, K)
@@ -159,7 +165,7 @@ def bench_shape(shape: str, configs: dict[str, MatmulConfig], ms: list[int], ite
     return rows
 
 
-def summarize(rows: list[dict], ms: list[int]) -> None:
+def summarize(rows: list[dict], ms: list[int]) -> dict[str, str]:
     """The tiling of each shape with the best geometric-mean speed over all M (one per shape, as
     the library must use), then per M the step's GEMM time (32 layers + lm_head) with the
     default, with those tilings, and with cuBLAS."""
@@ -179,7 +185,7 @@ def summarize(rows: list[dict], ms: list[int]) -> None:
     spec = ",".join(f"{s}={c}" for s, c in best.items())
     print(json.dumps({"summary": "best_tilings", "default_spec": spec}), flush=True)
     if set(best) != set(SHAPES):
-        return
+        return best
     for m in ms:
         total = {"default": 0.0, "best": 0.0, "cublas": 0.0}
         for s in SHAPES:
@@ -198,6 +204,7 @@ def summarize(rows: list[dict], ms: list[int]) -> None:
         line["default_vs_cublas"] = round(total["cublas"] / total["default"], 3)
         line["best_vs_cublas"] = round(total["cublas"] / total["best"], 3)
         print(json.dumps(line), flush=True)
+    return best
 
 
 def main() -> None:
@@ -207,6 +214,12 @@ def main() -> None:
     parser.add_argument("--configs", default=",".join(CANDIDATES))
     parser.add_argument("--default", default=os.environ.get("INVMM_DEFAULT", "library"))
     parser.add_argument("--iters", type=int, default=30)
+    parser.add_argument(
+        "--write-table",
+        action="store_true",
+        help="record each shape's best tiling in bulkgen/model/invariant_tilings.json, which "
+        "default_config reads (the library's tiling then is the measured one)",
+    )
     args = parser.parse_args()
     torch.manual_seed(0)
     ms = [int(m) for m in args.ms.split(",")]
@@ -228,7 +241,22 @@ def main() -> None:
     for shape in args.shapes.split(","):
         configs = {"default": chosen[shape]} | {n: CANDIDATES[n] for n in args.configs.split(",")}
         rows += bench_shape(shape, configs, ms, args.iters)
-    summarize(rows, ms)
+    best = summarize(rows, ms)
+    if args.write_table:
+        write_table(best, ms)
+
+
+def write_table(best: dict[str, str], ms: list[int]) -> None:
+    """Merge the shapes' best tilings into TILINGS_FILE, keyed by dtype and "NxK"."""
+    table = json.loads(TILINGS_FILE.read_text()) if TILINGS_FILE.exists() else {}
+    shapes = table.setdefault(str(DTYPE).removeprefix("torch."), {})
+    shapes.update({f"{SHAPES[s][0]}x{SHAPES[s][1]}": name for s, name in best.items()})
+    table["measured"] = (
+        f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton "
+        f"{triton.__version__}: best geometric-mean speed at M = {ms}"
+    )
+    TILINGS_FILE.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+    print(json.dumps({"summary": "table_written", "file": str(TILINGS_FILE), **table}), flush=True)
 
 
 if __name__ == "__main__":

@@ -230,3 +230,20 @@ def test_gpu_a_cuda_graph_replays_the_same_bits(name):
     graph.replay()
     assert torch.equal(out, invariant_matmul(x, w, None, cfg))
     assert not torch.equal(out, eager)  # the replay read the new rows
+
+
+def test_the_measured_table_sets_a_shapes_tiling_and_the_rule_covers_the_rest(
+    tmp_path, monkeypatch
+):
+    import bulkgen.model.invariant_matmul as mm
+
+    table = tmp_path / "tilings.json"
+    table.write_text('{"measured": "H200", "bfloat16": {"4096x4096": "m128n256k64"}}')
+    monkeypatch.setattr(mm, "TILINGS_FILE", table)
+    mm.measured_tilings.cache_clear()
+    try:
+        assert default_config(4096, 4096, torch.bfloat16) == CANDIDATES["m128n256k64"]
+        assert default_config(4096, 4096, torch.float16) == CANDIDATES["m64n64k128"]  # the rule
+        assert default_config(128256, 4096, torch.bfloat16) == CANDIDATES["m128n128k64"]
+    finally:
+        mm.measured_tilings.cache_clear()

@@ -22,7 +22,10 @@ run does not change any result.
 
 from __future__ import annotations
 
+import functools
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import triton
@@ -81,16 +84,32 @@ WIDE_N = 16384
 
 
 def default_config(n: int, k: int, dtype: torch.dtype) -> MatmulConfig:
-    """The tiling for a weight [n, k] of this dtype: a rule on the weight's shape, never on M.
+    """The tiling for a weight [n, k] of this dtype, never a function of M: the tiling measured
+    fastest for this (n, k, dtype) on the H200 (invariant_tilings.json, written by
+    `scripts/bench_invariant_mm.py --write-table`), else a rule on the weight's shape.
 
-    Narrow weights (Llama-3-8B's qkv, o and down) take narrow tiles so that a decode step, one
-    row tile, still spreads over many SMs; wide ones (gate_up, lm_head) take wide tiles. A
-    placeholder until scripts/bench_invariant_mm.py has been run on the H200.
+    The rule: narrow weights (Llama-3-8B's qkv, o and down) take narrow tiles so that a decode
+    step, one row tile, still spreads over many SMs; wide ones (gate_up, lm_head) wide tiles.
     """
-    del k  # part of the key, so that a measured rule may use it without changing callers
     if dtype == torch.float32:
         return FP32_CONFIG
+    name = measured_tilings().get(str(dtype).removeprefix("torch."), {}).get(f"{n}x{k}")
+    if name is not None:
+        return CANDIDATES[name]
     return CANDIDATES["m128n128k64" if n >= WIDE_N else "m64n64k128"]
+
+
+TILINGS_FILE = Path(__file__).with_name("invariant_tilings.json")
+
+
+@functools.cache
+def measured_tilings() -> dict[str, dict[str, str]]:
+    """{dtype: {"NxK": candidate name}} from TILINGS_FILE (read once; {} without it)."""
+    try:
+        table = json.loads(TILINGS_FILE.read_text())
+    except FileNotFoundError:
+        return {}
+    return {dtype: shapes for dtype, shapes in table.items() if isinstance(shapes, dict)}
 
 
 @triton.jit
