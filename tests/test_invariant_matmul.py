@@ -145,7 +145,8 @@ def test_the_default_and_a_tma_tiling_compile_for_hopper():
         for s in LLAMA_8B.values()
         if c == default_config(*s, torch.bfloat16)
     }
-    names = sorted(names) + ["m128n128k64t", "fp32_config"]
+    # and the pointer-load tiling of the same shape (weights the TMA cannot read take it)
+    names = sorted(names | {"m128n128k64t", "m128n128k64"}) + ["fp32_config"]
     root = Path(__file__).resolve().parents[1]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
@@ -232,7 +233,7 @@ def test_gpu_a_cuda_graph_replays_the_same_bits(name):
     assert not torch.equal(out, eager)  # the replay read the new rows
 
 
-def test_the_measured_table_sets_a_shapes_tiling_and_the_rule_covers_the_rest(
+def test_the_measured_table_sets_a_shapes_tiling_and_the_fallback_covers_the_rest(
     tmp_path, monkeypatch
 ):
     import bulkgen.model.invariant_matmul as mm
@@ -243,7 +244,7 @@ def test_the_measured_table_sets_a_shapes_tiling_and_the_rule_covers_the_rest(
     mm.measured_tilings.cache_clear()
     try:
         assert default_config(4096, 4096, torch.bfloat16) == CANDIDATES["m128n256k64"]
-        assert default_config(4096, 4096, torch.float16) == CANDIDATES["m64n64k128"]  # the rule
-        assert default_config(128256, 4096, torch.bfloat16) == CANDIDATES["m128n128k64"]
+        assert default_config(4096, 4096, torch.float16) == CANDIDATES[mm.FALLBACK]
+        assert default_config(128256, 4096, torch.bfloat16) == CANDIDATES[mm.FALLBACK]
     finally:
         mm.measured_tilings.cache_clear()
