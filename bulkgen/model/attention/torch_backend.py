@@ -1,7 +1,7 @@
 """Reference attention over the paged KV cache in plain torch.
 
 The CPU path and the correctness oracle for the Triton kernels. One-token rows (decode) are done
-together over contexts padded to the longest; longer rows loop per sequence (never per token).
+together over contexts padded to the longest (one SDPA call); longer rows loop per sequence.
 Lengths come from the plan's host-side lists, so it never syncs with the device.
 An fp8 cache (kv_fp8.py) is quantized on write and dequantized on read with the layer's scales.
 """
@@ -9,6 +9,7 @@ An fp8 cache (kv_fp8.py) is quantized on write and dequantized on read with the 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from bulkgen.model.attention.kv_fp8 import dequantize, is_fp8, quantize
 from bulkgen.model.attention.metadata import AttnMetadata
@@ -37,8 +38,9 @@ def write_kv(
 
 
 def _read(cache: torch.Tensor, blocks: torch.Tensor, scale: float) -> torch.Tensor:
-    """The cached rows of these blocks in float32."""
-    rows = cache[blocks]
+    """The cached rows of these blocks (any shape of block ids) in float32."""
+    # index_select copies whole blocks 4x faster on the CPU than advanced indexing does.
+    rows = cache.index_select(0, blocks.reshape(-1).long()).view(*blocks.shape, *cache.shape[1:])
     return dequantize(rows, scale) if is_fp8(cache) else rows.float()
 
 
@@ -112,14 +114,19 @@ def _decode_rows(
     )
     blocks = torch.where(owned, block_tables[:, :width].long(), 0)
     pad = torch.arange(width * block_size, device=q.device)[None, :] >= lens[:, None]
-    # Padding slots may hold anything (NaN included): zero them, since 0 * NaN is NaN.
-    keep = ~pad[:, :, None, None]
-    k = _read(k_cache, blocks, k_scale).reshape(batch, width * block_size, num_kv_heads, head_dim)
-    v = _read(v_cache, blocks, v_scale).reshape(batch, width * block_size, num_kv_heads, head_dim)
-    k, v = torch.where(keep, k, 0.0), torch.where(keep, v, 0.0)
-    qg = q.float().view(batch, num_kv_heads, num_q_heads // num_kv_heads, head_dim)
-    scores = torch.einsum("bhgd,bkhd->bhgk", qg, k) * scale
-    scores.masked_fill_(pad[:, None, None, :], float("-inf"))
-    probs = scores.softmax(dim=-1)
-    out = torch.einsum("bhgk,bkhd->bhgd", probs, v)
+    k = _read(k_cache, blocks, k_scale).view(batch, width * block_size, num_kv_heads, head_dim)
+    v = _read(v_cache, blocks, v_scale).view(batch, width * block_size, num_kv_heads, head_dim)
+    # Padding slots may hold anything (NaN included): zeroed in place in these fresh copies, as
+    # a NaN would survive the mask (NaN + -inf) in the scores and 0 * NaN in the weighted sum.
+    # (index_fill_ over the padded rows: masked_fill_ with a broadcast mask is 5x slower.)
+    padded = pad.view(-1).nonzero().squeeze(1)
+    k.view(-1, num_kv_heads * head_dim).index_fill_(0, padded, 0.0)
+    v.view(-1, num_kv_heads * head_dim).index_fill_(0, padded, 0.0)
+    # The group's query heads as the query rows of their KV head: one query position each, so
+    # they share the row's mask, and SDPA needs no GQA support (torch < 2.5).
+    group = num_q_heads // num_kv_heads
+    qg = q.float().view(batch, num_kv_heads, group, head_dim)
+    out = F.scaled_dot_product_attention(
+        qg, k.transpose(1, 2), v.transpose(1, 2), attn_mask=~pad[:, None, None, :], scale=scale
+    )
     return out.reshape(batch, num_q_heads, head_dim).to(q.dtype)
