@@ -280,7 +280,8 @@ def _default_engine_factory() -> EngineFactory:
         if resolve_device(config.device).type == "cpu":
             from bulkgen.cpu import use_cpu_threads
 
-            use_cpu_threads()  # before the engine loads: no thread oversubscription (cpu.py)
+            # Before the engine loads: no thread oversubscription (cpu.py).
+            use_cpu_threads(config.tensor_parallel)
         return Engine(config)
 
     return real

@@ -67,7 +67,7 @@ def main(spec_path: str) -> int:
         if resolve_device(spec.config.device).type == "cpu":
             from bulkgen.cpu import use_cpu_threads
 
-            use_cpu_threads()
+            use_cpu_threads(spec.config.tensor_parallel)  # the group shares the cores
         engine = Engine(spec.config, spec.model_config, rank=spec)
         follow(engine.runner, sys.stdin.buffer)
         engine.close()
