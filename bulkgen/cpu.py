@@ -4,7 +4,7 @@ torch's intra-op pool takes every core by default and its threads meet at a barr
 op. On a 2-core machine that other processes share, one descheduled thread stalls the other at
 every op: the demo job (42 prompts, 32 tokens) took 119 s with torch's default 2 spinning threads
 and 13.5 s with 1 while other work ran. On a quiet machine the second core is a gain instead
-(8.2 s with 2 threads, 12.9 s with 1). So the CLI looks once, before torch loads, at how busy the
+(README, Performance on the CPU). So the CLI looks once, before torch loads, at how busy the
 machine's cores are over a tenth of a second (/proc/stat, this process asleep meanwhile):
 - quiet (other processes busy less than QUIET_CORES of a core): the engine takes every core and
   OpenMP keeps its default wait policy (threads spin briefly at a barrier before sleeping);
