@@ -115,7 +115,7 @@ def test_a_resumed_job_on_cuda_writes_the_rows_of_an_uninterrupted_one(tmp_path,
               "--max-num-seqs", "16", "--batch-invariant"]  # fmt: skip
 
     def run(out):
-        result = CliRunner().invoke(main, [str(a) for a in [*common, "-o", out]])
+        result = CliRunner().invoke(main, [str(a) for a in ["run", *common, "-o", out]])
         assert result.exit_code == 0, result.output
 
     def rows(out):
