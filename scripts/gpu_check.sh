@@ -23,8 +23,11 @@ if compgen -G ".whl/*.whl" > /dev/null; then
     && export PYTHONPATH="$PYTHONPATH:/tmp/site"
 fi
 status=0
+# A hung test (a collective waiting for a peer) fails alone instead of using up the call.
+TIMEOUT_ARGS=""
+if python3 -c "import pytest_timeout" 2> /dev/null; then TIMEOUT_ARGS="--timeout=${TEST_TIMEOUT_S:-240}"; fi
 if [ "${TESTS:-1}" = 1 ]; then
-  python3 -m pytest -m gpu -q -x -p no:cacheprovider ${PYTEST_ARGS:-tests} 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
+  python3 -m pytest -m gpu -q -x -p no:cacheprovider $TIMEOUT_ARGS ${PYTEST_ARGS:-tests} 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
   status=${PIPESTATUS[0]}
   echo "gpu tests exit status: $status"
 fi

@@ -45,6 +45,7 @@ from bulkgen.model.parallel_layers import TensorParallel, check_shape
 _POLL_S = 0.1
 _GRACE_S = 15.0  # for a rank-0 step to raise after a peer died, before the process is ended
 _STOP_WAIT_S = 10.0  # for the ranks to leave after the stop frame
+_LEAVE_S = 20.0  # for the process group's teardown, after which the process's exit does it
 PIPE_BYTES = 1 << 20  # Linux's default limit for an unprivileged process
 FRAME = struct.Struct("<Q")
 ENV = {"NCCL_NVLS_ENABLE": "0"}  # NVLink multicast stays off on the machines we run on
@@ -278,14 +279,34 @@ class RankGroup:
             shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def leave_group() -> None:
+def leave_group(timeout_s: float = _LEAVE_S) -> bool:
     """Leave the process group at the end of a run: every rank calls this at about the same
     time (rank 0 right after sending the stop frame, the others on reading it). NCCL's teardown
     (finalize, and even abort within a node) waits for the peers to tear down too: when rank 0
     waited for the others to exit before leaving, it hung in destroy_process_group on two H200s
-    (after every token had been written), and in an abort after that."""
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
+    (after every token had been written), and in an abort after that. A teardown that still
+    takes over timeout_s is left to run on in a daemon thread (the process's exit ends it), so a
+    finished job never hangs there: returns whether the group was left in time."""
+    if not torch.distributed.is_initialized():
+        return True
+    left = threading.Event()
+
+    def leave() -> None:
+        try:
+            torch.distributed.destroy_process_group()
+        finally:
+            left.set()
+
+    threading.Thread(target=leave, name="bulkgen-leave-group", daemon=True).start()
+    if left.wait(timeout_s):
+        return True
+    print(
+        f"warning: the tensor-parallel group did not close within {timeout_s:.0f} s; "
+        "the process's exit closes it",
+        file=sys.stderr,
+        flush=True,
+    )
+    return False
 
 
 def _last_error(log: Path) -> str:
