@@ -39,9 +39,13 @@ def write_kv(
 
 def _read(cache: torch.Tensor, blocks: torch.Tensor, scale: float) -> torch.Tensor:
     """The cached rows of these blocks (any shape of block ids) in float32."""
-    # index_select copies whole blocks 4x faster on the CPU than advanced indexing does.
-    rows = cache.index_select(0, blocks.reshape(-1).long()).view(*blocks.shape, *cache.shape[1:])
-    return dequantize(rows, scale) if is_fp8(cache) else rows.float()
+    # index_select copies whole blocks 4x faster on the CPU than advanced indexing does; an fp8
+    # cache is selected as bytes (index_select need not have a float8 kernel on every device).
+    index, shape = blocks.reshape(-1).long(), (*blocks.shape, *cache.shape[1:])
+    if is_fp8(cache):
+        rows = cache.view(torch.uint8).index_select(0, index).view(cache.dtype).view(shape)
+        return dequantize(rows, scale)
+    return cache.index_select(0, index).view(shape).float()
 
 
 def paged_attention(
