@@ -49,6 +49,7 @@ def test_fields_are_the_run_flags_with_underscores(tmp_path):
     path = write_recipe(tmp_path, {
         "max_tokens": 7, "temperature": 0.5, "keep_columns": ["topic", "level"],
         "format": "jsonl", "sync": True, "chat_template": False, "model": "smollm2-135m",
+        "batch_invariant": True,
     })  # fmt: skip
     options = load_recipe(path, run_command).options
     assert options["max_tokens"] == 7 and options["temperature"] == 0.5
@@ -56,6 +57,7 @@ def test_fields_are_the_run_flags_with_underscores(tmp_path):
     assert options["fmt"] == "jsonl"  # the --format flag's parameter
     assert options["sync"] is True and options["chat_template"] is False
     assert options["model"] == "smollm2-135m"  # an alias, not a path
+    assert options["batch_invariant"] is True
 
 
 def test_relative_paths_resolve_against_the_recipes_folder(tmp_path):
