@@ -1,7 +1,8 @@
 """Reference attention over the paged KV cache in plain torch.
 
 The CPU path and the correctness oracle for the Triton kernels. One-token rows (decode) are done
-together over contexts padded to the longest (one SDPA call); longer rows loop per sequence.
+together over contexts padded to the longest (one SDPA call); longer rows loop per sequence,
+one causal SDPA call each.
 Lengths come from the plan's host-side lists, so it never syncs with the device.
 An fp8 cache (kv_fp8.py) is quantized on write and dequantized on read with the layer's scales.
 """
@@ -85,14 +86,18 @@ def paged_attention(
         blocks = meta.block_tables[b, :num_blocks].long()
         k = _read(k_cache, blocks, k_scale).reshape(-1, num_kv_heads, head_dim)[:seq_len]
         v = _read(v_cache, blocks, v_scale).reshape(-1, num_kv_heads, head_dim)[:seq_len]
+        # [Hkv, G, q_len, D] against [Hkv, G, seq_len, D] (the group's heads share their KV
+        # head's keys through a stride-0 expand); causal from this step's first position.
         qb = q[start : start + q_len].float().view(q_len, num_kv_heads, group, head_dim)
-        scores = torch.einsum("qhgd,khd->hgqk", qb, k) * scale  # [Hkv, G, q_len, seq_len]
-        q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)
-        k_pos = torch.arange(seq_len, device=q.device)
-        scores.masked_fill_(k_pos[None, :] > q_pos[:, None], float("-inf"))
-        probs = scores.softmax(dim=-1)
-        ob = torch.einsum("hgqk,khd->qhgd", probs, v).reshape(q_len, num_q_heads, head_dim)
-        out[start : start + q_len] = ob.to(q.dtype)
+        kb, vb = (x.permute(1, 0, 2)[:, None].expand(-1, group, -1, -1) for x in (k, v))
+        mask = None
+        if q_len < seq_len:  # a later chunk, or after a prefix-cache hit
+            q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)
+            mask = torch.arange(seq_len, device=q.device)[None, :] <= q_pos[:, None]
+        ob = F.scaled_dot_product_attention(
+            qb.permute(1, 2, 0, 3), kb, vb, attn_mask=mask, is_causal=mask is None, scale=scale
+        )
+        out[start : start + q_len] = ob.permute(2, 0, 1, 3).reshape(q_len, num_q_heads, head_dim)
     return out
 
 
