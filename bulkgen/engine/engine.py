@@ -34,7 +34,8 @@ from bulkgen.engine.monitor import GpuMonitor, step_time_stats
 from bulkgen.engine.request import Request, RequestOutput
 from bulkgen.engine.runner import ModelRunner, Step, kv_bytes_per_block
 from bulkgen.engine.scheduler import Scheduler
-from bulkgen.engine.tp_group import RankGroup, RankSpec, join, leave_group
+from bulkgen.engine.tp_group import RankGroup, RankSpec, join
+from bulkgen.engine.tp_membership import leave_group
 from bulkgen.engine.warmup import warmup_plans
 from bulkgen.model.attention import get_backend
 from bulkgen.model.attention.kv_fp8 import check_kv_cache_dtype, resolve_kv_dtype

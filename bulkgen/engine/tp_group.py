@@ -4,9 +4,9 @@ Rank 0 is the engine's own process: its scheduler plans every step and its runne
 packed step to the other ranks through their stdin pipes (a few tens of kB, one write each; rank 0
 never waits for a reader unless a pipe's 1 MiB is full). The ranks replay the steps in order
 (tp_worker.py), so all of them enter the same collectives in the same order. torch.distributed
-joins them: NCCL on CUDA (NCCL_NVLS_ENABLE=0 in every process), gloo on the CPU, rendezvous
-through a file in the group's temporary folder, and a timeout after which a stuck collective is
-an error rather than a stuck job.
+joins them (tp_membership.py): NCCL on CUDA (NCCL_NVLS_ENABLE=0 in every process), gloo on the
+CPU, rendezvous through a file in the group's temporary folder, and a timeout after which a stuck
+collective is an error rather than a stuck job.
 
 A rank that dies fails the job: a watcher thread notices its exit within _POLL_S, ends the other
 ranks, and the engine's next (or current) step raises RankFailed naming the rank. If rank 0 is
@@ -19,7 +19,6 @@ closes, and they watch their parent).
 from __future__ import annotations
 
 import contextlib
-import datetime
 import fcntl
 import os
 import pickle
@@ -38,6 +37,7 @@ import torch
 
 from bulkgen.config import EngineConfig
 from bulkgen.engine.inputs import PackedStep
+from bulkgen.engine.tp_membership import ENV, join_group, leave_group, rank_device
 from bulkgen.errors import UserError
 from bulkgen.model.config import ModelConfig
 from bulkgen.model.parallel_layers import TensorParallel, check_shape
@@ -45,20 +45,12 @@ from bulkgen.model.parallel_layers import TensorParallel, check_shape
 _POLL_S = 0.1
 _GRACE_S = 15.0  # for a rank-0 step to raise after a peer died, before the process is ended
 _STOP_WAIT_S = 10.0  # for the ranks to leave after the stop frame
-_LEAVE_S = 20.0  # for the process group's teardown, after which the process's exit does it
 PIPE_BYTES = 1 << 20  # Linux's default limit for an unprivileged process
 FRAME = struct.Struct("<Q")
-ENV = {"NCCL_NVLS_ENABLE": "0"}  # NVLink multicast stays off on the machines we run on
 
 
 class RankFailed(UserError):
     """A rank of the tensor-parallel group died or failed: the job stops (one line)."""
-
-
-def timeout_s() -> float:
-    """Of a collective, after which it is an error (BULKGEN_TP_TIMEOUT_S, default 10 min: long
-    enough for a 70B shard to load while another rank waits in its first collective)."""
-    return float(os.environ.get("BULKGEN_TP_TIMEOUT_S", "600"))
 
 
 @dataclass(frozen=True)
@@ -86,43 +78,9 @@ def join(
     check_shape(mcfg, size)
     device = rank_device(device, rank.rank if rank else 0, size)
     if rank is not None:
-        return join_group(rank, device), None, device
+        return join_group(rank.rank, rank.size, rank.store, device), None, device
     group = RankGroup(config, model_config, device)
     return group.tp, group, device
-
-
-def join_group(spec: RankSpec, device: torch.device) -> TensorParallel:
-    """This process's membership of the group (blocks until every rank has joined)."""
-    os.environ.update(ENV)
-    kwargs = {}
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-        kwargs["device_id"] = device
-    torch.distributed.init_process_group(
-        "nccl" if device.type == "cuda" else "gloo",
-        init_method=f"file://{spec.store}",
-        rank=spec.rank,
-        world_size=spec.size,
-        timeout=datetime.timedelta(seconds=timeout_s()),
-        **kwargs,
-    )
-    return TensorParallel(spec.rank, spec.size)
-
-
-def rank_device(device: torch.device, rank: int, size: int) -> torch.device:
-    """Rank r of a group on CUDA takes visible GPU r (a data-parallel worker's group sees its
-    own GPUs only, through CUDA_VISIBLE_DEVICES)."""
-    if device.type != "cuda" or size == 1:
-        return device
-    if device.index is not None:
-        raise ValueError(
-            f"--device {device} picks one GPU; tensor parallelism takes the first "
-            f"{size} visible GPUs (choose them with CUDA_VISIBLE_DEVICES)"
-        )
-    visible = torch.cuda.device_count()
-    if visible < size:
-        raise ValueError(f"--tensor-parallel {size} needs {size} GPUs; {visible} visible here")
-    return torch.device("cuda", rank)
 
 
 def encode_step(packed: PackedStep, from_prev: bool) -> bytes:
@@ -151,7 +109,7 @@ class RankGroup:
                 self.procs.append(self._spawn(spec))
             threading.Thread(target=self._watch, name="bulkgen-tp-watch", daemon=True).start()
             self.busy = True  # until the engine has loaded, warmed up and captured its graphs
-            self.tp = join_group(RankSpec(0, size, config, model_config, store), device)
+            self.tp = join_group(0, size, store, device)
         except BaseException:
             self.close()
             raise
@@ -277,36 +235,6 @@ class RankGroup:
                     proc.kill()
                     proc.wait()
             shutil.rmtree(self.folder, ignore_errors=True)
-
-
-def leave_group(timeout_s: float = _LEAVE_S) -> bool:
-    """Leave the process group at the end of a run: every rank calls this at about the same
-    time (rank 0 right after sending the stop frame, the others on reading it). NCCL's teardown
-    (finalize, and even abort within a node) waits for the peers to tear down too: when rank 0
-    waited for the others to exit before leaving, it hung in destroy_process_group on two H200s
-    (after every token had been written), and in an abort after that. A teardown that still
-    takes over timeout_s is left to run on in a daemon thread (the process's exit ends it), so a
-    finished job never hangs there: returns whether the group was left in time."""
-    if not torch.distributed.is_initialized():
-        return True
-    left = threading.Event()
-
-    def leave() -> None:
-        try:
-            torch.distributed.destroy_process_group()
-        finally:
-            left.set()
-
-    threading.Thread(target=leave, name="bulkgen-leave-group", daemon=True).start()
-    if left.wait(timeout_s):
-        return True
-    print(
-        f"warning: the tensor-parallel group did not close within {timeout_s:.0f} s; "
-        "the process's exit closes it",
-        file=sys.stderr,
-        flush=True,
-    )
-    return False
 
 
 def _last_error(log: Path) -> str:
