@@ -121,3 +121,22 @@ def tiny_tokenizer(tiny_model_dir):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+@pytest.fixture(scope="session")
+def attention_compile_check() -> str:
+    """The output of scripts/compile_check_attention.py (every attention kernel compiled for
+    sm_90 without a GPU), run once for the tests that read it."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = "1"
+    root = Path(__file__).resolve().parent.parent
+    env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])  # this checkout
+    script = root / "scripts" / "compile_check_attention.py"
+    done = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout

@@ -15,9 +15,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import torch
 
@@ -163,19 +160,10 @@ def test_triton_invariant_launches_one_kernel_with_one_tiling_for_every_step(mon
     assert launches[0]["INVARIANT"]
 
 
-def test_triton_invariant_kernel_compiles_for_sm90_with_one_kv_loop():
+def test_triton_invariant_kernel_compiles_for_sm90_with_one_kv_loop(attention_compile_check):
     """The GPU compiler accepts the invariant variant, and it streams K/V through one loop (the
     default prefill has an unmasked and a masked one; both have the binary search's)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_DEFAULT_FP_FUSION"] = "1"
-    root = Path(__file__).resolve().parent.parent
-    env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])  # this checkout
-    script = root / "scripts" / "compile_check_attention.py"
-    done = subprocess.run(
-        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600
-    )
-    assert done.returncode == 0, done.stderr
-    loops = dict(re.findall(r"^(\w+ +\w+) *:.* (\d+) loops,", done.stdout, re.M))
+    loops = dict(re.findall(r"^(\w+ +\w+) *:.* (\d+) loops,", attention_compile_check, re.M))
     loops = {" ".join(k.split()): int(v) for k, v in loops.items()}
     for cache in ("bf16", "fp8"):
         assert loops[f"invariant {cache}"] == 2 and loops[f"prefill {cache}"] == 3, loops
