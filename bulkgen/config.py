@@ -196,16 +196,6 @@ class EngineConfig:
     batch_invariant: bool = False
 
     def __post_init__(self) -> None:
-        if self.batch_invariant and self.tensor_parallel > 1:
-            raise ValueError(
-                "batch_invariant does not combine with tensor_parallel > 1: the all-reduce's "
-                "order of summation follows the message size; run the model on one GPU"
-            )
-        if self.batch_invariant and self.quantization is not None:
-            raise ValueError(
-                "batch_invariant does not combine with FP8 weights (--quantization fp8): their "
-                "GEMMs are cuBLAS's, whose kernel choice follows the batch size"
-            )
         if isinstance(self.tensor_parallel, bool) or not isinstance(self.tensor_parallel, int):
             raise ValueError(f"tensor_parallel must be an integer, got {self.tensor_parallel!r}")
         if self.tensor_parallel < 1:
@@ -237,6 +227,16 @@ class EngineConfig:
             )
         if self.quantization not in (None, "fp8"):
             raise ValueError(f"quantization must be fp8 or None, got {self.quantization!r}")
+        if self.batch_invariant and self.tensor_parallel > 1:
+            raise ValueError(
+                "batch_invariant does not combine with tensor_parallel > 1: the all-reduce's "
+                "order of summation follows the message size; run the model on one GPU"
+            )
+        if self.batch_invariant and self.quantization is not None:
+            raise ValueError(
+                "batch_invariant does not combine with FP8 weights (--quantization fp8): their "
+                "GEMMs are cuBLAS's, whose kernel choice follows the batch size"
+            )
 
     @property
     def auto_num_seqs(self) -> bool:
