@@ -22,10 +22,10 @@ import torch
 from triton.testing import do_bench
 
 from bulkgen.model.attention import triton_invariant
-from bulkgen.model.attention.kv_fp8 import resolve_kv_dtype
+from bulkgen.model.attention.kv_fp8 import is_fp8, resolve_kv_dtype
 from bulkgen.model.attention.metadata import AttnMetadata
 from bulkgen.model.attention.triton_backend import paged_attention
-from bulkgen.model.attention.triton_decode import decode_block_n, num_kv_splits
+from bulkgen.model.attention.triton_decode import decode_launch, num_kv_splits
 
 NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 8, 128, 16
 DTYPE = torch.bfloat16
@@ -77,7 +77,8 @@ def bench_decode(batch: int, context: int, copy_bw: float, kv_dtype, invariant: 
     ms = median_ms(lambda: attend(q, k_cache, v_cache, meta, scale))
     kv_bytes = 2 * batch * context * NUM_KV_HEADS * HEAD_DIM * k_cache.element_size()
     max_context = meta.block_tables.shape[1] * BLOCK_SIZE
-    splits = num_kv_splits(batch, NUM_KV_HEADS, max_context, decode_block_n(HEAD_DIM), DEVICE)
+    block_n = decode_launch(HEAD_DIM, is_fp8(k_cache)).block_n
+    splits = num_kv_splits(batch, NUM_KV_HEADS, max_context, block_n, DEVICE)
     gb_per_s = kv_bytes / ms / 1e6
     return {
         "kernel": "decode-invariant" if invariant else "decode",

@@ -63,16 +63,19 @@ def decode_source(cache: str) -> ASTSource:
             "stride_qt stride_qh stride_bt stride_cache_block stride_cache_slot stride_cache_head",
             "i32",
         ),
-        **_scalars("GROUP GROUP_PAD HEAD_DIM BLOCK_SIZE BLOCK_N DOT_PRECISION KV_FP8", "constexpr"),
+        **_scalars(
+            "GROUP GROUP_PAD HEAD_DIM BLOCK_SIZE BLOCK_N DOT_PRECISION KV_FP8 DOT_F16", "constexpr"
+        ),
     }
     constexprs = {
         "GROUP": GROUP,
         "GROUP_PAD": 16,
         "HEAD_DIM": HEAD_DIM,
         "BLOCK_SIZE": BLOCK_SIZE,
-        "BLOCK_N": triton_decode.decode_block_n(HEAD_DIM),
+        "BLOCK_N": triton_decode.decode_launch(HEAD_DIM, cache == "fp8").block_n,
         "DOT_PRECISION": "tf32",
         "KV_FP8": cache == "fp8",
+        "DOT_F16": cache == "fp8",
     }
     return ASTSource(triton_decode._decode_split_kernel, signature, constexprs=constexprs)
 

@@ -22,7 +22,7 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 from test_triton_kernels import DEVICE, metadata, nan_buffers, paged_kv, rel_err  # noqa: E402, F401
 
-from bulkgen.model.attention import torch_backend, triton_backend  # noqa: E402
+from bulkgen.model.attention import torch_backend, triton_backend, triton_decode  # noqa: E402
 from bulkgen.model.attention.kv_fp8 import FP8_DTYPE, FP8_MAX, quantize  # noqa: E402
 from bulkgen.model.attention.triton_decode import paged_decode  # noqa: E402
 
@@ -196,3 +196,25 @@ def test_gpu_fp8_prefill_matches_reference(group, head_dim, block_size):
 def test_gpu_fp8_decode_matches_reference(num_splits):
     seq_lens = [1, 2, 15, 16, 17, 1000, 8191]
     check_fp8_decode(seq_lens, 8, 4, 128, 16, torch.bfloat16, num_splits)
+
+
+def test_an_fp8_cache_reads_tiles_of_as_many_bytes_as_bf16_unless_measured(monkeypatch):
+    """Without a measured launch, fp8 tiles hold twice the tokens of bf16 ones (the same bytes
+    a loop step); a measured one (decode_tilings.json) wins for its head dim only."""
+    monkeypatch.setattr(triton_decode, "measured_launches", lambda: {})
+    assert triton_decode.decode_launch(128, fp8=True).block_n == 2 * triton_decode.decode_block_n(
+        128
+    )
+    assert triton_decode.decode_launch(128, fp8=False).block_n == triton_decode.decode_block_n(128)
+    table = {"fp8": {"128": {"block_n": 256, "num_warps": 8, "num_stages": 4}}}
+    monkeypatch.setattr(triton_decode, "measured_launches", lambda: table)
+    assert triton_decode.decode_launch(128, fp8=True) == triton_decode.DecodeLaunch(256, 8, 4)
+    assert triton_decode.decode_launch(64, fp8=True).block_n == 128
+    assert triton_decode.decode_launch(128, fp8=False).block_n == 64
+
+
+@pytest.mark.parametrize("block_n, num_splits", [(32, 1), (128, 3)])
+def test_decode_over_fp8_cache_matches_reference_with_either_tile(monkeypatch, block_n, num_splits):
+    launch = triton_decode.DecodeLaunch(block_n)
+    monkeypatch.setattr(triton_decode, "decode_launch", lambda head_dim, fp8: launch)
+    check_fp8_decode([1, 2, 63, 64, 65, 300, 9], 2, 4, 32, 4, torch.float16, num_splits)

@@ -18,11 +18,22 @@ from the lengths of this step, so the grid and every argument stay the same from
 next and the launches can be captured in a CUDA graph and replayed after seq_lens and
 block_tables change in place.
 
-An fp8 cache (KV_FP8) is cast to the query's dtype as each tile is loaded; its layer scales are
-folded out of the loop (k_scale into qk_scale, v_scale into the final normalisation).
+An fp8 cache (KV_FP8) is cast as each tile is loaded; its layer scales are folded out of the
+loop (k_scale into qk_scale, v_scale into the final normalisation). With a bf16 or fp16 query
+(DOT_F16) both products run on fp16 operands: e4m3 -> fp16 is one conversion per two values (bf16
+takes more), the query is scaled by qk_scale before its one rounding to fp16 (so no score
+multiply in the loop, and no overflow for any |q| below 65504 / qk_scale), and an fp8 cache's
+tiles are twice as many tokens (decode_launch) so that each step of the loop reads as many
+bytes as a bf16 tile: at the same tokens per tile the fp8 kernel was latency-bound, as slow as
+bf16 at half the bytes (H200, bulk run profile at ec92f71: 12.1 vs 12.2 ms of attention a step).
 """
 
 from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import triton
@@ -64,6 +75,7 @@ def _decode_split_kernel(
     BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     KV_FP8: tl.constexpr,
+    DOT_F16: tl.constexpr,
 ):
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -80,6 +92,8 @@ def _decode_split_kernel(
         mask=head_mask[:, None],
         other=0.0,
     )
+    if DOT_F16:  # scores come out scaled; fp16 keeps 3 more mantissa bits than bf16
+        q = (q.to(tl.float32) * qk_scale).to(tl.float16)
 
     seq_len = tl.load(seq_lens_ptr + b)
     tiles_per_split = tl.cdiv(tl.cdiv(seq_len, BLOCK_N), num_splits)
@@ -106,7 +120,9 @@ def _decode_split_kernel(
         k_t = tl.load(k_cache_ptr + rows[None, :] + dims[:, None], mask=valid[None, :], other=0.0)
         if KV_FP8:
             k_t = k_t.to(q.dtype)
-        s = tl.dot(q, k_t, input_precision=DOT_PRECISION) * qk_scale
+        s = tl.dot(q, k_t, input_precision=DOT_PRECISION)
+        if not DOT_F16:
+            s = s * qk_scale
         s = tl.where(valid[None, :], s, float("-inf"))
         # Every tile has a valid position, so m_new is finite and alpha is 0 on the first tile.
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -173,6 +189,39 @@ def decode_block_n(head_dim: int) -> int:
     return 64 if head_dim <= 128 else 32
 
 
+class DecodeLaunch(NamedTuple):
+    """Tokens per K/V tile, warps and pipeline stages (None: Triton's default) of the split
+    kernel."""
+
+    block_n: int
+    num_warps: int = 4
+    num_stages: int | None = None
+
+
+# scripts/tune_decode.py --kv-cache-dtype fp8 --write-table: the fastest launch for an fp8 cache
+# on the H200 at the 8B attention shape, by head dim.
+TILINGS_FILE = Path(__file__).with_name("decode_tilings.json")
+
+
+@functools.cache
+def measured_launches() -> dict[str, dict]:
+    """{cache kind: {head dim: launch fields}} from TILINGS_FILE ({} without it)."""
+    try:
+        return json.loads(TILINGS_FILE.read_text())["launches"]
+    except FileNotFoundError:
+        return {}
+
+
+def decode_launch(head_dim: int, fp8: bool) -> DecodeLaunch:
+    """The split kernel's launch for a cache of this head dim and kind: bf16 tiles of
+    decode_block_n tokens; fp8 ones as measured (TILINGS_FILE), else twice the tokens (the same
+    bytes per tile)."""
+    if not fp8:
+        return DecodeLaunch(decode_block_n(head_dim))
+    measured = measured_launches().get("fp8", {}).get(str(head_dim))
+    return DecodeLaunch(**measured) if measured else DecodeLaunch(2 * decode_block_n(head_dim))
+
+
 def num_kv_splits(
     batch: int, num_kv_heads: int, max_context: int, block_n: int, device: torch.device
 ) -> int:
@@ -193,15 +242,14 @@ def paged_decode(
     block_tables: torch.Tensor,
     scale: float,
     num_splits: int | None = None,
-    num_warps: int = 4,
-    num_stages: int | None = None,
+    launch: DecodeLaunch | None = None,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Attention of one query row per sequence, q [B, Hq, D], over its cached context.
 
-    num_splits, num_warps and num_stages override the tuned choices (for benchmarks);
-    k_scale/v_scale dequantize an fp8 cache (ignored for others).
+    num_splits and launch override the tuned choices (for benchmarks); k_scale/v_scale
+    dequantize an fp8 cache (ignored for others).
     """
     batch, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -209,7 +257,8 @@ def paged_decode(
     assert num_q_heads % num_kv_heads == 0 and seq_lens.shape[0] == batch
     group = num_q_heads // num_kv_heads
     fp8 = is_fp8(k_cache)
-    block_n = decode_block_n(head_dim)
+    launch = launch or decode_launch(head_dim, fp8)
+    block_n = launch.block_n
     if num_splits is None:
         max_context = block_tables.shape[1] * block_size
         num_splits = num_kv_splits(batch, num_kv_heads, max_context, block_n, q.device)
@@ -245,8 +294,9 @@ def paged_decode(
         BLOCK_N=block_n,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         KV_FP8=fp8,
-        num_warps=num_warps,
-        **({"num_stages": num_stages} if num_stages else {}),
+        DOT_F16=fp8 and q.dtype != torch.float32,
+        num_warps=launch.num_warps,
+        **({"num_stages": launch.num_stages} if launch.num_stages else {}),
     )
     if num_splits > 1:
         _decode_reduce_kernel[(batch, num_q_heads)](
