@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -32,25 +31,13 @@ from bench_bulkgen import (
     seq_setting,
     tensor_parallel,
 )
-from bench_measure import measure_ceilings, plot
+from bench_measure import git_commit, measure_ceilings, plot
 from bench_transformers import run_transformers
 from bench_workloads import make_workload, model_folder, split_roofline_s
 
 from bulkgen.model.shapes import SHAPES
 
 # ---- measurement helpers ---------------------------------------------------------------------
-
-
-def git_commit() -> str:
-    if os.environ.get("GIT_COMMIT"):  # the device copy of the tree has no .git
-        return os.environ["GIT_COMMIT"]
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-        )
-        return out.stdout.strip() or "unknown"
-    except OSError:
-        return "unknown"
 
 
 # ---- engines (each in its own process) -------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -46,6 +47,18 @@ def _ceilings() -> dict:
         "copy_bw_gbs": round(2 * x.numel() / copy_s / 1e9, 1),
         "bf16_tflops": round(2 * 8192**3 / mm_s / 1e12, 1),
     }
+
+
+def git_commit() -> str:
+    if os.environ.get("GIT_COMMIT"):  # the device copy of the tree has no .git
+        return os.environ["GIT_COMMIT"]
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        )
+        return out.stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"
 
 
 class Sampler:

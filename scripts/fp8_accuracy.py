@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 
 import torch
+from bench_measure import git_commit
 
 MODES = {
     "bf16": {},
@@ -82,11 +82,6 @@ TEXTS = [
     "the absolute monarchy, proclaimed the rights of man and of the citizen, and was followed by "
     "years of war and upheaval before Napoleon Bonaparte took power in 1799.",
 ]
-
-
-def git_commit() -> str:
-    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    return out.stdout.strip() or "unknown"
 
 
 def engine_for(model_dir: str, options: dict, device: str):

@@ -15,10 +15,10 @@ import argparse
 import itertools
 import json
 import math
-import subprocess
 
 import torch
 from bench_attention import DTYPE, HEAD_DIM, median_ms, paged_inputs
+from bench_measure import git_commit
 
 from bulkgen.model.attention.kv_fp8 import resolve_kv_dtype
 from bulkgen.model.attention.triton_decode import (
@@ -47,11 +47,6 @@ def time_launch(inputs: dict, launch: DecodeLaunch) -> list[float] | None:
 
 def geomean(xs: list[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs))
-
-
-def git_commit() -> str:
-    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    return out.stdout.strip() or "unknown"
 
 
 def main() -> None:
