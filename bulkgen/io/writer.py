@@ -13,7 +13,6 @@ import json
 import os
 import time
 from collections.abc import Callable
-from itertools import chain
 from pathlib import Path
 
 import pyarrow as pa
@@ -216,8 +215,13 @@ class ShardWriter:
 
 def logprob_columns(rows: list[Row]) -> list[pa.Array]:
     """The `logprobs` and `top_logprobs` columns (null where a row has none), assembled from
-    flat arrays and list offsets: no Python object per entry, so building a shard's columns does
-    not hold the interpreter (GIL) away from the engine thread for long."""
+    flat arrays and list offsets: no Python object per entry.
+
+    Each row's values are converted by their own pyarrow calls and the pieces concatenated: one
+    conversion of a whole shard's entries (millions at 1,000 rows x 500 tokens x top 5) holds the
+    interpreter (the GIL) for its whole length, and stalled the engine thread for up to 0.5 s on a
+    2-core CPU (scripts/bench_logprobs.py); between per-row calls the engine thread gets it back
+    within the switch interval."""
     lp_offsets, top_offsets, entry_offsets = [0], [0], [0]
     no_lp, no_top = [], []
     for r in rows:
@@ -234,9 +238,9 @@ def logprob_columns(rows: list[Row]) -> list[pa.Array]:
     named = [r.top for r in rows if r.top is not None]
     entries = pa.StructArray.from_arrays(
         [
-            pa.array(list(chain.from_iterable(t.ids for t in named)), pa.int64()),
-            pa.array(list(chain.from_iterable(t.texts for t in named)), pa.string()),
-            pa.array(list(chain.from_iterable(t.logprobs for t in named)), pa.float64()),
+            _concat([pa.array(t.ids, pa.int64()) for t in named], pa.int64()),
+            _concat([pa.array(t.texts, pa.string()) for t in named], pa.string()),
+            _concat([pa.array(t.logprobs, pa.float64()) for t in named], pa.float64()),
         ],
         fields=list(_TOP_LOGPROB),
     )
@@ -244,10 +248,15 @@ def logprob_columns(rows: list[Row]) -> list[pa.Array]:
     top = pa.ListArray.from_arrays(
         pa.array(top_offsets, pa.int32()), per_position, _TOP_LOGPROBS, mask=pa.array(no_top)
     )
-    values = pa.array(
-        list(chain.from_iterable(r.logprobs for r in rows if r.logprobs is not None)), pa.float64()
-    )
+    pieces = [pa.array(r.logprobs, pa.float64()) for r in rows if r.logprobs is not None]
     logprobs = pa.ListArray.from_arrays(
-        pa.array(lp_offsets, pa.int32()), values, _LOGPROBS, mask=pa.array(no_lp)
+        pa.array(lp_offsets, pa.int32()),
+        _concat(pieces, pa.float64()),
+        _LOGPROBS,
+        mask=pa.array(no_lp),
     )
     return [logprobs, top]
+
+
+def _concat(pieces: list[pa.Array], kind: pa.DataType) -> pa.Array:
+    return pa.concat_arrays(pieces) if pieces else pa.array([], kind)
