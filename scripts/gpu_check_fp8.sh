@@ -7,7 +7,7 @@
 #   5. diagnostics: host time per step at 256 rows x 2K (bench_host.py), FP8 GEMMs against bf16
 #      by batch size (bench_fp8_mm.py), a kernel profile of blog FP8 (its wall_s is no measurement).
 # Every step has its own timeout; bench lines are appended to $OUT/bench.jsonl as each finishes
-# (at most 8 files come back).
+# (at most 8 files come back). The whole script takes about 10 minutes: give it a call of its own.
 #   GIT_COMMIT=abc1234 scripts/gpu_check_fp8.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -36,10 +36,10 @@ bench() {  # bench <folder> <timeout> <bench.py args...>
   grep -h '"error"' "$dir/out.txt" | cut -c1-1500 | tee -a "$OUT/log.txt"
 }
 bench trt 230 --workloads trt --engines bulkgen,bulkgen-fp8kv,bulkgen-fp8 --num-prompts "$TRT_PROMPTS"
-bench bulk 90 --workloads bulk --engines bulkgen,bulkgen-fp8 --num-prompts 512
-bench blog 60 --workloads blog --engines bulkgen,bulkgen-fp8
+bench bulk 150 --workloads bulk --engines bulkgen,bulkgen-fp8 --num-prompts 512
+bench blog 100 --workloads blog --engines bulkgen,bulkgen-fp8
 timeout 30 python3 scripts/bench_host.py --rows 256 --context 2048 --steps 200 2>&1 | tail -3 \
   | tee "$OUT/host.txt"
 timeout 45 python3 scripts/bench_fp8_mm.py 2>&1 | tee "$OUT/fp8mm.txt" | tail -2
-bench prof 40 --workloads blog --engines bulkgen-fp8 --profile-at 6
+bench prof 60 --workloads blog --engines bulkgen-fp8 --profile-at 6
 cp "$WORK"/prof/*kernels.txt "$OUT/" 2> /dev/null
