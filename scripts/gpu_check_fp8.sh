@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call (one H200) for the FP8 decode kernel and issues 13 and 16's FP8 targets:
+# Device calls (one H200) for the FP8 decode kernel and issues 13 and 16's FP8 targets:
 #   1. scripts/tune_decode.py --kv-cache-dtype fp8 --write-table (the launch the engine then uses);
 #   2. the GPU tests but the long batch-invariant ones (unchanged here);
 #   3. trt (TRT_PROMPTS requests): bf16 auto, FP8 KV auto, FP8 weights+KV auto;
@@ -7,25 +7,32 @@
 #   5. diagnostics: host time per step at 256 rows x 2K (bench_host.py), FP8 GEMMs against bf16
 #      by batch size (bench_fp8_mm.py), a kernel profile of blog FP8 (its wall_s is no measurement).
 # Every step has its own timeout; bench lines are appended to $OUT/bench.jsonl as each finishes
-# (at most 8 files come back). The whole script takes about 10 minutes: give it a call of its own.
-#   GIT_COMMIT=abc1234 scripts/gpu_check_fp8.sh
+# (at most 8 files come back). All steps take about 11 minutes, more than one call: STEPS picks.
+#   GIT_COMMIT=abc1234 STEPS="tune tests trt" scripts/gpu_check_fp8.sh   # about 9 minutes
+#   GIT_COMMIT=abc1234 STEPS="tune bulk blog diag" scripts/gpu_check_fp8.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 OUT="${OUT:-/tmp/gpu_check_fp8}"
 WORK=/tmp/fp8check
 TRT_PROMPTS="${TRT_PROMPTS:-500}"
+STEPS="${STEPS:-tune tests trt}"
 mkdir -p "$OUT" "$WORK"/{tests,trt,bulk,blog,prof}
+want() { [[ " $STEPS " == *" $1 "* ]]; }
 
-timeout 150 python3 scripts/tune_decode.py --kv-cache-dtype fp8 --write-table 2>&1 \
-  | grep -v -i warn | tee "$OUT/tune.txt" | tail -2
-cp bulkgen/model/attention/decode_tilings.json "$OUT/" 2> /dev/null
+if want tune; then
+  timeout 150 python3 scripts/tune_decode.py --kv-cache-dtype fp8 --write-table 2>&1 \
+    | grep -v -i warn | tee "$OUT/tune.txt" | tail -2
+  cp bulkgen/model/attention/decode_tilings.json "$OUT/" 2> /dev/null
+fi
 
-OUT=$WORK/tests TESTS=1 BENCH=0 PYTEST_ARGS="--maxfail=10 --ignore=tests/test_gpu_batch_invariant.py \
-  --ignore=tests/test_invariant_matmul.py tests" timeout 220 scripts/gpu_check.sh > /dev/null 2>&1
-{ tail -3 "$WORK/tests/gpu_tests.log"; grep -E "FAILED|^E " "$WORK/tests/gpu_tests.log" | head -40; } \
-  | tee "$OUT/tests.txt"
-[ -d .whl ] && mv .whl /tmp/whl  # installed once above; not again by each bench below
+if want tests; then
+  OUT=$WORK/tests TESTS=1 BENCH=0 PYTEST_ARGS="--maxfail=10 --ignore=tests/test_gpu_batch_invariant.py \
+    --ignore=tests/test_invariant_matmul.py tests" timeout 220 scripts/gpu_check.sh > /dev/null 2>&1
+  { tail -3 "$WORK/tests/gpu_tests.log"; grep -E "FAILED|^E " "$WORK/tests/gpu_tests.log" | head -40; } \
+    | tee "$OUT/tests.txt"
+  [ -d .whl ] && mv .whl /tmp/whl  # installed once above; not again by each bench below
+fi
 
 bench() {  # bench <folder> <timeout> <bench.py args...>
   local dir=$WORK/$1 limit=$2
@@ -35,11 +42,14 @@ bench() {  # bench <folder> <timeout> <bench.py args...>
   rm -f "$dir/bench.jsonl"
   grep -h '"error"' "$dir/out.txt" | cut -c1-1500 | tee -a "$OUT/log.txt"
 }
-bench trt 230 --workloads trt --engines bulkgen,bulkgen-fp8kv,bulkgen-fp8 --num-prompts "$TRT_PROMPTS"
-bench bulk 150 --workloads bulk --engines bulkgen,bulkgen-fp8 --num-prompts 512
-bench blog 100 --workloads blog --engines bulkgen,bulkgen-fp8
-timeout 30 python3 scripts/bench_host.py --rows 256 --context 2048 --steps 200 2>&1 | tail -3 \
-  | tee "$OUT/host.txt"
-timeout 45 python3 scripts/bench_fp8_mm.py 2>&1 | tee "$OUT/fp8mm.txt" | tail -2
-bench prof 60 --workloads blog --engines bulkgen-fp8 --profile-at 6
-cp "$WORK"/prof/*kernels.txt "$OUT/" 2> /dev/null
+want trt && bench trt 230 --workloads trt --engines bulkgen,bulkgen-fp8kv,bulkgen-fp8 \
+  --num-prompts "$TRT_PROMPTS"
+want bulk && bench bulk 150 --workloads bulk --engines bulkgen,bulkgen-fp8 --num-prompts 512
+want blog && bench blog 100 --workloads blog --engines bulkgen,bulkgen-fp8
+if want diag; then
+  timeout 30 python3 scripts/bench_host.py --rows 256 --context 2048 --steps 200 2>&1 | tail -3 \
+    | tee "$OUT/host.txt"
+  timeout 45 python3 scripts/bench_fp8_mm.py 2>&1 | tee "$OUT/fp8mm.txt" | tail -2
+  bench prof 60 --workloads blog --engines bulkgen-fp8 --profile-at 6
+  cp "$WORK"/prof/*kernels.txt "$OUT/" 2> /dev/null
+fi
