@@ -5,8 +5,12 @@
 The CPU interpreter runs the kernels as Python and never meets the GPU compiler: this catches
 what only codegen rejects (a constant that is not tl.constexpr, an fp8 cast the target lacks).
 For each kernel and cache dtype it prints the PTX size and the fp8 conversion instructions
-(cvt ... e4m3), which an fp8 variant must have and a bf16 one must not, and its loops (backward
-branches): the batch-invariant prefill ("invariant", triton_invariant.py) streams K/V in one loop.
+(cvt ... e4m3), which an fp8 variant must have and a bf16 one must not, its loops (backward
+branches): the batch-invariant prefill ("invariant", triton_invariant.py) streams K/V in one loop,
+and its byte-wise reads of shared memory (`ld.shared.b8`): "decode-vreg" is the decode kernel with
+DecodeLaunch.v_in_registers, whose fp8 V tile must not be read back one byte at a time. The
+decode kernels are compiled as the JIT specializes them at run time: pointers and the q and cache
+strides divisible by 16 (the block-table stride is the table's width, which need not be).
 """
 
 from __future__ import annotations
@@ -51,7 +55,7 @@ def write_kv_source(cache: str) -> ASTSource:
     return ASTSource(triton_kv._write_kv_kernel, signature, constexprs=constexprs)
 
 
-def decode_source(cache: str) -> ASTSource:
+def decode_source(cache: str, v_in_registers: bool = False) -> ASTSource:
     signature = {
         "q_ptr": "*bf16",
         **_scalars("k_cache_ptr v_cache_ptr", CACHE[cache]),
@@ -64,7 +68,9 @@ def decode_source(cache: str) -> ASTSource:
             "i32",
         ),
         **_scalars(
-            "GROUP GROUP_PAD HEAD_DIM BLOCK_SIZE BLOCK_N DOT_PRECISION KV_FP8 DOT_F16", "constexpr"
+            "GROUP GROUP_PAD HEAD_DIM BLOCK_SIZE BLOCK_N DOT_PRECISION KV_FP8 DOT_F16 "
+            "V_IN_REGISTERS",
+            "constexpr",
         ),
     }
     constexprs = {
@@ -76,8 +82,18 @@ def decode_source(cache: str) -> ASTSource:
         "DOT_PRECISION": "tf32",
         "KV_FP8": cache == "fp8",
         "DOT_F16": cache == "fp8",
+        "V_IN_REGISTERS": cache == "fp8" and v_in_registers,
     }
-    return ASTSource(triton_decode._decode_split_kernel, signature, constexprs=constexprs)
+    names = list(signature)
+    aligned = [n for n in names if n.endswith("_ptr") or n.startswith(("stride_q", "stride_cache"))]
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+    return ASTSource(
+        triton_decode._decode_split_kernel, signature, constexprs=constexprs, attrs=attrs
+    )
+
+
+def decode_vreg_source(cache: str) -> ASTSource:
+    return decode_source(cache, v_in_registers=True)
 
 
 def prefill_source(cache: str, invariant: bool = False) -> ASTSource:
@@ -122,6 +138,7 @@ def invariant_source(cache: str) -> ASTSource:
 SOURCES = {
     "write_kv": write_kv_source,
     "decode": decode_source,
+    "decode-vreg": decode_vreg_source,
     "prefill": prefill_source,
     "invariant": invariant_source,
 }
@@ -136,6 +153,11 @@ def compile_ptx(kernel: str, cache: str) -> str:
 def fp8_conversions(ptx: str) -> int:
     """cvt instructions to or from e4m3 in the PTX."""
     return len(re.findall(r"\bcvt\.[^;]*e4m3", ptx))
+
+
+def shared_byte_reads(ptx: str) -> int:
+    """ld.shared.b8 instructions: reads of shared memory one byte at a time."""
+    return len(re.findall(r"\bld\.shared\.b8\b", ptx))
 
 
 def loops(ptx: str) -> int:
@@ -153,7 +175,8 @@ def main() -> None:
     for kernel in SOURCES:
         for cache in CACHE:
             ptx = compile_ptx(kernel, cache)
-            print(f"{kernel:9s} {cache:4s}: {len(ptx):7d} chars of PTX, {loops(ptx)} loops, "
+            print(f"{kernel:11s} {cache:4s}: {len(ptx):7d} chars of PTX, {loops(ptx)} loops, "
+                  f"{shared_byte_reads(ptx)} shared byte reads, "
                   f"{fp8_conversions(ptx)} e4m3 conversions")  # fmt: skip
 
 

@@ -149,15 +149,21 @@ def test_kernels_compile_for_sm90_with_the_fp8_casts_only_in_the_fp8_variants(
     attention_compile_check,
 ):
     """The GPU compiler accepts both variants of each kernel (the interpreter never runs it), and
-    the bf16 variants carry no fp8 code: the constexpr branch compiles away."""
-    counts = dict(
-        re.findall(r"^(\w+ +\w+) *:.* (\d+) e4m3 conversions$", attention_compile_check, re.M)
+    the bf16 variants carry no fp8 code: the constexpr branch compiles away. The decode kernel with
+    v_in_registers reads no fp8 tile back from shared memory one byte at a time."""
+    lines = re.findall(
+        r"^([\w-]+ +\w+) *:.* (\d+) shared byte reads, (\d+) e4m3 conversions$",
+        attention_compile_check,
+        re.M,
     )
-    counts = {" ".join(k.split()): int(v) for k, v in counts.items()}
-    kernels = ("write_kv", "decode", "prefill", "invariant")
+    counts = {" ".join(k.split()): int(n) for k, _, n in lines}
+    byte_reads = {" ".join(k.split()): int(b) for k, b, _ in lines}
+    kernels = ("write_kv", "decode", "decode-vreg", "prefill", "invariant")
     assert set(counts) == {f"{k} {c}" for k in kernels for c in CACHES}
     for name, n in counts.items():
         assert (n > 0) == name.endswith("fp8"), counts
+    assert byte_reads["decode-vreg fp8"] == 0, byte_reads
+    assert all(n == 0 for name, n in byte_reads.items() if name.endswith("bf16")), byte_reads
 
 
 # ---- GPU only: real shapes and the rounding ---------------------------------------------------
@@ -193,7 +199,10 @@ def test_gpu_fp8_prefill_matches_reference(group, head_dim, block_size):
 @gpu
 @needs_cuda
 @pytest.mark.parametrize("num_splits", [None, 1, 5])
-def test_gpu_fp8_decode_matches_reference(num_splits):
+@pytest.mark.parametrize("v_in_registers", [False, True])
+def test_gpu_fp8_decode_matches_reference(monkeypatch, num_splits, v_in_registers):
+    launch = triton_decode.decode_launch(128, fp8=True)._replace(v_in_registers=v_in_registers)
+    monkeypatch.setattr(triton_decode, "decode_launch", lambda head_dim, fp8: launch)
     seq_lens = [1, 2, 15, 16, 17, 1000, 8191]
     check_fp8_decode(seq_lens, 8, 4, 128, 16, torch.bfloat16, num_splits)
 
@@ -213,8 +222,12 @@ def test_an_fp8_cache_reads_tiles_of_as_many_bytes_as_bf16_unless_measured(monke
     assert triton_decode.decode_launch(128, fp8=False).block_n == 64
 
 
+@pytest.mark.parametrize("v_in_registers", [False, True])
 @pytest.mark.parametrize("block_n, num_splits", [(32, 1), (128, 3)])
-def test_decode_over_fp8_cache_matches_reference_with_either_tile(monkeypatch, block_n, num_splits):
-    launch = triton_decode.DecodeLaunch(block_n)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_decode_over_fp8_cache_matches_reference_with_every_launch(
+    monkeypatch, block_n, num_splits, v_in_registers, dtype
+):
+    launch = triton_decode.DecodeLaunch(block_n, v_in_registers=v_in_registers)
     monkeypatch.setattr(triton_decode, "decode_launch", lambda head_dim, fp8: launch)
-    check_fp8_decode([1, 2, 63, 64, 65, 300, 9], 2, 4, 32, 4, torch.float16, num_splits)
+    check_fp8_decode([1, 2, 63, 64, 65, 300, 9], 2, 4, 32, 4, dtype, num_splits)

@@ -76,6 +76,7 @@ def _decode_split_kernel(
     DOT_PRECISION: tl.constexpr,
     KV_FP8: tl.constexpr,
     DOT_F16: tl.constexpr,
+    V_IN_REGISTERS: tl.constexpr,
 ):
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -130,7 +131,9 @@ def _decode_split_kernel(
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = tl.load(v_cache_ptr + rows[:, None] + dims[None, :], mask=valid[:, None], other=0.0)
-        if KV_FP8:
+        if V_IN_REGISTERS:  # see DecodeLaunch: the select keeps the tile out of byte reads
+            v = tl.where(valid[:, None], v.to(q.dtype), 0.0).to(q.dtype)
+        elif KV_FP8:
             v = v.to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
@@ -191,11 +194,20 @@ def decode_block_n(head_dim: int) -> int:
 
 class DecodeLaunch(NamedTuple):
     """Tokens per K/V tile, warps and pipeline stages (None: Triton's default) of the split
-    kernel."""
+    kernel, and for an fp8 cache where its V tile becomes fp16.
+
+    v_in_registers: Triton stages a V tile that feeds the P @ V product straight from its load in
+    shared memory, and reads an 8-bit tile back for that (transposed) operand one byte per
+    instruction (128 `ld.shared.b8` a thread in the sm_90 PTX); with a select between the
+    conversion and the product it converts the tile in registers and stages it as fp16 (16-byte
+    stores and `ldmatrix.trans`), at the cost of shared memory for the fp16 tile.
+    scripts/compile_check_attention.py counts both; which is faster is measured, not assumed.
+    """
 
     block_n: int
     num_warps: int = 4
     num_stages: int | None = None
+    v_in_registers: bool = False
 
 
 # scripts/tune_decode.py --kv-cache-dtype fp8 --write-table: the fastest launch for an fp8 cache
@@ -295,6 +307,7 @@ def paged_decode(
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         KV_FP8=fp8,
         DOT_F16=fp8 and q.dtype != torch.float32,
+        V_IN_REGISTERS=fp8 and launch.v_in_registers,
         num_warps=launch.num_warps,
         **({"num_stages": launch.num_stages} if launch.num_stages else {}),
     )
