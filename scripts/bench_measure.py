@@ -156,7 +156,8 @@ def engine_stack() -> str:
 
 
 def profile_window(seconds: float) -> dict:
-    """Kernel-level GPU busy (union of kernel intervals) and the top kernels over a short window.
+    """Kernel-level GPU busy (union of kernel intervals), the idle gaps between kernels and the
+    top kernels over a short window.
 
     Run from the sampler thread: CUPTI records every kernel of the process, whichever thread
     launched it.
@@ -168,29 +169,55 @@ def profile_window(seconds: float) -> dict:
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             time.sleep(seconds)
         spans = sorted(
-            (e.time_range.start, e.time_range.end)
+            (e.time_range.start, e.time_range.end, e.name)
             for e in prof.events()
             if e.device_type == torch.autograd.DeviceType.CUDA
         )
-        busy, cur_start, cur_end = 0.0, None, None
-        for start, end in spans:
-            if cur_end is None or start > cur_end:
-                busy += (cur_end - cur_start) if cur_end is not None else 0.0
-                cur_start, cur_end = start, end
-            else:
-                cur_end = max(cur_end, end)
-        if cur_end is not None:
-            busy += cur_end - cur_start
+        busy, gaps = kernel_gaps(spans)
         window = (spans[-1][1] - spans[0][0]) if spans else 0.0
         table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
         return {
             "kernel_busy": round(100 * busy / window, 2) if window else None,
             "kernels": len(spans),
             "window_us": window,
-            "table": table,
+            "table": table + "\n" + gap_report(gaps, window),
         }
     except Exception as e:  # the profile is an extra; never lose the benchmark over it
         return {"error": repr(e)}
+
+
+def kernel_gaps(spans: list[tuple[float, float, str]]) -> tuple[float, list]:
+    """Busy time (the union of the kernel intervals) and every idle gap between them, as
+    (gap, name of the kernel before it, name of the kernel after it); spans sorted by start."""
+    busy, gaps, cur_start, cur_end, cur_name = 0.0, [], None, None, ""
+    for start, end, name in spans:
+        if cur_end is None or start > cur_end:
+            if cur_end is not None:
+                busy += cur_end - cur_start
+                gaps.append((start - cur_end, cur_name, name))
+            cur_start, cur_end, cur_name = start, end, name
+        elif end > cur_end:
+            cur_end, cur_name = end, name
+    if cur_end is not None:
+        busy += cur_end - cur_start
+    return busy, gaps
+
+
+GAP_BUCKETS_US = (5, 20, 100, 1000)
+
+
+def gap_report(gaps: list, window: float) -> str:
+    """Idle time between kernels by gap size, and the largest gaps with their neighbours: where a
+    run's idle GPU time goes (a host stall, a sync, a launch queue that ran dry)."""
+    lines = [f"idle between kernels: {sum(g for g, _, _ in gaps):.0f} us of {window:.0f} us"]
+    low = 0
+    for high in (*GAP_BUCKETS_US, float("inf")):
+        inside = [g for g, _, _ in gaps if low <= g < high]
+        lines.append(f"  gaps {low}-{high} us: {len(inside)}, {sum(inside):.0f} us")
+        low = high
+    for gap, before, after in sorted(gaps, reverse=True)[:8]:
+        lines.append(f"  {gap:.0f} us after {before[:60]} before {after[:60]}")
+    return "\n".join(lines)
 
 
 def plot(runs: dict, path) -> None:
