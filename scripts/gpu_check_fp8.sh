@@ -5,7 +5,8 @@
 #   3. trt (TRT_PROMPTS requests): bf16 auto, FP8 KV auto, FP8 weights+KV auto;
 #   4. bulk (512 prompts) bf16 against FP8; blog bf16 against FP8;
 #   5. diagnostics: host time per step at 256 rows x 2K (bench_host.py), FP8 GEMMs against bf16
-#      by batch size (bench_fp8_mm.py), a kernel profile of blog FP8 (its wall_s is no measurement).
+#      by batch size (bench_fp8_mm.py), silu_and_mul_fp8's one- and two-pass kernels
+#      (bench_fp8_fused.py), a kernel profile of blog FP8 (its wall_s is no measurement).
 # Every step has its own timeout; bench lines are appended to $OUT/bench.jsonl as each finishes
 # (at most 8 files come back). All steps take about 11 minutes, more than one call: STEPS picks.
 #   GIT_COMMIT=abc1234 STEPS="tune tests trt" scripts/gpu_check_fp8.sh   # about 9 minutes
@@ -50,6 +51,7 @@ if want diag; then
   timeout 30 python3 scripts/bench_host.py --rows 256 --context 2048 --steps 200 2>&1 | tail -3 \
     | tee "$OUT/host.txt"
   timeout 45 python3 scripts/bench_fp8_mm.py 2>&1 | tee "$OUT/fp8mm.txt" | tail -2
+  timeout 30 python3 scripts/bench_fp8_fused.py 2>&1 | tee -a "$OUT/fp8mm.txt" | tail -1
   bench prof 60 --workloads blog --engines bulkgen-fp8 --profile-at 6
   cp "$WORK"/prof/*kernels.txt "$OUT/" 2> /dev/null
 fi

@@ -27,7 +27,9 @@ from bulkgen.model.fp8 import FP8, Fp8Activation
 from bulkgen.model.fp8_kernels import quantize_value, row_scale
 from bulkgen.model.fused import NORM_TILE
 
-SILU_BLOCK = 2048  # elements of a row per loop iteration
+SILU_BLOCK = 2048  # elements of a row per loop iteration (two passes)
+ONE_PASS = False  # silu_and_mul_fp8's default: see its docstring
+ONE_PASS_MAX_WIDTH = 16384  # 32 values a thread at 16 warps (the 8B shape's 14,336 fits)
 
 
 @triton.jit(do_not_specialize=["n_rows"])
@@ -93,19 +95,26 @@ def _silu_and_mul_fp8_kernel(
     stride_row,
     BLOCK: tl.constexpr,
     LIBDEVICE_EXP: tl.constexpr,
+    ONE_PASS: tl.constexpr,
 ):
-    # One program per row, two passes (absmax, then quantize; the second reads L2).
     row = tl.program_id(0).to(tl.int64)
     row_ptr = gate_up_ptr + row * stride_row
-    absmax = tl.zeros([BLOCK], dtype=tl.float32)
-    for start in range(0, I, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        absmax = tl.maximum(absmax, tl.abs(_silu_times_up(row_ptr, cols, I, LIBDEVICE_EXP)))
-    scale = row_scale(tl.max(absmax, axis=0))
-    for start in range(0, I, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        q = quantize_value(_silu_times_up(row_ptr, cols, I, LIBDEVICE_EXP), scale)
+    if ONE_PASS:  # the whole row in one tile (BLOCK >= I): read once, silu computed once
+        cols = tl.arange(0, BLOCK)
+        value = _silu_times_up(row_ptr, cols, I, LIBDEVICE_EXP)  # 0 past I: no effect on absmax
+        scale = row_scale(tl.max(tl.abs(value), axis=0))
+        q = quantize_value(value, scale)
         tl.store(q_ptr + row * I + cols, q.to(q_ptr.dtype.element_ty), mask=cols < I)
+    else:  # two passes over BLOCK-wide runs (absmax, then quantize; the second reads L2)
+        absmax = tl.zeros([BLOCK], dtype=tl.float32)
+        for start in range(0, I, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            absmax = tl.maximum(absmax, tl.abs(_silu_times_up(row_ptr, cols, I, LIBDEVICE_EXP)))
+        scale = row_scale(tl.max(absmax, axis=0))
+        for start in range(0, I, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            q = quantize_value(_silu_times_up(row_ptr, cols, I, LIBDEVICE_EXP), scale)
+            tl.store(q_ptr + row * I + cols, q.to(q_ptr.dtype.element_ty), mask=cols < I)
     tl.store(scale_ptr + row, scale)
 
 
@@ -163,22 +172,33 @@ def add_rms_norm_fp8(
     return out, new_res
 
 
-def silu_and_mul_fp8(gate_up: torch.Tensor) -> Fp8Activation:
-    """fused.silu_and_mul of gate_up [T, 2I], quantized per row for an FP8 projection."""
+def silu_and_mul_fp8(gate_up: torch.Tensor, one_pass: bool | None = None) -> Fp8Activation:
+    """fused.silu_and_mul of gate_up [T, 2I], quantized per row for an FP8 projection.
+
+    one_pass: the whole row in one tile of up to ONE_PASS_MAX_WIDTH values (16 warps), read once,
+    instead of two passes over 2,048-wide runs (4 warps), which read the row twice and compute
+    silu twice: the two-pass kernel took 28.6 us at ~500 rows of the 8B shape on the H200
+    against 10.6 us for the bf16 silu_and_mul (ec92f71, a bulk run's kernel profile), and at
+    blog's 32 rows it runs 32 programs. The same values bit for bit either way; None takes
+    ONE_PASS (off until scripts/bench_fp8_fused.py measures it faster on the GPU).
+    """
     assert gate_up.dim() == 2 and gate_up.stride(1) == 1 and gate_up.shape[1] % 2 == 0
     T, I = gate_up.shape[0], gate_up.shape[1] // 2
     out = _outputs(T, I, gate_up.device)
     if T == 0:
         return out
+    one_pass = (ONE_PASS if one_pass is None else one_pass) and I <= ONE_PASS_MAX_WIDTH
+    block = triton.next_power_of_2(I) if one_pass else min(SILU_BLOCK, triton.next_power_of_2(I))
     _silu_and_mul_fp8_kernel[(T,)](
         gate_up,
         out.q,
         out.scale,
         I,
         gate_up.stride(0),
-        BLOCK=min(SILU_BLOCK, triton.next_power_of_2(I)),
+        BLOCK=block,
         LIBDEVICE_EXP=gate_up.is_cuda,
-        num_warps=4,
+        ONE_PASS=one_pass,
+        num_warps=min(16, max(4, block // 1024)) if one_pass else 4,
     )
     return out
 
