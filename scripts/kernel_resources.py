@@ -1,0 +1,86 @@
+"""Registers, spills, shared memory and the occupancy they allow, of the decode kernel's launches
+and silu_and_mul_fp8's kernels, compiled for sm_90 without a GPU (Triton's bundled ptxas).
+
+    PYTHONPATH=. python scripts/kernel_resources.py
+
+Decode is compiled as the JIT specializes it (compile_check_attention.decode_source). One line per
+variant; "CTAs/SM" is the bound from registers (65,536 a SM) and shared memory (228 KB), at most
+16: a memory-bound kernel needs enough bytes in flight per SM, and fewer CTAs hold fewer.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import tempfile
+
+import triton
+from compile_check_attention import TARGET, decode_source
+from fp8_compile_check import KERNELS
+from triton.compiler import ASTSource
+
+from bulkgen.model.attention import triton_decode
+
+# Triton 3.x ships ptxas (CUDA 12.9, older than the PTX it now emits) and ptxas-blackwell (13.x).
+PTXAS_NAMES = ("ptxas-blackwell", "ptxas")
+
+
+def ptxas_usage(ptx: str) -> tuple[int, int]:
+    """(registers a thread, spill-store bytes) that ptxas reports for sm_90a."""
+    folder = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+        f.write(ptx)
+    try:
+        for name in PTXAS_NAMES:
+            cmd = [os.path.join(folder, name), "-v", "-arch=sm_90a", f.name, "-o", os.devnull]
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode == 0:
+                text = done.stdout + done.stderr
+                regs = int(re.search(r"Used (\d+) registers", text).group(1))
+                return regs, int(re.search(r"(\d+) bytes spill stores", text).group(1))
+        raise RuntimeError(f"no ptxas accepted the PTX: {done.stderr[-300:]}")
+    finally:
+        os.unlink(f.name)
+
+
+def line(name: str, compiled, threads: int) -> str:
+    regs, spills = ptxas_usage(compiled.asm["ptx"])
+    smem = compiled.metadata.shared
+    ctas = min(65536 // (regs * threads), 228 * 1024 // max(smem, 1), 16)
+    return f"{name}: {regs} registers, {spills} B spilled, {smem} B shared, CTAs/SM <= {ctas}"
+
+
+def main() -> None:
+    for cache in ("bf16", "fp8"):
+        for v_in_registers in (False, True) if cache == "fp8" else (False,):
+            for block_n in (64, 128):
+                for stages in (2, 3):
+                    src = decode_source(cache, v_in_registers)
+                    names = list(src.signature)
+                    consts = {
+                        names[k[0]] if isinstance(k, tuple) else k: v
+                        for k, v in src.constants.items()
+                    }
+                    source = ASTSource(
+                        triton_decode._decode_split_kernel,
+                        src.signature,
+                        constexprs={**consts, "BLOCK_N": block_n},
+                        attrs=src.attrs,
+                    )
+                    options = {"num_warps": 4, "num_stages": stages}
+                    compiled = triton.compile(source, target=TARGET, options=options)
+                    name = f"decode {cache} v_in_registers={v_in_registers} block_n={block_n}"
+                    print(line(f"{name} stages={stages}", compiled, 128), flush=True)
+    for fn, signature, constexprs in KERNELS:
+        if fn.__name__ != "_silu_and_mul_fp8_kernel":
+            continue
+        warps = 16 if constexprs.get("ONE_PASS") else 4
+        source = ASTSource(fn, signature | {n: "constexpr" for n in constexprs}, constexprs)
+        compiled = triton.compile(source, target=TARGET, options={"num_warps": warps})
+        name = f"silu_and_mul_fp8 one_pass={constexprs.get('ONE_PASS')}"
+        print(line(name, compiled, 32 * warps), flush=True)
+
+
+if __name__ == "__main__":
+    main()
