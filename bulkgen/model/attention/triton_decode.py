@@ -30,24 +30,22 @@ bf16 at half the bytes (H200, bulk run profile at ec92f71: 12.1 vs 12.2 ms of at
 
 from __future__ import annotations
 
-import functools
-import json
-from pathlib import Path
-from typing import NamedTuple
-
 import torch
 import triton
 import triton.language as tl
 
+from bulkgen.model.attention.decode_launch import (  # noqa: F401  (tune_decode.py and tests)
+    TILINGS_FILE,
+    DecodeLaunch,
+    decode_block_n,
+    decode_launch,
+    measured_launches,
+    num_kv_splits,
+)
 from bulkgen.model.attention.kv_fp8 import is_fp8
 from bulkgen.model.attention.triton_kv import check_cache, kv_tile_offsets
 
 LOG2E = 1.4426950408889634
-MAX_SPLITS = 64
-# Splits are added until there are about this many CTAs per SM. Measured on the H200 at the 8B
-# shape (scripts/tune_decode.py): 2 beat 8 (batch 32, context 4096: 0.141 vs 0.151+ ms), and
-# batches of 128+ sequences run best unsplit.
-CTAS_PER_SM = 2
 
 
 @triton.jit
@@ -185,65 +183,6 @@ def _decode_reduce_kernel(
     total = tl.sum(weights, axis=0)
     out = tl.sum(weights[:, None] * parts, axis=0) / tl.where(total > 0, total, 1.0)
     tl.store(out_ptr + row * HEAD_DIM + dims, out.to(out_ptr.dtype.element_ty))
-
-
-def decode_block_n(head_dim: int) -> int:
-    """Tokens per K/V tile: 64 keeps a [64, 128] bf16 tile of K and of V in flight per stage."""
-    return 64 if head_dim <= 128 else 32
-
-
-class DecodeLaunch(NamedTuple):
-    """Tokens per K/V tile, warps and pipeline stages (None: Triton's default) of the split
-    kernel, and for an fp8 cache where its V tile becomes fp16.
-
-    v_in_registers: Triton stages a V tile that feeds the P @ V product straight from its load in
-    shared memory, and reads an 8-bit tile back for that (transposed) operand one byte per
-    instruction (128 `ld.shared.b8` a thread in the sm_90 PTX); with a select between the
-    conversion and the product it converts the tile in registers and stages it as fp16 (16-byte
-    stores and `ldmatrix.trans`), at the cost of shared memory for the fp16 tile.
-    scripts/compile_check_attention.py counts both; which is faster is measured, not assumed.
-    """
-
-    block_n: int
-    num_warps: int = 4
-    num_stages: int | None = None
-    v_in_registers: bool = False
-
-
-# scripts/tune_decode.py --kv-cache-dtype fp8 --write-table: the fastest launch for an fp8 cache
-# on the H200 at the 8B attention shape, by head dim.
-TILINGS_FILE = Path(__file__).with_name("decode_tilings.json")
-
-
-@functools.cache
-def measured_launches() -> dict[str, dict]:
-    """{cache kind: {head dim: launch fields}} from TILINGS_FILE ({} without it)."""
-    try:
-        return json.loads(TILINGS_FILE.read_text())["launches"]
-    except FileNotFoundError:
-        return {}
-
-
-def decode_launch(head_dim: int, fp8: bool) -> DecodeLaunch:
-    """The split kernel's launch for a cache of this head dim and kind: bf16 tiles of
-    decode_block_n tokens; fp8 ones as measured (TILINGS_FILE), else twice the tokens (the same
-    bytes per tile)."""
-    if not fp8:
-        return DecodeLaunch(decode_block_n(head_dim))
-    measured = measured_launches().get("fp8", {}).get(str(head_dim))
-    return DecodeLaunch(**measured) if measured else DecodeLaunch(2 * decode_block_n(head_dim))
-
-
-def num_kv_splits(
-    batch: int, num_kv_heads: int, max_context: int, block_n: int, device: torch.device
-) -> int:
-    """Splits per (sequence, kv-head): a function of static shapes only (CUDA-graph safe)."""
-    # Host-side property, cached by torch: no device sync. The CPU interpreter gets a token 4.
-    cuda = device.type == "cuda"
-    num_sms = torch.cuda.get_device_properties(device).multi_processor_count if cuda else 4
-    wanted = triton.cdiv(CTAS_PER_SM * num_sms, batch * num_kv_heads)
-    useful = triton.cdiv(max_context, block_n)  # more splits than tiles would all be empty
-    return max(1, min(triton.next_power_of_2(wanted), triton.next_power_of_2(useful), MAX_SPLITS))
 
 
 def paged_decode(
