@@ -23,7 +23,7 @@ import pytest  # noqa: E402
 from test_triton_kernels import DEVICE, metadata, nan_buffers, paged_kv, rel_err  # noqa: E402, F401
 
 from bulkgen.model.attention import (  # noqa: E402
-    decode_launch,
+    decode_tiling,
     torch_backend,
     triton_backend,
     triton_decode,
@@ -215,15 +215,15 @@ def test_gpu_fp8_decode_matches_reference(monkeypatch, num_splits, v_in_register
 def test_an_fp8_cache_reads_tiles_of_as_many_bytes_as_bf16_unless_measured(monkeypatch):
     """Without a measured launch, fp8 tiles hold twice the tokens of bf16 ones (the same bytes
     a loop step); a measured one (decode_tilings.json) wins for its head dim only."""
-    monkeypatch.setattr(decode_launch, "measured_launches", lambda: {})
-    bf16_tile = decode_launch.decode_block_n(128)
-    assert decode_launch.decode_launch(128, fp8=True).block_n == 2 * bf16_tile
-    assert decode_launch.decode_launch(128, fp8=False).block_n == bf16_tile
+    monkeypatch.setattr(decode_tiling, "measured_launches", lambda: {})
+    bf16_tile = decode_tiling.decode_block_n(128)
+    assert decode_tiling.decode_launch(128, fp8=True).block_n == 2 * bf16_tile
+    assert decode_tiling.decode_launch(128, fp8=False).block_n == bf16_tile
     table = {"fp8": {"128": {"block_n": 256, "num_warps": 8, "num_stages": 4}}}
-    monkeypatch.setattr(decode_launch, "measured_launches", lambda: table)
-    assert decode_launch.decode_launch(128, fp8=True) == decode_launch.DecodeLaunch(256, 8, 4)
-    assert decode_launch.decode_launch(64, fp8=True).block_n == 128
-    assert decode_launch.decode_launch(128, fp8=False).block_n == 64
+    monkeypatch.setattr(decode_tiling, "measured_launches", lambda: table)
+    assert decode_tiling.decode_launch(128, fp8=True) == decode_tiling.DecodeLaunch(256, 8, 4)
+    assert decode_tiling.decode_launch(64, fp8=True).block_n == 128
+    assert decode_tiling.decode_launch(128, fp8=False).block_n == 64
 
 
 @pytest.mark.parametrize("v_in_registers", [False, True])

@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from bulkgen.model.attention.decode_launch import (  # noqa: F401  (tune_decode.py and tests)
+from bulkgen.model.attention.decode_tiling import (  # noqa: F401  (tune_decode.py and tests)
     TILINGS_FILE,
     DecodeLaunch,
     decode_block_n,
