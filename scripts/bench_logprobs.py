@@ -1,9 +1,17 @@
-"""Host cost of --logprobs per generated token: naming (Detokenize) and the Parquet columns.
+"""Host cost of --logprobs per generated token, and the stalls it gives the engine thread.
 
-Both run on threads that share the interpreter (the GIL) with the engine thread, so their
-Python time is time the engine loop may wait. A shard batch of 64 rows x 544 tokens x top-5 with
-random ids, as the engine gives them; naming is timed cold (every id new to the Detokenize's
-text cache) and warm (later batches with the same ids); each warm figure is the best of 3.
+Naming (Detokenize) and the Parquet columns run on threads that share the interpreter (the GIL)
+with the engine thread, so their Python time is time the engine loop may wait; so is every
+full garbage collection, which visits each object the GC tracks and every reference they hold.
+
+- naming / arrow columns: a batch of 64 rows x 544 tokens x top-5 with random ids, as the engine
+  gives them; naming is timed cold (every id new to the Detokenize's text cache) and warm (later
+  batches with the same ids); each warm figure is the best of 3.
+- gc.collect: a full collection while 1,000 such rows are held, as the engine hands them over
+  and once named (as the writer buffers a 1,000-row shard).
+- stalls: a thread sleeping 2 ms in a loop (the engine thread's stand-in) records how late it
+  wakes while the writer's logprob_columns builds a 1,000-row shard and while _name_tokens
+  names 64 rows (the shard's 1,000 named rows held meanwhile, as the writer holds them).
 
     python scripts/bench_logprobs.py --tokenizer .carry/tokenizer.json
 """
@@ -11,7 +19,9 @@ text cache) and warm (later batches with the same ids); each warm figure is the 
 from __future__ import annotations
 
 import argparse
+import gc
 import random
+import threading
 import time
 
 from transformers import PreTrainedTokenizerFast
@@ -22,6 +32,7 @@ from bulkgen.text.stage import Detokenize
 
 
 def batch(rows: int, tokens: int, k: int, seed: int) -> list[Row]:
+    """Rows as the engine hands them over (stages._finish)."""
     r = random.Random(seed)
     out = []
     for i in range(rows):
@@ -36,12 +47,45 @@ def batch(rows: int, tokens: int, k: int, seed: int) -> list[Row]:
     return out
 
 
+class StallWatch:
+    """A thread that sleeps 2 ms in a loop and keeps the worst lateness of its wake-ups."""
+
+    def __init__(self) -> None:
+        self.worst = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            start = time.perf_counter()
+            time.sleep(0.002)
+            self.worst = max(self.worst, time.perf_counter() - start - 0.002)
+
+    def __enter__(self) -> StallWatch:
+        self._thread.start()
+        time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        time.sleep(0.05)
+        self._stop.set()
+        self._thread.join()
+
+
+def stall(fn, rows: list[Row]) -> float:
+    """The worst wake-up lateness of the stand-in engine thread while fn(rows) runs."""
+    with StallWatch() as watch:
+        fn(rows)
+    return watch.worst
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokenizer", required=True, help="a tokenizer.json file")
     parser.add_argument("--rows", type=int, default=64)
     parser.add_argument("--tokens", type=int, default=544)
     parser.add_argument("--k", type=int, default=5)
+    parser.add_argument("--shard", type=int, default=1000, help="rows of a shard")
     args = parser.parse_args()
     det = Detokenize(PreTrainedTokenizerFast(tokenizer_file=args.tokenizer))
     n = args.rows * args.tokens
@@ -52,6 +96,22 @@ def main() -> None:
     print(f"naming, warm: {warm / n * 1e6:.2f} us/token")
     arrow = min(timed(logprob_columns, rows) for _ in range(3))
     print(f"arrow columns: {arrow / n * 1e6:.2f} us/token")
+    del rows
+
+    shard = batch(args.shard, args.tokens, args.k, seed=1)
+    print(f"gc.collect, {args.shard} rows as the engine hands them: {collect_ms():.0f} ms")
+    det._name_tokens(shard)
+    print(f"gc.collect, {args.shard} rows named: {collect_ms():.0f} ms")
+    print(
+        f"stall, logprob_columns of {args.shard} rows: {stall(logprob_columns, shard) * 1e3:.1f} ms"
+    )
+    named = batch(args.rows, args.tokens, args.k, seed=2)
+    print(f"stall, naming {args.rows} rows: {stall(det._name_tokens, named) * 1e3:.1f} ms")
+
+
+def collect_ms() -> float:
+    """A full collection's time, the best of 3."""
+    return min(timed(lambda _: gc.collect(), []) for _ in range(3)) * 1e3
 
 
 def timed(fn, rows: list[Row]) -> float:
