@@ -20,29 +20,34 @@ from __future__ import annotations
 
 import argparse
 import gc
-import random
 import threading
 import time
 
+import numpy as np
 from transformers import PreTrainedTokenizerFast
 
+from bulkgen.engine.token_logprobs import LogprobRecorder
 from bulkgen.io.writer import logprob_columns
 from bulkgen.row import Row
 from bulkgen.text.stage import Detokenize
 
 
 def batch(rows: int, tokens: int, k: int, seed: int) -> list[Row]:
-    """Rows as the engine hands them over (stages._finish)."""
-    r = random.Random(seed)
+    """Rows as the engine hands them over (stages._finish), their logprobs recorded a token at a
+    time as Scheduler.update does."""
+    rng = np.random.default_rng(seed)
     out = []
     for i in range(rows):
         row = Row(id=str(i), prompt="x")
-        row.token_ids = [r.randrange(1000, 120000) for _ in range(tokens)]
-        row.logprobs = [-r.random() for _ in range(tokens)]
-        pairs = [
-            [(r.randrange(1000, 120000), -r.random()) for _ in range(k)] for _ in range(tokens)
-        ]
-        row.top_logprobs = pairs
+        row.token_ids = rng.integers(1000, 120000, tokens).tolist()
+        chosen = (-rng.random(tokens)).tolist()
+        top_ids = memoryview(rng.integers(1000, 120000, tokens * k).view(np.uint8))
+        top_values = memoryview((-rng.random(tokens * k)).view(np.uint8))
+        rec = LogprobRecorder(k)
+        for p in range(tokens):
+            at = slice(p * k * 8, (p + 1) * k * 8)
+            rec.append(chosen[p], top_ids[at], top_values[at])
+        row.token_logprobs = rec.freeze()
         out.append(row)
     return out
 
