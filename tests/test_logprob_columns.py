@@ -7,6 +7,7 @@ the oracle is the per-entry dict form written before.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -148,3 +149,48 @@ def test_the_first_shard_imports_nothing_while_the_engine_runs(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_a_named_rows_logprobs_hold_no_object_the_gc_tracks(tiny_tokenizer):
+    """Naming adds texts; the numbers stay in untracked arrays, cut or not."""
+    row = engine_row("a", [5, 9, 5, 40], 3)
+    Detokenize(tiny_tokenizer)([row])
+    keep_first_tokens(row, 3)
+    assert len(row.token_logprobs) == 3
+    assert not any(gc.is_tracked(a) for a in row.token_logprobs.columns())
+
+
+def test_a_parquet_shard_is_byte_for_byte_that_of_the_dict_form(tmp_path, tiny_tokenizer):
+    """The oracle: the same table converted from Python lists and dicts in one pyarrow call (how
+    shards were written before the flat columns)."""
+    writer = ShardWriter(tmp_path, "parquet", shard_size=10, logprobs=True)
+    writer.add(mixed_rows(tiny_tokenizer))
+    writer.flush()
+    rows = mixed_rows(tiny_tokenizer)
+    oracle = writer._table(rows).drop_columns(["logprobs", "top_logprobs"])
+    chosen = [r.token_logprobs.chosen.tolist() if r.top_texts is not None else None for r in rows]
+    oracle = oracle.append_column("logprobs", pa.array(chosen, pa.list_(pa.float64())))
+    tops = [dict_form(r) if r.top_texts is not None else None for r in rows]
+    oracle = oracle.append_column("top_logprobs", pa.array(tops, TOP))
+    buffer = pa.BufferOutputStream()
+    pq.write_table(oracle, buffer, compression="zstd")
+    assert (tmp_path / writer.shards[0]).read_bytes() == buffer.getvalue().to_pybytes()
+
+
+def test_a_jsonl_line_holds_the_logprobs_exactly(tmp_path, tiny_tokenizer):
+    row = engine_row("a", [5, 9], 2)
+    Detokenize(tiny_tokenizer)([row])
+    writer = ShardWriter(tmp_path, "jsonl", shard_size=10, logprobs=True)
+    writer.add([row])
+    writer.flush()
+    t = {i: json.dumps(tiny_tokenizer.decode([i]), ensure_ascii=False) for i in (5, 6, 9, 10)}
+    expected = (
+        f'{{"id": "a", "prompt": "p", "text": {json.dumps(row.text, ensure_ascii=False)}, '
+        '"finish_reason": "length", "error": null, '
+        '"prompt_tokens": 0, "completion_tokens": 2, "logprobs": [-0.25, -0.5], "top_logprobs": '
+        f'[[{{"token_id": 5, "token": {t[5]}, "logprob": -0.0}}, '
+        f'{{"token_id": 6, "token": {t[6]}, "logprob": -0.5}}], '
+        f'[{{"token_id": 9, "token": {t[9]}, "logprob": -1.0}}, '
+        f'{{"token_id": 10, "token": {t[10]}, "logprob": -1.5}}]]}}\n'
+    )
+    assert (tmp_path / writer.shards[0]).read_text() == expected
