@@ -11,7 +11,8 @@ full garbage collection, which visits each object the GC tracks and every refere
   and once named (as the writer buffers a 1,000-row shard).
 - stalls: a thread sleeping 2 ms in a loop (the engine thread's stand-in) records how late it
   wakes while the writer's logprob_columns builds a 1,000-row shard and while _name_tokens
-  names 64 rows (the shard's 1,000 named rows held meanwhile, as the writer holds them).
+  names 64 rows (the shard's 1,000 named rows held meanwhile, as the writer holds them); the
+  worst of 3 calls each, beside a control (the same thread while nothing else runs).
 
     python scripts/bench_logprobs.py --tokenizer .carry/tokenizer.json
 """
@@ -53,10 +54,13 @@ def batch(rows: int, tokens: int, k: int, seed: int) -> list[Row]:
 
 
 class StallWatch:
-    """A thread that sleeps 2 ms in a loop and keeps the worst lateness of its wake-ups."""
+    """A thread that sleeps 2 ms in a loop and keeps the worst lateness of its wake-ups; and the
+    longest garbage collection meanwhile (a stall on a loaded machine may also be the OS
+    descheduling whichever thread holds the GIL: the collections are this bench's own part)."""
 
     def __init__(self) -> None:
-        self.worst = 0.0
+        self.worst = self.longest_gc = 0.0
+        self._gc_start = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -66,22 +70,36 @@ class StallWatch:
             time.sleep(0.002)
             self.worst = max(self.worst, time.perf_counter() - start - 0.002)
 
+    def _on_gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._gc_start = time.perf_counter()
+        else:
+            self.longest_gc = max(self.longest_gc, time.perf_counter() - self._gc_start)
+
     def __enter__(self) -> StallWatch:
         self._thread.start()
         time.sleep(0.05)
+        gc.callbacks.append(self._on_gc)
         return self
 
     def __exit__(self, *exc) -> None:
+        gc.callbacks.remove(self._on_gc)
         time.sleep(0.05)
         self._stop.set()
         self._thread.join()
 
 
-def stall(fn, rows: list[Row]) -> float:
-    """The worst wake-up lateness of the stand-in engine thread while fn(rows) runs."""
+def stall(fn, rows: list[Row]) -> tuple[float, float]:
+    """The worst wake-up lateness of the stand-in engine thread while fn(rows) runs, and the
+    longest collection in that time."""
     with StallWatch() as watch:
         fn(rows)
-    return watch.worst
+    return watch.worst, watch.longest_gc
+
+
+def worst(stalls) -> str:
+    late, collection = (max(values) for values in zip(*stalls, strict=True))
+    return f"{late * 1e3:.1f} ms (longest collection {collection * 1e3:.1f} ms)"
 
 
 def main() -> None:
@@ -103,15 +121,28 @@ def main() -> None:
     print(f"arrow columns: {arrow / n * 1e6:.2f} us/token")
     del rows
 
+    print(f"gc.collect, nothing held: {collect_ms():.0f} ms")
     shard = batch(args.shard, args.tokens, args.k, seed=1)
     print(f"gc.collect, {args.shard} rows as the engine hands them: {collect_ms():.0f} ms")
     det._name_tokens(shard)
     print(f"gc.collect, {args.shard} rows named: {collect_ms():.0f} ms")
-    print(
-        f"stall, logprob_columns of {args.shard} rows: {stall(logprob_columns, shard) * 1e3:.1f} ms"
-    )
-    named = batch(args.rows, args.tokens, args.k, seed=2)
-    print(f"stall, naming {args.rows} rows: {stall(det._name_tokens, named) * 1e3:.1f} ms")
+    # The worst of 3: a stall shows whether a full collection fell inside the call. The control
+    # is the lateness of the same thread while this one sleeps (the machine's own noise).
+    control = worst(stall(lambda _: time.sleep(0.5), []) for _ in range(3))
+    print(f"stall, control (0.5 s asleep): {control}")
+    columns = worst(stall(logprob_columns, shard) for _ in range(3))
+    print(f"stall, logprob_columns of {args.shard} rows: {columns}")
+    rows = args.rows, args.tokens, args.k
+    named = worst(stall(det._name_tokens, batch(*rows, seed=2 + i)) for i in range(3))
+    print(f"stall, naming {args.rows} rows: {named}")
+    # What a gc.freeze() once everything is loaded would leave: the startup objects (torch,
+    # transformers, the tokenizer) are never visited again.
+    del shard
+    gc.collect()
+    gc.freeze()
+    shard = batch(args.shard, args.tokens, args.k, seed=1)
+    det._name_tokens(shard)
+    print(f"gc.collect, {args.shard} rows named, startup frozen: {collect_ms():.0f} ms")
 
 
 def collect_ms() -> float:
