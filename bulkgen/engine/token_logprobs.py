@@ -4,9 +4,10 @@ A logprob job keeps, per generated token, the sampled token's logprob and its to
 As Python objects (a float, a list of k (id, logprob) tuples) that is k + 2 containers per token,
 and a full collection visits each of them and every reference they hold: with a 1,000-row shard
 of 544 tokens x top-5 alive, one gc.collect() held the GIL for about 0.2 s, stalling the engine
-thread. Here a request's logprobs grow in array.array buffers (one GC visit each: Python 3.11
-tracks arrays only to reach their type) and end as numpy arrays, which the GC does not track.
-Position p's top-k entries are [p*k, (p+1)*k), best first.
+thread. Here a request's logprobs grow in array.array buffers (one GC visit each, whatever
+their length: Python 3.11 tracks arrays only to reach their type) and are handed on as read-only
+numpy views of them, which the GC does not track. Position p's top-k entries are
+[p*k, (p+1)*k), best first.
 """
 
 from __future__ import annotations
@@ -44,8 +45,9 @@ class LogprobRecorder:
 
 
 def _frozen(buffer: array, dtype: type) -> np.ndarray:
-    """A read-only numpy copy (a view would keep the GC-tracked array alive)."""
-    out = np.frombuffer(buffer, dtype).copy()
+    """A read-only view, no copy: a copy of every finished request's buffers costs the engine
+    thread fresh pages (page faults) for nothing. The array cannot grow while viewed."""
+    out = np.frombuffer(buffer, dtype)
     out.flags.writeable = False
     return out
 
