@@ -9,6 +9,8 @@ full garbage collection, which visits each object the GC tracks and every refere
   batches with the same ids); each warm figure is the best of 3.
 - gc.collect: a full collection while 1,000 such rows are held, as the engine hands them over
   and once named (as the writer buffers a 1,000-row shard).
+- stream: 2 shards' rows made, named and written as a job streams them; the collections the
+  interpreter ran meanwhile and the worst stall.
 - stalls: a thread sleeping 2 ms in a loop (the engine thread's stand-in) records how late it
   wakes while the writer's logprob_columns builds a 1,000-row shard and while _name_tokens
   names 64 rows (the shard's 1,000 named rows held meanwhile, as the writer holds them); the
@@ -59,7 +61,8 @@ class StallWatch:
     descheduling whichever thread holds the GIL: the collections are this bench's own part)."""
 
     def __init__(self) -> None:
-        self.worst = self.longest_gc = 0.0
+        self.worst = self.longest_gc = self.gc_total = 0.0
+        self.full_collections = 0
         self._gc_start = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -74,7 +77,10 @@ class StallWatch:
         if phase == "start":
             self._gc_start = time.perf_counter()
         else:
-            self.longest_gc = max(self.longest_gc, time.perf_counter() - self._gc_start)
+            took = time.perf_counter() - self._gc_start
+            self.longest_gc = max(self.longest_gc, took)
+            self.gc_total += took
+            self.full_collections += info["generation"] == 2
 
     def __enter__(self) -> StallWatch:
         self._thread.start()
@@ -95,6 +101,21 @@ def stall(fn, rows: list[Row]) -> tuple[float, float]:
     with StallWatch() as watch:
         fn(rows)
     return watch.worst, watch.longest_gc
+
+
+def stream(det: Detokenize, args: argparse.Namespace, shards: int) -> StallWatch:
+    """Rows made as the engine makes them, named 64 at a time and buffered into shards whose
+    columns are built, as a job streams them: the stand-in engine thread watches throughout."""
+    with StallWatch() as watch:
+        buffer = []
+        for i in range(shards * args.shard // args.rows):
+            rows = batch(args.rows, args.tokens, args.k, seed=10 + i)
+            det._name_tokens(rows)
+            buffer += rows
+            if len(buffer) >= args.shard:
+                logprob_columns(buffer)
+                buffer = []
+    return watch
 
 
 def worst(stalls) -> str:
@@ -130,14 +151,23 @@ def main() -> None:
     # is the lateness of the same thread while this one sleeps (the machine's own noise).
     control = worst(stall(lambda _: time.sleep(0.5), []) for _ in range(3))
     print(f"stall, control (0.5 s asleep): {control}")
+    # After one untimed call, as after a job's first shard: pyarrow's memory pool (mimalloc) grows
+    # on first use, a one-time stall of up to 0.3 s on this machine, whatever the rows hold.
+    logprob_columns(shard)
     columns = worst(stall(logprob_columns, shard) for _ in range(3))
     print(f"stall, logprob_columns of {args.shard} rows: {columns}")
     rows = args.rows, args.tokens, args.k
     named = worst(stall(det._name_tokens, batch(*rows, seed=2 + i)) for i in range(3))
     print(f"stall, naming {args.rows} rows: {named}")
+    del shard
+    watch = stream(det, args, shards=2)
+    print(
+        f"stream of 2 shards: stall {watch.worst * 1e3:.1f} ms, {watch.full_collections} full "
+        f"collections, longest collection {watch.longest_gc * 1e3:.1f} ms, all collections "
+        f"{watch.gc_total * 1e3:.0f} ms"
+    )
     # What a gc.freeze() once everything is loaded would leave: the startup objects (torch,
     # transformers, the tokenizer) are never visited again.
-    del shard
     gc.collect()
     gc.freeze()
     shard = batch(args.shard, args.tokens, args.k, seed=1)
