@@ -45,6 +45,5 @@ class RowGuard:
 def fault(row: Row, message: str) -> None:
     """Make the row an error record holding nothing but what is safe to write."""
     row.fail(message)
-    row.text = row.token_ids = row.logprobs = row.top_logprobs = row.token_texts = None
-    row.top = None
+    row.text = row.token_ids = row.token_logprobs = row.token_texts = row.top_texts = None
     row.params = None

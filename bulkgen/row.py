@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bulkgen.config import SamplingParams
+from bulkgen.engine.token_logprobs import TokenLogprobs
 from bulkgen.structured import response_format_fields
 
 # Optional input columns that override the job's sampling parameters for their row.
@@ -64,34 +65,6 @@ def _response_format(value: object) -> dict:
     return fields
 
 
-@dataclass(slots=True)
-class TopLogprobs:
-    """A row's top-k alternatives of every generated position as flat columns: position p's are
-    entries [p*k, (p+1)*k), best first. Flat because a row has k entries per token and a
-    dict per entry costs the engine thread its interpreter time (the GIL) at every step."""
-
-    k: int
-    ids: list[int]
-    logprobs: list[float]
-    texts: list[str]
-
-    def first(self, positions: int) -> TopLogprobs:
-        """The entries of the first `positions` positions."""
-        end = positions * self.k
-        return TopLogprobs(self.k, self.ids[:end], self.logprobs[:end], self.texts[:end])
-
-    def dicts(self, positions: int) -> list[list[dict]]:
-        """Per position, a {token_id, token, logprob} dict per entry: the JSON form."""
-        k, ids, texts, logprobs = self.k, self.ids, self.texts, self.logprobs
-        return [
-            [
-                {"token_id": ids[j], "token": texts[j], "logprob": logprobs[j]}
-                for j in range(p * k, p * k + k)
-            ]
-            for p in range(positions)
-        ]
-
-
 @dataclass(slots=True, eq=False)
 class Row:
     """One input row. Each stage fills in its part; nothing else keeps per-row state.
@@ -120,17 +93,29 @@ class Row:
     group: int = 0  # the input row's number in this run: the samples of a row share it
     group_size: int = 1  # how many samples of the row this run generates
     params: SamplingParams | None = None  # set before the engine (samples.py)
-    logprobs: list[float] | None = None  # the sampled token's, per generated position
-    # As the engine gives them: per position, (token_id, logprob) pairs; None once named.
-    top_logprobs: list[list[tuple[int, float]]] | None = None
-    # Set together by the detokenizer (naming): each generated token as text, and the top pairs
-    # as flat columns with their texts.
+    # As the engine gives them, flat (no Python object per token: see engine/token_logprobs.py).
+    token_logprobs: TokenLogprobs | None = None
+    # Set together by the detokenizer (naming): each generated token as text, and the text of
+    # each top entry (flat like token_logprobs.top_ids: position p's are [p*k, (p+1)*k)).
     token_texts: list[str] | None = None
-    top: TopLogprobs | None = None
+    top_texts: list[str] | None = None
 
     def fail(self, message: str) -> None:
         self.error = message
         self.finish_reason = "error"
+
+    def top_dicts(self) -> list[list[dict]]:
+        """Per generated position, a {token_id, token, logprob} dict per top entry (a named
+        row's JSON form)."""
+        lp, texts = self.token_logprobs, self.top_texts
+        k, ids, values = lp.k, lp.top_ids.tolist(), lp.top_logprobs.tolist()
+        return [
+            [
+                {"token_id": ids[j], "token": texts[j], "logprob": values[j]}
+                for j in range(p * k, p * k + k)
+            ]
+            for p in range(len(lp))
+        ]
 
     @property
     def prompt_tokens(self) -> int:

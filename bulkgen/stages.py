@@ -104,7 +104,7 @@ def _finish(row: Row, output) -> Row:
     else:
         row.token_ids = output.token_ids
         row.finish_reason = output.finish_reason
-        row.logprobs, row.top_logprobs = output.logprobs, output.top_logprobs
+        row.token_logprobs = output.token_logprobs
     return row
 
 

@@ -1,11 +1,13 @@
 """Logprobs as flat columns: named once per distinct id, written as the same Arrow and JSON.
 
-Row.top holds a row's top-k entries flat (text/stage.py names them, io/writer.py assembles the
-list<list<struct>> column from offsets); the oracle is the per-entry dict form written before.
+Row.token_logprobs holds a row's top-k entries flat (engine/token_logprobs.py), text/stage.py
+names them (Row.top_texts), io/writer.py assembles the list<list<struct>> column from offsets;
+the oracle is the per-entry dict form written before.
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -15,9 +17,10 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from bulkgen.engine.token_logprobs import TokenLogprobs
 from bulkgen.guard import RowGuard
 from bulkgen.io.writer import ShardWriter, logprob_columns
-from bulkgen.row import Row, TopLogprobs
+from bulkgen.row import Row
 from bulkgen.text.stage import Detokenize
 from bulkgen.text.stop import keep_first_tokens
 
@@ -29,13 +32,14 @@ def engine_row(name: str, ids: list[int], k: int) -> Row:
     """A row as the engine hands it over: per position, k (token_id, logprob) pairs."""
     row = Row(id=name, prompt="p", prompt_text="p", token_ids=ids, finish_reason="length")
     row.text = "t"
-    row.logprobs = [-0.25 * (p + 1) for p in range(len(ids))]
-    row.top_logprobs = [[(t + j, -0.5 * j - p) for j in range(k)] for p, t in enumerate(ids)]
+    chosen = [-0.25 * (p + 1) for p in range(len(ids))]
+    pairs = [[(t + j, -0.5 * j - p) for j in range(k)] for p, t in enumerate(ids)]
+    row.token_logprobs = TokenLogprobs.from_pairs(chosen, pairs, k)
     return row
 
 
 def dict_form(row: Row) -> list[list[dict]]:
-    return row.top.dicts(len(row.logprobs))
+    return row.top_dicts()
 
 
 def mixed_rows(tokenizer) -> list[Row]:
@@ -54,8 +58,7 @@ def test_naming_gives_each_token_its_own_text_and_keeps_the_pairs(tiny_tokenizer
         {"token_id": 9 + j, "token": tiny_tokenizer.decode([9 + j]), "logprob": -0.5 * j - 1}
         for j in range(3)
     ]
-    assert k3.top_logprobs is None, "the engine's pairs are replaced by the flat columns"
-    assert dict_form(rows[1]) == [[], []] and rows[2].top == TopLogprobs(0, [], [], [])
+    assert dict_form(rows[1]) == [[], []] and rows[2].top_texts == []
 
 
 def test_each_distinct_id_is_decoded_once_across_batches(tiny_tokenizer):
@@ -84,7 +87,8 @@ def test_a_rerun_by_the_guard_names_a_row_once(tiny_tokenizer):
     guard = RowGuard("the detokenizer")
     guard(fails_on_the_batch, rows)
     assert guard.faults == 0
-    assert [(r.top, r.token_texts) for r in rows] == [(r.top, r.token_texts) for r in expected]
+    named = [(r.token_logprobs, r.top_texts, r.token_texts) for r in rows]
+    assert named == [(r.token_logprobs, r.top_texts, r.token_texts) for r in expected]
 
 
 def test_cutting_a_named_row_cuts_its_texts_and_entries(tiny_tokenizer):
@@ -92,16 +96,21 @@ def test_cutting_a_named_row_cuts_its_texts_and_entries(tiny_tokenizer):
     Detokenize(tiny_tokenizer)([row])
     whole = dict_form(row)
     keep_first_tokens(row, 2)
-    assert (row.token_ids, len(row.logprobs), len(row.token_texts)) == ([5, 9], 2, 2)
-    assert dict_form(row) == whole[:2] and len(row.top.ids) == 6
+    assert (row.token_ids, len(row.token_logprobs), len(row.token_texts)) == ([5, 9], 2, 2)
+    assert (
+        dict_form(row) == whole[:2] and len(row.top_texts) == len(row.token_logprobs.top_ids) == 6
+    )
 
 
 def test_the_arrow_columns_equal_those_of_the_dict_form(tiny_tokenizer):
     rows = mixed_rows(tiny_tokenizer)
     logprobs, top = logprob_columns(rows)
     assert top.type == TOP and logprobs.type == pa.list_(pa.float64())
-    assert top.equals(pa.array([dict_form(r) if r.top else None for r in rows], TOP))
-    assert logprobs.equals(pa.array([r.logprobs for r in rows], pa.list_(pa.float64())))
+    assert top.equals(
+        pa.array([dict_form(r) if r.top_texts is not None else None for r in rows], TOP)
+    )
+    chosen = [r.token_logprobs.chosen.tolist() if r.top_texts is not None else None for r in rows]
+    assert logprobs.equals(pa.array(chosen, pa.list_(pa.float64())))
     assert top.null_count == logprobs.null_count == 1
 
 
@@ -118,7 +127,9 @@ def test_parquet_and_jsonl_shards_hold_the_same_logprobs(tmp_path, tiny_tokenize
             written[fmt] = pq.read_table(path).to_pylist()
         else:
             written[fmt] = [json.loads(line) for line in path.read_text().splitlines()]
-    expected = [dict_form(r) if r.top else None for r in mixed_rows(tiny_tokenizer)]
+    expected = [
+        dict_form(r) if r.top_texts is not None else None for r in mixed_rows(tiny_tokenizer)
+    ]
     for fmt, records in written.items():
         assert [r["top_logprobs"] for r in records] == expected, fmt
         assert (
@@ -138,3 +149,48 @@ def test_the_first_shard_imports_nothing_while_the_engine_runs(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_a_named_rows_logprobs_hold_no_object_the_gc_tracks(tiny_tokenizer):
+    """Naming adds texts; the numbers stay in untracked arrays, cut or not."""
+    row = engine_row("a", [5, 9, 5, 40], 3)
+    Detokenize(tiny_tokenizer)([row])
+    keep_first_tokens(row, 3)
+    assert len(row.token_logprobs) == 3
+    assert not any(gc.is_tracked(a) for a in row.token_logprobs.columns())
+
+
+def test_a_parquet_shard_is_byte_for_byte_that_of_the_dict_form(tmp_path, tiny_tokenizer):
+    """The oracle: the same table converted from Python lists and dicts in one pyarrow call (how
+    shards were written before the flat columns)."""
+    writer = ShardWriter(tmp_path, "parquet", shard_size=10, logprobs=True)
+    writer.add(mixed_rows(tiny_tokenizer))
+    writer.flush()
+    rows = mixed_rows(tiny_tokenizer)
+    oracle = writer._table(rows).drop_columns(["logprobs", "top_logprobs"])
+    chosen = [r.token_logprobs.chosen.tolist() if r.top_texts is not None else None for r in rows]
+    oracle = oracle.append_column("logprobs", pa.array(chosen, pa.list_(pa.float64())))
+    tops = [dict_form(r) if r.top_texts is not None else None for r in rows]
+    oracle = oracle.append_column("top_logprobs", pa.array(tops, TOP))
+    buffer = pa.BufferOutputStream()
+    pq.write_table(oracle, buffer, compression="zstd")
+    assert (tmp_path / writer.shards[0]).read_bytes() == buffer.getvalue().to_pybytes()
+
+
+def test_a_jsonl_line_holds_the_logprobs_exactly(tmp_path, tiny_tokenizer):
+    row = engine_row("a", [5, 9], 2)
+    Detokenize(tiny_tokenizer)([row])
+    writer = ShardWriter(tmp_path, "jsonl", shard_size=10, logprobs=True)
+    writer.add([row])
+    writer.flush()
+    t = {i: json.dumps(tiny_tokenizer.decode([i]), ensure_ascii=False) for i in (5, 6, 9, 10)}
+    expected = (
+        f'{{"id": "a", "prompt": "p", "text": {json.dumps(row.text, ensure_ascii=False)}, '
+        '"finish_reason": "length", "error": null, '
+        '"prompt_tokens": 0, "completion_tokens": 2, "logprobs": [-0.25, -0.5], "top_logprobs": '
+        f'[[{{"token_id": 5, "token": {t[5]}, "logprob": -0.0}}, '
+        f'{{"token_id": 6, "token": {t[6]}, "logprob": -0.5}}], '
+        f'[{{"token_id": 9, "token": {t[9]}, "logprob": -1.0}}, '
+        f'{{"token_id": 10, "token": {t[10]}, "logprob": -1.5}}]]}}\n'
+    )
+    assert (tmp_path / writer.shards[0]).read_text() == expected

@@ -59,3 +59,47 @@ def test_without_logprobs_there_are_no_logprob_columns(tmp_path, tiny_model_dir)
     generate(tmp_path, tiny_model_dir, None)
     names = pq.read_schema(next((tmp_path / "out").glob("part-*.parquet"))).names
     assert "logprobs" not in names and "top_logprobs" not in names
+
+
+def reachable(obj: object) -> list[object]:
+    """Every object a full collection reaches from obj (types and modules aside)."""
+    import gc
+    import types
+
+    seen, todo = {id(obj): obj}, [obj]
+    while todo:
+        for o in gc.get_referents(todo.pop()):
+            if id(o) not in seen and not isinstance(o, type | types.ModuleType):
+                seen[id(o)] = o
+                todo.append(o)
+    return list(seen.values())
+
+
+def test_the_llm_api_gives_lists_of_pairs_from_storage_the_gc_never_traverses(tiny_model_dir):
+    """A full collection visits every object the GC tracks and each reference it holds: a
+    finished request's logprobs are untracked numpy arrays over flat buffers, the same few
+    objects whatever its length, and RequestOutput.logprobs / top_logprobs build the documented
+    lists from them."""
+    import gc
+
+    from bulkgen import LLM
+
+    llm = LLM(str(tiny_model_dir), dtype="float32", device="cpu")
+    try:
+        params = [
+            SamplingParams(max_tokens=n, temperature=0.0, logprobs=3, ignore_eos=True)
+            for n in (12, 2)
+        ]
+        out, short = llm.generate([[5, 6, 7, 8], [9, 10]], params)
+    finally:
+        llm.close()
+    store = out.token_logprobs
+    assert [len(a) for a in store.columns()] == [12, 36, 36]
+    assert not any(gc.is_tracked(a) for a in store.columns())
+    assert len(reachable(store)) == len(reachable(short.token_logprobs)) < 20
+    assert isinstance(out.logprobs, list) and len(out.logprobs) == 12
+    assert all(type(v) is float for v in out.logprobs)
+    for token, chosen, top in zip(out.token_ids, out.logprobs, out.top_logprobs, strict=True):
+        assert len(top) == 3 and all(type(i) is int and type(v) is float for i, v in top)
+        assert top[0] == (token, chosen), "greedy: the sampled token is the most likely"
+        assert [v for _, v in top] == sorted((v for _, v in top), reverse=True)

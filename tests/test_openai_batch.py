@@ -8,7 +8,11 @@ import pytest
 from test_pipeline import RecordingEngine, factory, make_config, output, write_jsonl
 
 from bulkgen.config import SamplingParams
+from bulkgen.engine.token_logprobs import TokenLogprobs
+from bulkgen.io.openai import output_line
 from bulkgen.pipeline import run
+from bulkgen.row import Row
+from bulkgen.text.stage import Detokenize
 
 # Input lines exactly as the Batch API documents them.
 BATCH = [
@@ -187,3 +191,34 @@ def test_an_openai_error_line_is_a_wrong_item_and_foreign_references_are_refused
     write_jsonl(tmp_path / "other.jsonl", [{"id": "x9", "answer": "4"}])
     with pytest.raises(UserError, match="none of the ids"):
         score_folder(out, references=tmp_path / "other.jsonl")
+
+
+def named_row(tokenizer, api: str) -> Row:
+    row = Row(id="a", prompt="p", prompt_text="ab", token_ids=[5, 9], api=api)
+    row.finish_reason = "length"
+    pairs = [[(5, -0.25), (6, -1.0)], [(9, -0.5), (10, -2.0)]]
+    row.token_logprobs = TokenLogprobs.from_pairs([-0.25, -0.5], pairs, 2)
+    Detokenize(tokenizer)([row])
+    return row
+
+
+def test_logprobs_of_a_completion_and_a_chat_choice_are_the_apis_shapes(tiny_tokenizer):
+    t = {i: tiny_tokenizer.decode([i]) for i in (5, 6, 9, 10)}
+    [text] = output_line([named_row(tiny_tokenizer, "text")], "m", 0)["response"]["body"]["choices"]
+    assert text["logprobs"] == {
+        "tokens": [t[5], t[9]],
+        "token_logprobs": [-0.25, -0.5],
+        "top_logprobs": [{t[5]: -0.25, t[6]: -1.0}, {t[9]: -0.5, t[10]: -2.0}],
+        "text_offset": [2, 2 + len(t[5])],
+    }
+    [chat] = output_line([named_row(tiny_tokenizer, "chat")], "m", 0)["response"]["body"]["choices"]
+
+    def token(i: int, logprob: float) -> dict:
+        return {"token": t[i], "logprob": logprob, "bytes": list(t[i].encode())}
+
+    assert chat["logprobs"] == {
+        "content": [
+            {**token(5, -0.25), "top_logprobs": [token(5, -0.25), token(6, -1.0)]},
+            {**token(9, -0.5), "top_logprobs": [token(9, -0.5), token(10, -2.0)]},
+        ]
+    }

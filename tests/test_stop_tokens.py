@@ -12,6 +12,7 @@ from test_pipeline import make_config, output, write_jsonl
 from test_stop import a_stop_string_in, greedy
 
 from bulkgen import LLM
+from bulkgen.engine.token_logprobs import TokenLogprobs
 from bulkgen.pipeline import run
 from bulkgen.row import Row
 from bulkgen.text.stage import Detokenize
@@ -43,8 +44,10 @@ def test_a_stop_string_inside_a_token_keeps_that_token(tiny_tokenizer):
 
 def stopped_row(ids: list[int], stop: str) -> Row:
     row = Row(id="a", prompt="p", params=greedy(200, stop=[stop], logprobs=1), token_ids=ids)
-    row.logprobs = [-0.5 - i for i in range(len(ids))]
-    row.top_logprobs = [[(t, -0.5 - i)] for i, t in enumerate(ids)]
+    chosen = [-0.5 - i for i in range(len(ids))]
+    row.token_logprobs = TokenLogprobs.from_pairs(
+        chosen, [[(t, -0.5 - i)] for i, t in enumerate(ids)], 1
+    )
     return row
 
 
@@ -55,7 +58,8 @@ def test_rows_are_the_same_however_many_tokens_follow_the_stop_string(tiny_token
     first = next(k for k in range(len(ids)) if len(decode([ids[:k]])[0]) >= at + len(stop))
     rows = [stopped_row(ids[: first + extra], stop) for extra in (0, 1, 4, len(ids) - first)]
     Detokenize(tiny_tokenizer)(rows)
-    columns = ("text", "token_ids", "logprobs", "top", "token_texts", "completion_tokens")
+    columns = ("text", "token_ids", "token_logprobs", "top_texts", "token_texts")
+    columns += ("completion_tokens",)
     seen = [tuple(getattr(r, c) for c in columns) for r in rows]
     assert seen == [seen[0]] * len(rows)
     assert rows[0].text == TEXT[:at] and decode([rows[0].token_ids])[0].startswith(TEXT[:at])

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from bulkgen.config import SamplingParams
 from bulkgen.engine.blocks import ChainKey
 from bulkgen.engine.grammar import Matcher
+from bulkgen.engine.token_logprobs import LogprobRecorder, TokenLogprobs
 
 
 class Status(enum.Enum):
@@ -26,12 +27,22 @@ class RequestOutput:
     finish_reason: str  # "stop" | "length" | "error"
     error: str | None = None
     num_cached_tokens: int = 0
-    # With SamplingParams.logprobs: per generated position, the sampled token's logprob and the
-    # top alternatives as (token_id, logprob) pairs.
-    logprobs: list[float] | None = None
-    top_logprobs: list[list[tuple[int, float]]] | None = None
+    # With SamplingParams.logprobs: the sampled token's logprob and the top alternatives of each
+    # generated position, flat (the pipeline reads these; see logprobs and top_logprobs).
+    token_logprobs: TokenLogprobs | None = None
     text: str | None = None
     sample: int = 0  # which of LLM.generate's n completions of its prompt this is
+
+    @property
+    def logprobs(self) -> list[float] | None:
+        """Per generated position, the sampled token's logprob (a new list at each access)."""
+        return None if self.token_logprobs is None else self.token_logprobs.chosen.tolist()
+
+    @property
+    def top_logprobs(self) -> list[list[tuple[int, float]]] | None:
+        """Per generated position, the top alternatives as (token_id, logprob) pairs, best
+        first (a new list at each access)."""
+        return None if self.token_logprobs is None else self.token_logprobs.pairs()
 
 
 @dataclass(eq=False)
@@ -65,8 +76,7 @@ class Request:
     finish_reason: str | None = None
     error: str | None = None
     num_streamed: int = 0  # output tokens already handed out by Engine.take_progress()
-    logprobs: list[float] | None = None
-    top_logprobs: list[list[tuple[int, float]]] | None = None
+    logprobs: LogprobRecorder | None = None  # with SamplingParams.logprobs, once it has a token
     # With a constrained SamplingParams: the grammar state, advanced on every output token.
     matcher: Matcher | None = None
 
@@ -101,6 +111,5 @@ class Request:
             finish_reason=self.finish_reason or "error",
             error=self.error,
             num_cached_tokens=self.num_cached_tokens,
-            logprobs=self.logprobs,
-            top_logprobs=self.top_logprobs,
+            token_logprobs=None if self.logprobs is None else self.logprobs.freeze(),
         )

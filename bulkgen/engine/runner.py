@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from bulkgen.config import EngineConfig
@@ -43,8 +44,18 @@ class StepResult:
 
     ids: list[int]
     logprobs: list[float] | None = None
-    top_ids: list[list[int]] | None = None
-    top_logprobs: list[list[float]] | None = None
+    # The bytes of each row's top ids (int64) and their logprobs (float64), width per row: a
+    # request appends its row's first k without making a Python object per entry. They may view
+    # the step's pinned buffer: read them in Scheduler.update, before that buffer's next step.
+    top_ids: memoryview | None = None
+    top_logprobs: memoryview | None = None
+    width: int = 0
+
+    def top(self, row: int, k: int) -> tuple[memoryview, memoryview]:
+        """The bytes of row's first k top ids and logprobs (8 bytes an entry)."""
+        start = row * self.width * 8
+        end = start + k * 8
+        return self.top_ids[start:end], self.top_logprobs[start:end]
 
 
 @dataclass
@@ -64,8 +75,15 @@ class Step:
         if self.logprob_tensors is not None:
             chosen, top_ids, top_vals = self.logprob_tensors
             result.logprobs = chosen.tolist()
-            result.top_ids, result.top_logprobs = top_ids.tolist(), top_vals.tolist()
+            result.width = top_ids.shape[1]
+            result.top_ids = _bytes(top_ids)
+            result.top_logprobs = _bytes(top_vals.double())  # float32 widens exactly
         return result
+
+
+def _bytes(t: torch.Tensor) -> memoryview:
+    """The bytes of a contiguous host tensor (no copy)."""
+    return memoryview(t.contiguous().numpy().reshape(-1).view(np.uint8))
 
 
 @dataclass

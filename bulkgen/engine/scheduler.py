@@ -20,6 +20,7 @@ from bulkgen.engine.admission import Admission
 from bulkgen.engine.blocks import BlockManager
 from bulkgen.engine.plan import Plan, ScheduledSeq
 from bulkgen.engine.request import Request, RequestOutput, Status
+from bulkgen.engine.token_logprobs import LogprobRecorder
 
 if TYPE_CHECKING:
     from bulkgen.engine.runner import StepResult
@@ -271,11 +272,8 @@ class Scheduler:
     @staticmethod
     def _record_logprobs(req: Request, result: StepResult, row: int) -> None:
         if req.logprobs is None:
-            req.logprobs, req.top_logprobs = [], []
-        k = req.params.logprobs
-        req.logprobs.append(result.logprobs[row])
-        pairs = zip(result.top_ids[row][:k], result.top_logprobs[row][:k], strict=True)
-        req.top_logprobs.append(list(pairs))
+            req.logprobs = LogprobRecorder(req.params.logprobs)
+        req.logprobs.append(result.logprobs[row], *result.top(row, req.logprobs.k))
 
     def _stop_reason(self, req: Request, token: int) -> str | None:
         params = req.params

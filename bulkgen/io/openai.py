@@ -112,18 +112,19 @@ def _choice(row: Row, chat: bool) -> dict:
         choice["message"] = {"role": "assistant", "content": row.text}
     else:
         choice["text"] = row.text
-    choice["logprobs"] = _logprobs(row, chat) if row.logprobs is not None else None
+    choice["logprobs"] = _logprobs(row, chat) if row.token_logprobs is not None else None
     choice["finish_reason"] = row.finish_reason
     return choice
 
 
 def _logprobs(row: Row, chat: bool) -> dict:
-    tokens = row.token_texts or [""] * len(row.logprobs)
-    positions = len(row.logprobs)
-    tops = row.top.dicts(positions) if row.top is not None else [[] for _ in range(positions)]
+    logprobs = row.token_logprobs.chosen.tolist()
+    tokens = row.token_texts or [""] * len(logprobs)
+    named = row.top_texts is not None
+    tops = row.top_dicts() if named else [[] for _ in logprobs]
     if chat:
         content = []
-        for token, logprob, top in zip(tokens, row.logprobs, tops, strict=True):
+        for token, logprob, top in zip(tokens, logprobs, tops, strict=True):
             alternatives = [_token(t["token"], t["logprob"]) for t in top]
             content.append({**_token(token, logprob), "top_logprobs": alternatives})
         return {"content": content}
@@ -133,7 +134,7 @@ def _logprobs(row: Row, chat: bool) -> dict:
         at += len(token)
     return {
         "tokens": tokens,
-        "token_logprobs": row.logprobs,
+        "token_logprobs": logprobs,
         "top_logprobs": [{t["token"]: t["logprob"] for t in top} for top in tops],
         "text_offset": offsets,
     }

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -33,7 +34,8 @@ _SCHEMA = pa.schema(
 _TOP_LOGPROB = pa.struct(
     [("token_id", pa.int64()), ("token", pa.string()), ("logprob", pa.float64())]
 )
-_LOGPROBS = pa.list_(pa.float64())
+_F64 = pa.float64()
+_LOGPROBS = pa.list_(_F64)
 _TOP_LOGPROBS = pa.list_(pa.list_(_TOP_LOGPROB))
 
 
@@ -198,8 +200,9 @@ class ShardWriter:
             if self.samples:
                 record["sample"] = r.sample
             if self.logprobs:
-                top = r.top.dicts(len(r.logprobs)) if r.top is not None else None
-                record["logprobs"], record["top_logprobs"] = r.logprobs, top
+                lp = r.token_logprobs
+                record["logprobs"] = lp.chosen.tolist() if lp is not None else None
+                record["top_logprobs"] = r.top_dicts() if r.top_texts is not None else None
             if self.token_ids:
                 record["token_ids"] = r.token_ids
             for name in self.keep_columns:
@@ -214,49 +217,60 @@ class ShardWriter:
 
 
 def logprob_columns(rows: list[Row]) -> list[pa.Array]:
-    """The `logprobs` and `top_logprobs` columns (null where a row has none), assembled from
-    flat arrays and list offsets: no Python object per entry.
+    """The `logprobs` and `top_logprobs` columns (null where a row has none, or top_logprobs
+    where its tokens are not named), assembled from each row's flat arrays and list offsets: no
+    Python object per entry but the texts.
 
     Each row's values are converted by their own pyarrow calls and the pieces concatenated: one
-    conversion of a whole shard's entries (millions at 1,000 rows x 500 tokens x top 5) holds the
+    conversion of a whole shard's texts (millions at 1,000 rows x 500 tokens x top 5) holds the
     interpreter (the GIL) for its whole length, and stalled the engine thread for up to 0.5 s on a
     2-core CPU (scripts/bench_logprobs.py); between per-row calls the engine thread gets it back
     within the switch interval."""
-    lp_offsets, top_offsets, entry_offsets = [0], [0], [0]
-    no_lp, no_top = [], []
+    positions, with_lp, named = [], [], []  # per row
+    chosen, ids, texts, values = [], [], [], []  # per row with logprobs / named top entries
+    widths, named_positions = [], []  # per named row: k, and its positions
     for r in rows:
-        no_lp.append(r.logprobs is None)
-        no_top.append(r.top is None)
-        positions = len(r.logprobs) if r.logprobs is not None else 0
-        lp_offsets.append(lp_offsets[-1] + positions)
-        if r.top is None:
-            top_offsets.append(top_offsets[-1])
-            continue
-        top_offsets.append(top_offsets[-1] + positions)
-        at, k = entry_offsets[-1], r.top.k
-        entry_offsets += range(at + k, at + k * positions + 1, k) if k else [at] * positions
-    named = [r.top for r in rows if r.top is not None]
+        lp = r.token_logprobs
+        positions.append(len(lp) if lp is not None else 0)
+        with_lp.append(lp is not None)
+        named.append(lp is not None and r.top_texts is not None)
+        if lp is not None:
+            chosen.append(lp.chosen)
+        if named[-1]:
+            ids.append(lp.top_ids)
+            texts.append(r.top_texts)
+            values.append(lp.top_logprobs)
+            widths.append(lp.k)
+            named_positions.append(len(lp))
     entries = pa.StructArray.from_arrays(
-        [
-            _concat([pa.array(t.ids, pa.int64()) for t in named], pa.int64()),
-            _concat([pa.array(t.texts, pa.string()) for t in named], pa.string()),
-            _concat([pa.array(t.logprobs, pa.float64()) for t in named], pa.float64()),
-        ],
+        [_concat(ids, pa.int64()), _concat(texts, pa.string()), _concat(values, _F64)],
         fields=list(_TOP_LOGPROB),
     )
-    per_position = pa.ListArray.from_arrays(pa.array(entry_offsets, pa.int32()), entries)
-    top = pa.ListArray.from_arrays(
-        pa.array(top_offsets, pa.int32()), per_position, _TOP_LOGPROBS, mask=pa.array(no_top)
+    per_position = pa.ListArray.from_arrays(
+        _offsets(np.repeat(np.array(widths, np.int64), named_positions)), entries
     )
-    pieces = [pa.array(r.logprobs, pa.float64()) for r in rows if r.logprobs is not None]
+    top = pa.ListArray.from_arrays(
+        _offsets(np.multiply(positions, named)),
+        per_position,
+        _TOP_LOGPROBS,
+        mask=pa.array(np.logical_not(named)),
+    )
     logprobs = pa.ListArray.from_arrays(
-        pa.array(lp_offsets, pa.int32()),
-        _concat(pieces, pa.float64()),
+        _offsets(positions),
+        _concat(chosen, _F64),
         _LOGPROBS,
-        mask=pa.array(no_lp),
+        mask=pa.array(np.logical_not(with_lp)),
     )
     return [logprobs, top]
 
 
-def _concat(pieces: list[pa.Array], kind: pa.DataType) -> pa.Array:
-    return pa.concat_arrays(pieces) if pieces else pa.array([], kind)
+def _offsets(lengths) -> pa.Array:
+    """List offsets (int32) of consecutive lists of these lengths."""
+    return pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
+
+
+def _concat(pieces: list, kind: pa.DataType) -> pa.Array:
+    """One array of the pieces' values, each piece (a numpy array or a list) converted alone."""
+    if not pieces:
+        return pa.array([], kind)
+    return pa.concat_arrays([pa.array(p, kind) for p in pieces])

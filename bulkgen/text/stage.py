@@ -6,9 +6,7 @@ they run beside the other stages instead of taking turns with them.
 
 from __future__ import annotations
 
-from itertools import chain
-
-from bulkgen.row import Row, TopLogprobs
+from bulkgen.row import Row
 from bulkgen.text.chat import Conversations, checked_messages
 from bulkgen.text.encoder import PromptEncoder
 from bulkgen.text.stop import cut_at_stop, keep_first_tokens, kept_token_counts
@@ -130,7 +128,7 @@ class Detokenize:
             ids, texts = [r.token_ids for r in stopped], [r.text for r in stopped]
             for row, count in zip(stopped, kept_token_counts(ids, texts, self.decode), strict=True):
                 keep_first_tokens(row, count)
-        with_logprobs = [r for r in done if r.logprobs is not None]
+        with_logprobs = [r for r in done if r.token_logprobs is not None]
         if with_logprobs:
             self._name_tokens(with_logprobs)
         pretokenized = [r for r in rows if r.prompt_text is None and r.prompt_ids is not None]
@@ -140,16 +138,15 @@ class Detokenize:
                 row.prompt_text = text
 
     def _name_tokens(self, rows: list[Row]) -> None:
-        """Each sampled and top-logprob token as its own text, and the top pairs as flat columns
-        (Row.top); a row named already (a guard.py rerun) is left as it is.
+        """Each sampled and top-logprob token as its own text (Row.token_texts, Row.top_texts);
+        a row named already (a guard.py rerun) is left as it is.
 
         Texts come from a cache indexed by id (a list: no hashing, one memory access per token),
         which decodes each distinct id once, in one batch call for the ids new to it.
         """
-        rows = [r for r in rows if r.top is None]
-        # Per row: id, logprob, id, logprob, ... flattened at C speed from the engine's pairs.
-        flats = [list(chain.from_iterable(chain.from_iterable(r.top_logprobs or ()))) for r in rows]
-        id_lists = [r.token_ids for r in rows] + [flat[0::2] for flat in flats]
+        rows = [r for r in rows if r.top_texts is None]
+        id_lists = [r.token_ids for r in rows]
+        id_lists += [r.token_logprobs.top_ids.tolist() for r in rows]
         texts = self._texts
         top_id = max((max(ids) for ids in id_lists if ids), default=-1)
         texts += [None] * (top_id + 1 - len(texts))
@@ -163,16 +160,9 @@ class Detokenize:
             for i, text in zip(order, self.decode([[i] for i in order], False), strict=True):
                 texts[i] = text
             named = [list(map(texts.__getitem__, ids)) for ids in id_lists]
-        m = len(rows)  # id_lists and named: the rows' sampled tokens, then their top entries
-        for row, flat, top_ids, token_texts, top_texts in zip(
-            rows, flats, id_lists[m:], named[:m], named[m:], strict=True
-        ):
-            k = len(row.top_logprobs[0]) if row.top_logprobs else 0
-            # The engine gives every position of a row the same number of pairs (the row's K).
-            assert len(flat) == 2 * k * len(row.logprobs), "top logprobs differ by position"
-            row.top = TopLogprobs(k, top_ids, flat[1::2], top_texts)
-            row.token_texts = token_texts
-            row.top_logprobs = None
+        m = len(rows)  # named: the rows' sampled tokens, then their top entries
+        for row, token_texts, top_texts in zip(rows, named[:m], named[m:], strict=True):
+            row.token_texts, row.top_texts = token_texts, top_texts
 
     def decode(self, ids: list[list[int]], skip_special: bool = True) -> list[str]:
         if not ids:

@@ -59,13 +59,11 @@ def kept_token_counts(
 def keep_first_tokens(output, count: int) -> None:
     """Cut an output's token columns (a Row or a RequestOutput) to its first `count` tokens."""
     output.token_ids = output.token_ids[:count]
-    if output.logprobs is not None:
-        output.logprobs = output.logprobs[:count]
-    if output.top_logprobs is not None:
-        output.top_logprobs = output.top_logprobs[:count]
-    if isinstance(output, Row) and output.top is not None:  # named already: a guard.py rerun
-        output.top = output.top.first(count)
+    if output.token_logprobs is not None:
+        output.token_logprobs = output.token_logprobs.first(count)
+    if isinstance(output, Row) and output.top_texts is not None:  # named already: a guard rerun
         output.token_texts = output.token_texts[:count]
+        output.top_texts = output.top_texts[: count * output.token_logprobs.k]
 
 
 @dataclass
