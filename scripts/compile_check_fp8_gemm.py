@@ -8,7 +8,8 @@ compiled as the JIT specializes it at run time for the 8B shapes (pointers, N, K
 divisible by 16, K a multiple of BLOCK_K) and one line printed: its MMA instruction (wgmma on
 e4m3 operands, or mma.sync on f16 ones that Triton widened the e4m3 tiles to) and its e4m3
 conversions (cvt ... e4m3: the widening, in registers), and its cp.async copies (the weight
-tiles pipelined into shared memory). The split-K reduction is compiled too.
+tiles pipelined into shared memory) and float32 adds (how fp8 MMA sums reach the float32
+accumulator). The split-K reduction is compiled too.
 """
 
 from __future__ import annotations
@@ -91,10 +92,17 @@ def async_copies(ptx: str) -> int:
     return len(re.findall(r"\bcp\.async\.c[ag]\b", ptx))
 
 
+def float32_adds(ptx: str) -> int:
+    """add.f32 instructions: with precise accumulation, each fp8 MMA's sums join the float32
+    accumulator this way (Triton's sm_90 default would leave them in the MMA's accumulator)."""
+    return len(re.findall(r"\badd\.f32\b", ptx))
+
+
 def main() -> None:
     for name, cfg in CANDIDATES.items():
         ptx = gemm_ptx(cfg)
-        counts = f"{e4m3_conversions(ptx)} e4m3 conversions, {async_copies(ptx)} async copies"
+        counts = f"{e4m3_conversions(ptx)} e4m3 conversions, {async_copies(ptx)} async copies, "
+        counts += f"{float32_adds(ptx)} f32 adds"
         print(f"{name:16s}: {len(ptx):6d} chars of PTX, mma {mma_kind(ptx)}, {counts}")
     print(f"{'reduce':16s}: {len(reduce_ptx()):6d} chars of PTX")
 

@@ -48,8 +48,8 @@ class Fp8GemmConfig:
             value = getattr(self, name)
             if value < 1 or value & (value - 1):
                 raise ValueError(f"Fp8GemmConfig.{name} must be a power of two, got {value}")
-        if min(self.block_m, self.block_n, self.block_k) < 16:
-            raise ValueError(f"Fp8GemmConfig tiles must be >= 16 (tl.dot): {self}")
+        if min(self.block_m, self.block_n) < 16 or self.block_k < 32:
+            raise ValueError(f"Fp8GemmConfig tiles must be >= 16, block_k >= 32 (tl.dot): {self}")
         if self.dot not in ("fp8", "fp16", "fp32"):
             raise ValueError(f"Fp8GemmConfig.dot must be fp8, fp16 or fp32, got {self.dot!r}")
 
@@ -90,11 +90,18 @@ def _candidates() -> dict[str, Fp8GemmConfig]:
 CANDIDATES: dict[str, Fp8GemmConfig] = _candidates()
 
 
+# Hopper's fp8 MMA keeps fewer bits than float32 while it sums (about 14, DeepSeek-V3 measured);
+# Triton's default on sm_90 lets the whole K run sum that way, as cuBLASLt's use_fast_accum does,
+# which bulkgen does not use (its accuracy is not measured). Adding each 32-deep MMA's result
+# into the float32 accumulator instead sums as _scaled_mm does without fast accumulation.
+_PRECISE_K = tl.constexpr(32)
+
+
 @triton.jit
 def _dot(acc, a, b, DOT: tl.constexpr):
     """acc + a @ b in float32 from fp8 tiles."""
     if DOT == "fp8":
-        return tl.dot(a, b, acc)
+        return tl.dot(a, b, acc, max_num_imprecise_acc=_PRECISE_K)
     elif DOT == "fp16":
         return tl.dot(a.to(tl.float16), b.to(tl.float16), acc)
     else:
