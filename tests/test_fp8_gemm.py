@@ -81,6 +81,17 @@ def test_the_reference_check_fails_a_kernel_that_drops_a_split():
         assert_rounds_like_the_reference(half, scaled_mm_reference(xq, x_scale, wq, w_scale))
 
 
+def test_operands_of_any_strides_give_the_same_product():
+    """Rows strided in memory (a slice of wider rows) and a transposed view are read right."""
+    xq, x_scale, wq, w_scale = operands(5, 48, 96)
+    config = CANDIDATES["m16n64k128s2t"]
+    wide = torch.zeros(5, 160, dtype=xq.dtype, device=DEVICE)
+    wide[:, 32:128] = xq
+    by_columns = wq.t().contiguous().t()  # the same values, K not contiguous
+    expected = fp8_gemm(xq, x_scale, wq, w_scale, config)
+    assert torch.equal(fp8_gemm(wide[:, 32:128], x_scale, by_columns, w_scale, config), expected)
+
+
 def test_no_rows_give_an_empty_output():
     xq, x_scale, wq, w_scale = operands(2, 32, 64)
     out = fp8_gemm(xq[:0], x_scale[:0], wq, w_scale, CANDIDATES["m16n64k128s4t"])

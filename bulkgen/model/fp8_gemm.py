@@ -218,8 +218,9 @@ def fp8_gemm(
     out = torch.empty((M, N), dtype=out_dtype, device=xq.device)
     if M == 0 or N == 0:
         return out
-    # K contiguous in both operands (the kernel's loads assume it); these are no-ops in the model.
-    xq, wq = xq.contiguous(), wq.contiguous()
+    # The kernel's loads take K contiguous (rows may be strided); in the model they always are.
+    xq = xq if xq.stride(1) == 1 else xq.contiguous()
+    wq = wq if wq.stride(1) == 1 else wq.contiguous()
     x_scale, w_scale = x_scale.reshape(M).contiguous(), w_scale.reshape(N).contiguous()
     cfg = config
     split_k = min(cfg.split_k, triton.next_power_of_2(triton.cdiv(K, cfg.block_k)))
