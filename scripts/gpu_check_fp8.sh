@@ -58,7 +58,7 @@ want blog && bench blog 100 --workloads blog --engines bulkgen,bulkgen-fp8
 if want diag; then
   timeout 30 python3 scripts/bench_host.py --rows 256 --context 2048 --steps 200 2>&1 | tail -3 \
     | tee "$OUT/host.txt"
-  timeout 45 python3 scripts/bench_fp8_mm.py 2>&1 | tee "$OUT/fp8mm.txt" | tail -2
+  timeout 60 python3 scripts/bench_fp8_mm.py 2>&1 | tee "$OUT/fp8mm.txt" | tail -2
   bench prof 60 --workloads blog --engines bulkgen-fp8 --profile-at 6
   cp "$WORK"/prof/*kernels.txt "$OUT/" 2> /dev/null
 fi
