@@ -225,3 +225,31 @@ def test_gpu_fp8_linear_with_a_table_replays_the_chosen_kernel_in_a_graph(table,
         graph.replay()
         assert torch.equal(out, fp8(x))
         assert calls.cublas == 0 and len(calls.triton) == 3
+
+
+def test_the_tuner_writes_the_table_the_dispatch_reads_and_a_step_summary(
+    table, monkeypatch, capsys, tmp_path
+):
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "scripts"))
+    import tune_fp8_mm
+
+    def tune_projection(name, n, k, rows, dev):  # made-up seconds: Triton wins at 1 row only
+        return {m: {SCALED_MM: 2e-5, "m16n64k128s4t": 1e-5 if m == 1 else 3e-5} for m in rows}
+
+    path = tmp_path / "written_by_the_tuner.json"
+    monkeypatch.setattr(tune_fp8_mm, "tune_projection", tune_projection)
+    monkeypatch.setattr(tune_fp8_mm, "TABLE_FILE", path)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "test GPU")
+    monkeypatch.setattr("sys.argv", ["tune_fp8_mm.py", "--write-table", "--rows", "1,32"])
+    tune_fp8_mm.main()
+    summaries = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(s["M"], s["speedup"]) for s in summaries] == [(1, 2.0), (32, 1.0)]
+    assert summaries[0]["scaled_mm_ms"] == round(4 * 32 * 2e-5 * 1000, 3)  # 4 GEMMs, 32 layers
+    written = json.loads(path.read_text())
+    assert written["device"] == "test GPU"
+    table(written["shapes"])  # what the dispatch then reads
+    assert gemm_choice(4096, 4096, 1) == CANDIDATES["m16n64k128s4t"]
+    assert gemm_choice(28672, 4096, 1) == CANDIDATES["m16n64k128s4t"]
+    assert gemm_choice(4096, 14336, 32) is None
