@@ -127,7 +127,10 @@ def main() -> None:
     parser.add_argument("--proj", default="qkv,o,gate_up,down", help="projections, commas")
     args = parser.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
-    shapes = {p: s for p, s in projections().items() if p in args.proj.split(",")}
+    wanted = args.proj.split(",")
+    if unknown := set(wanted) - set(projections()):
+        parser.error(f"unknown projections {sorted(unknown)}: pick from {list(projections())}")
+    shapes = {p: s for p, s in projections().items() if p in wanted}
     timings = {}
     for name, (n, k) in shapes.items():
         timings[f"{n}x{k}"] = tune_projection(name, n, k, rows, torch.device("cuda"))
