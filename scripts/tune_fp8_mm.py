@@ -62,8 +62,9 @@ def graph_us(gemm, x, weights) -> float:
 
 
 def agrees(out: torch.Tensor, ref: torch.Tensor) -> bool:
-    """Within two bf16 roundings of float32 sums taken in another order."""
-    tol = 2.0**-7 * ref.float().abs() + 1e-6 * ref.float().abs().max()
+    """Within two bf16 roundings (a step) of float32 sums taken in another order (far below
+    1e-4 of the largest output; a kernel that drops a K tile is far above)."""
+    tol = 2.0**-7 * ref.float().abs() + 1e-4 * ref.float().abs().max()
     return bool(((out.float() - ref.float()).abs() <= tol).all())
 
 

@@ -32,6 +32,9 @@ needs_fp8_gpu = pytest.mark.skipif(
 # bf16 keeps 8 significant bits: a value's step is at most 2**-7 of it. The GPU rounds to nearest
 # (within half a step); the interpreter's cast to bf16 truncates (within one step).
 BF16_STEP = 2.0**-7
+# float32 sums of up to 14336 products taken in other orders (tensor cores, K splits) differ by
+# far less than this fraction of the largest output; a kernel that drops a K tile is far above.
+SUM_ORDER = 1e-4
 
 
 @pytest.fixture(autouse=True)
@@ -50,7 +53,7 @@ def assert_rounds_like_the_reference(out: torch.Tensor, ref: torch.Tensor) -> No
     """out is ref cast once to bf16, up to float32 sums taken in another order."""
     assert out.dtype == torch.bfloat16 and out.shape == ref.shape
     err = (out.float() - ref).abs()
-    assert (err <= BF16_STEP * ref.abs() + 1e-6 * ref.abs().max()).all(), err.max()
+    assert (err <= BF16_STEP * ref.abs() + SUM_ORDER * ref.abs().max()).all(), err.max()
 
 
 @pytest.mark.parametrize("name", sorted(CANDIDATES))
@@ -172,8 +175,8 @@ def test_gpu_every_candidate_equals_scaled_mm_on_the_8b_shapes(m, shape):
         out = fp8_gemm(xq, x_scale, wq, w_scale, config)
         assert_rounds_like_the_reference(out, ref)
         # Two roundings of float32 sums taken in different orders: a step apart at most.
-        close = (out.float() - cublas.float()).abs() <= BF16_STEP * cublas.float().abs() + 1e-3
-        assert close.all(), name
+        tol = BF16_STEP * cublas.float().abs() + SUM_ORDER * cublas.float().abs().max()
+        assert ((out.float() - cublas.float()).abs() <= tol).all(), name
 
 
 @pytest.mark.gpu
