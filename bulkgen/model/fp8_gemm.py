@@ -11,12 +11,13 @@ programs for 132 SMs): each split writes float32 partial sums and a second launc
 applies the scales and rounds once to bf16. Nothing depends on data: the grid and the partial
 buffer follow from the shapes, so CUDA graphs capture both launches.
 
-The operands meet the tensor cores in one of three ways (Fp8GemmConfig.dot): "fp8" hands the e4m3
-tiles to tl.dot as they are (fp8 mma on sm_89+), "fp16" widens them in registers first (exact:
-every e4m3 value is an fp16 value), "fp32" widens to float32 with IEEE products, which the
-Triton interpreter runs (its tl.dot has no fp8) and the CPU tests use. swap_ab computes the
-transposed product, weight tile times rows, so the weight's BLOCK_N rows fill the MMA's M side
-(Hopper's wgmma wants 64) and the few activation rows its narrow N side.
+The operands meet the tensor cores in one of two ways (Fp8GemmConfig.dot): "fp8" hands the e4m3
+tiles to tl.dot as they are (wgmma on e4m3 on sm_90, but for a 16-row tile that is not swapped,
+which Triton widens to fp16 itself), "fp16" widens them in registers first (exact: every e4m3
+value is an fp16 value). swap_ab computes the transposed product, weight tile times rows, so the
+weight's BLOCK_N rows fill the MMA's M side (Hopper's wgmma wants 64) and the few activation rows
+its narrow N side. The Triton interpreter runs every variant (its tl.dot takes e4m3 too), which
+is how the CPU tests check them.
 
 Which kernel serves a projection at M rows is measured, not guessed: fp8_gemm_table.py.
 """
@@ -41,7 +42,7 @@ class Fp8GemmConfig:
     num_warps: int = 4
     num_stages: int = 4
     swap_ab: bool = False
-    dot: str = "fp8"  # "fp8", "fp16" or "fp32" (see the module docstring)
+    dot: str = "fp8"  # "fp8" or "fp16" (see the module docstring)
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k", "split_k"):
@@ -50,8 +51,8 @@ class Fp8GemmConfig:
                 raise ValueError(f"Fp8GemmConfig.{name} must be a power of two, got {value}")
         if min(self.block_m, self.block_n) < 16 or self.block_k < 32:
             raise ValueError(f"Fp8GemmConfig tiles must be >= 16, block_k >= 32 (tl.dot): {self}")
-        if self.dot not in ("fp8", "fp16", "fp32"):
-            raise ValueError(f"Fp8GemmConfig.dot must be fp8, fp16 or fp32, got {self.dot!r}")
+        if self.dot not in ("fp8", "fp16"):
+            raise ValueError(f"Fp8GemmConfig.dot must be fp8 or fp16, got {self.dot!r}")
 
 
 def _candidates() -> dict[str, Fp8GemmConfig]:
@@ -102,10 +103,8 @@ def _dot(acc, a, b, DOT: tl.constexpr):
     """acc + a @ b in float32 from fp8 tiles."""
     if DOT == "fp8":
         return tl.dot(a, b, acc, max_num_imprecise_acc=_PRECISE_K)
-    elif DOT == "fp16":
-        return tl.dot(a.to(tl.float16), b.to(tl.float16), acc)
     else:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+        return tl.dot(a.to(tl.float16), b.to(tl.float16), acc)
 
 
 # M is not specialised: a CUDA-graph bucket's row count never compiles another variant.
