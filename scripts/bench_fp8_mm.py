@@ -2,10 +2,12 @@
 
     PYTHONPATH=. python scripts/bench_fp8_mm.py
 
-For each projection (qkv, o, gate_up, down) and M rows: cuBLAS bf16 (x @ W.T), the engine's
-FP8 GEMM (torch._scaled_mm with rowwise scales, as Fp8Linear calls it) and the same with
-use_fast_accum, median ms of each, and the per-step sum over the 32 layers. One JSON line per M:
-where FP8 loses to bf16 (small M, where a GEMM only streams the weights) shows here.
+For each projection (qkv, o, gate_up, down) and M rows: cuBLAS bf16 (x @ W.T), cuBLASLt's FP8
+GEMM (torch._scaled_mm with rowwise scales) and the same with use_fast_accum, and the FP8 GEMM
+Fp8Linear dispatches to ("fp8_table": _scaled_mm, or the Triton kernel where
+bulkgen/model/fp8_gemm_table.json says so), median ms of each, and the per-step sum over the 32
+layers. One JSON line per M: where FP8 loses to bf16 (small M, where a GEMM only streams the
+weights) shows here.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import torch
 from triton.testing import do_bench
 
 from bulkgen.model.fp8 import quantize_weight
+from bulkgen.model.fp8_gemm_table import fp8_matmul
 from bulkgen.model.shapes import LLAMA3_8B
 
 LAYERS = LLAMA3_8B["num_hidden_layers"]
@@ -40,7 +43,7 @@ def main() -> None:
         weights[name] = (w, *quantize_weight(w))
     for m in (1, 8, 32, 64, 128, 256, 512, 1024, 2048):
         row = {"M": m}
-        totals = {"bf16": 0.0, "fp8": 0.0, "fp8_fast_accum": 0.0}
+        totals = {"bf16": 0.0, "fp8": 0.0, "fp8_fast_accum": 0.0, "fp8_table": 0.0}
         for name, (w, wq, w_scale) in weights.items():
             x = torch.randn(m, w.shape[1], device=dev, dtype=torch.bfloat16)
             xq, x_scale = quantize_weight(x)  # per-row scales, as the activations get
@@ -54,6 +57,7 @@ def main() -> None:
                         xq, wq.t(), use_fast_accum=True, **a
                     )
                 ),
+                "fp8_table": median_ms(lambda x=(xq, x_scale, wq, w_scale): fp8_matmul(*x)),
             }
             row[name] = {k: round(v * 1000, 1) for k, v in times.items()}  # microseconds
             for k, v in times.items():
@@ -61,6 +65,7 @@ def main() -> None:
         row["step_ms"] = {k: round(v, 3) for k, v in totals.items()}
         row["fp8_vs_bf16"] = round(totals["bf16"] / totals["fp8"], 3)
         row["fast_accum_vs_bf16"] = round(totals["bf16"] / totals["fp8_fast_accum"], 3)
+        row["table_vs_bf16"] = round(totals["bf16"] / totals["fp8_table"], 3)
         print(json.dumps(row), flush=True)
 
 

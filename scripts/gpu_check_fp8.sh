@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Device calls (one H200) for the FP8 decode kernel and issues 13 and 16's FP8 targets:
 #   1. scripts/tune_decode.py --kv-cache-dtype fp8 --write-table (the launch the engine then uses);
+#      mm: scripts/tune_fp8_mm.py --write-table (cuBLASLt or the Triton FP8 GEMM per shape and
+#      rows, bulkgen/model/fp8_gemm_table.json; about 1-2 minutes), before the benches use it;
 #   2. the GPU tests but the long batch-invariant ones (unchanged here);
 #   3. trt (TRT_PROMPTS requests): bf16 auto, FP8 KV auto, FP8 weights+KV auto;
 #   4. bulk (512 prompts) bf16 against FP8; blog bf16 against FP8;
@@ -11,6 +13,7 @@
 # (at most 8 files come back). All steps take about 11 minutes, more than one call: STEPS picks.
 #   GIT_COMMIT=abc1234 STEPS="tune tests trt" scripts/gpu_check_fp8.sh   # about 9 minutes
 #   GIT_COMMIT=abc1234 STEPS="tune bulk blog diag" scripts/gpu_check_fp8.sh
+#   GIT_COMMIT=abc1234 STEPS="mm blog bulk" scripts/gpu_check_fp8.sh   # the FP8 GEMM table
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -25,6 +28,12 @@ if want tune; then
   timeout 200 python3 scripts/tune_decode.py --kv-cache-dtype fp8 --write-table 2>&1 \
     | grep -v -i warn | tee "$OUT/tune.txt" | tail -2
   cp bulkgen/model/attention/decode_tilings.json "$OUT/" 2> /dev/null
+fi
+
+if want mm; then
+  timeout 120 python3 scripts/tune_fp8_mm.py --write-table 2>&1 | grep -v -i warn \
+    | tee "$OUT/tune_mm.jsonl" | tail -8
+  cp bulkgen/model/fp8_gemm_table.json "$OUT/" 2> /dev/null
 fi
 
 if want tests; then
@@ -50,7 +59,7 @@ want blog && bench blog 100 --workloads blog --engines bulkgen,bulkgen-fp8
 if want diag; then
   timeout 30 python3 scripts/bench_host.py --rows 256 --context 2048 --steps 200 2>&1 | tail -3 \
     | tee "$OUT/host.txt"
-  timeout 45 python3 scripts/bench_fp8_mm.py 2>&1 | tee "$OUT/fp8mm.txt" | tail -2
+  timeout 60 python3 scripts/bench_fp8_mm.py 2>&1 | tee "$OUT/fp8mm.txt" | tail -2
   timeout 30 python3 scripts/bench_fp8_fused.py 2>&1 | tee -a "$OUT/fp8mm.txt" | tail -1
   bench prof 60 --workloads blog --engines bulkgen-fp8 --profile-at 6
   cp "$WORK"/prof/*kernels.txt "$OUT/" 2> /dev/null

@@ -4,9 +4,10 @@ per token as they arrive, and one scaled GEMM (torch._scaled_mm: cuBLASLt on CUD
 A weight W [N, K] is stored as Wq (fp8) and s_w [N] (float32) with W ~ Wq * s_w[:, None]; an
 activation row x [K] as xq (fp8) and s_x (float32) with x ~ xq * s_x. Then
 x @ W.T ~ (xq @ Wq.T) * s_x * s_w, which _scaled_mm computes in one kernel from the fp8
-operands (rowwise scaling: scale_a [M, 1], scale_b [1, N], bf16 out). Per-channel weight scales
-also hold the per-tensor scales of checkpoints exactly: fused q/k/v parts each keep their own
-scale, repeated over their rows.
+operands (rowwise scaling: scale_a [M, 1], scale_b [1, N], bf16 out), or at few rows the
+Triton kernel of fp8_gemm.py where the GPU measured it faster (fp8_gemm_table.py). Per-channel
+weight scales also hold the per-tensor scales of checkpoints exactly: fused q/k/v parts each keep
+their own scale, repeated over their rows.
 
 Only the decoder's projections (qkv, o, gate_up, down) become FP8; embeddings and lm_head stay in
 the model dtype. Everything here is shape-driven (no host reads of tensor data), so the decode
@@ -151,13 +152,10 @@ class Fp8Linear(nn.Module):
             lead = x.shape[:-1]
             xq, x_scale = quantize_rows(x.reshape(-1, self.in_features), self.input_scale)
         if self.use_scaled_mm:
-            out = torch._scaled_mm(
-                xq,
-                self.weight.t(),  # column-major [K, N], as cuBLASLt's FP8 GEMM requires
-                scale_a=x_scale,
-                scale_b=self.weight_scale.view(1, -1),
-                out_dtype=torch.bfloat16,  # rowwise scaling writes bf16 only
-            )
+            # cuBLASLt, or the Triton kernel where fp8_gemm_table.json measured it faster.
+            from bulkgen.model.fp8_gemm_table import fp8_matmul
+
+            out = fp8_matmul(xq, x_scale, self.weight, self.weight_scale)
         else:
             out = scaled_mm_reference(xq, x_scale, self.weight, self.weight_scale)
         out = out.to(self.out_dtype)

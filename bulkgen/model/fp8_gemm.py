@@ -1,0 +1,255 @@
+"""A Triton FP8 GEMM for few rows: what Fp8Linear's torch._scaled_mm computes, tuned to stream
+the weight at the bandwidth a decode step's GEMM is bound by.
+
+    out[m, n] = bf16(sum_k xq[m, k] * wq[n, k] * x_scale[m] * w_scale[n])   (float32 sums)
+
+At M <= 128 rows a projection reads its weight once and does little else, yet cuBLASLt's FP8
+kernels reach 40-55% of the H200's copy bandwidth there (scripts/bench_fp8_mm.py). This kernel
+gives each program a thin row tile (BLOCK_M 16) and a slice of the weight, and splits K over
+SPLIT_K programs when N / BLOCK_N alone would leave SMs idle (N = 4096 at BLOCK_N 64 is 64
+programs for 132 SMs): each split writes float32 partial sums and a second launch adds them,
+applies the scales and rounds once to bf16. Nothing depends on data: the grid and the partial
+buffer follow from the shapes, so CUDA graphs capture both launches.
+
+The operands meet the tensor cores in one of two ways (Fp8GemmConfig.dot): "fp8" hands the e4m3
+tiles to tl.dot as they are (wgmma on e4m3 on sm_90, but for a 16-row tile that is not swapped,
+which Triton widens to fp16 itself), "fp16" widens them in registers first (exact: every e4m3
+value is an fp16 value). swap_ab computes the transposed product, weight tile times rows, so the
+weight's BLOCK_N rows fill the MMA's M side (Hopper's wgmma wants 64) and the few activation rows
+its narrow N side. The Triton interpreter runs every variant (its tl.dot takes e4m3 too), which
+is how the CPU tests check them.
+
+Which kernel serves a projection at M rows is measured, not guessed: fp8_gemm_table.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+
+@dataclass(frozen=True)
+class Fp8GemmConfig:
+    """One launch of the kernel: tiles, K splits, warps, pipeline stages, operand handling."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 4
+    swap_ab: bool = False
+    dot: str = "fp8"  # "fp8" or "fp16" (see the module docstring)
+
+    def __post_init__(self) -> None:
+        for name in ("block_m", "block_n", "block_k", "split_k"):
+            value = getattr(self, name)
+            if value < 1 or value & (value - 1):
+                raise ValueError(f"Fp8GemmConfig.{name} must be a power of two, got {value}")
+        if min(self.block_m, self.block_n) < 16 or self.block_k < 32:
+            raise ValueError(f"Fp8GemmConfig tiles must be >= 16, block_k >= 32 (tl.dot): {self}")
+        if self.dot not in ("fp8", "fp16"):
+            raise ValueError(f"Fp8GemmConfig.dot must be fp8 or fp16, got {self.dot!r}")
+
+
+def _candidates() -> dict[str, Fp8GemmConfig]:
+    """Launches scripts/tune_fp8_mm.py times, named like m16n64k128s4t (s: K splits, t: swap_ab,
+    h: fp16 operands). In the sm_90 PTX (scripts/compile_check_fp8_gemm.py) a 16-row tile that
+    is not swapped becomes mma.sync on fp16 (Triton widens the e4m3 tiles), a swapped one or one
+    of 64 rows wgmma on e4m3. Enough programs for 132 SMs at N = 4096 needs split_k * 4096 /
+    block_n >= 128 or so."""
+    out = {}
+    for block_m, block_n, block_k, split_k, swap, dot in [
+        (16, 64, 128, 1, True, "fp8"),
+        (16, 64, 128, 2, True, "fp8"),
+        (16, 64, 128, 4, True, "fp8"),
+        (16, 64, 256, 2, True, "fp8"),
+        (16, 64, 256, 4, True, "fp8"),
+        (16, 128, 128, 1, True, "fp8"),
+        (16, 128, 128, 2, True, "fp8"),
+        (16, 128, 256, 4, True, "fp8"),
+        (16, 64, 128, 4, True, "fp16"),
+        (16, 64, 128, 4, False, "fp8"),
+        (32, 64, 128, 2, True, "fp8"),
+        (32, 64, 128, 4, True, "fp8"),
+        (64, 64, 128, 1, True, "fp8"),
+        (64, 64, 128, 2, True, "fp8"),
+        (64, 128, 128, 1, True, "fp8"),
+        (64, 64, 128, 2, False, "fp8"),
+        (64, 128, 128, 1, False, "fp8"),
+        (128, 64, 128, 1, True, "fp8"),
+        (128, 128, 128, 1, False, "fp8"),
+    ]:
+        name = f"m{block_m}n{block_n}k{block_k}s{split_k}" + "t" * swap + "h" * (dot == "fp16")
+        out[name] = Fp8GemmConfig(block_m, block_n, block_k, split_k, swap_ab=swap, dot=dot)
+    return out
+
+
+CANDIDATES: dict[str, Fp8GemmConfig] = _candidates()
+
+
+# Hopper's fp8 MMA keeps fewer bits than float32 while it sums (about 14, DeepSeek-V3 measured);
+# Triton's default on sm_90 lets the whole K run sum that way, as cuBLASLt's use_fast_accum does,
+# which bulkgen does not use (its accuracy is not measured). Adding each 32-deep MMA's result
+# into the float32 accumulator instead sums as _scaled_mm does without fast accumulation.
+_PRECISE_K = tl.constexpr(32)
+
+
+@triton.jit
+def _dot(acc, a, b, DOT: tl.constexpr):
+    """acc + a @ b in float32 from fp8 tiles."""
+    if DOT == "fp8":
+        return tl.dot(a, b, acc, max_num_imprecise_acc=_PRECISE_K)
+    else:
+        return tl.dot(a.to(tl.float16), b.to(tl.float16), acc)
+
+
+# M is not specialised: a CUDA-graph bucket's row count never compiles another variant.
+@triton.jit(do_not_specialize=["M"])
+def _fp8_gemm_kernel(
+    x_ptr,
+    w_ptr,
+    x_scale_ptr,
+    w_scale_ptr,
+    out_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_om,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    SWAP_AB: tl.constexpr,
+    DOT: tl.constexpr,
+    EVEN_K: tl.constexpr,
+):
+    # Row tiles vary fastest: the programs that share a weight slice run together, and those
+    # after the first find it in L2 (a 28672-row weight is larger than the H200's L2).
+    pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    ks = tl.arange(0, BLOCK_K)
+    # Split pid_k owns a run of whole K tiles; the last runs may be shorter or empty.
+    tiles = tl.cdiv(K, BLOCK_K)
+    per_split = tl.cdiv(tiles, SPLIT_K)
+    first = pid_k * per_split
+    last = tl.minimum(first + per_split, tiles)
+    # Rows past M are masked (never read); columns past N read valid rows again (modulo) and
+    # are never stored, so the weight loads need no mask.
+    row_ok = rows < M
+    x_rows = x_ptr + rows.to(tl.int64) * stride_xm
+    w_rows = w_ptr + (cols % N).to(tl.int64) * stride_wn
+    if SWAP_AB:  # acc[n, m]: weight tile [BLOCK_N, BLOCK_K] @ rows [BLOCK_K, BLOCK_M]
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:  # acc[m, n]: rows [BLOCK_M, BLOCK_K] @ weight tile [BLOCK_K, BLOCK_N]
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for t in range(first, last):
+        k = t * BLOCK_K + ks
+        if EVEN_K:
+            k_ok = k >= 0
+        else:  # zeros past K add exact zeros
+            k_ok = k < K
+        if SWAP_AB:
+            w = tl.load(w_rows[:, None] + k[None, :], mask=k_ok[None, :], other=0.0)
+            x = tl.load(
+                x_rows[None, :] + k[:, None], mask=row_ok[None, :] & k_ok[:, None], other=0.0
+            )
+            acc = _dot(acc, w, x, DOT)
+        else:
+            x = tl.load(
+                x_rows[:, None] + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0
+            )
+            w = tl.load(w_rows[None, :] + k[:, None], mask=k_ok[:, None], other=0.0)
+            acc = _dot(acc, x, w, DOT)
+    if SWAP_AB:
+        acc = tl.trans(acc)
+    mask = row_ok[:, None] & (cols[None, :] < N)
+    offsets = rows.to(tl.int64)[:, None] * stride_om + cols[None, :]
+    if SPLIT_K == 1:
+        x_scale = tl.load(x_scale_ptr + rows, mask=row_ok, other=0.0)
+        w_scale = tl.load(w_scale_ptr + cols, mask=cols < N, other=0.0)
+        out = acc * x_scale[:, None] * w_scale[None, :]  # in _scaled_mm's order
+        tl.store(out_ptr + offsets, out.to(out_ptr.dtype.element_ty), mask=mask)
+    else:  # float32 partial sums [SPLIT_K, M, N], added by _reduce_splits_kernel
+        tl.store(out_ptr + pid_k.to(tl.int64) * M * N + offsets, acc, mask=mask)
+
+
+@triton.jit(do_not_specialize=["M"])
+def _reduce_splits_kernel(
+    part_ptr, x_scale_ptr, w_scale_ptr, out_ptr, M, N, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr
+):
+    """out[m, n] = bf16(sum over splits of part[s, m, n] * x_scale[m] * w_scale[n])."""
+    row, pid = tl.program_id(0), tl.program_id(1)
+    cols = pid * BLOCK + tl.arange(0, BLOCK)
+    col_ok = cols < N
+    splits = tl.arange(0, SPLIT_K).to(tl.int64) * M * N
+    parts = tl.load(
+        part_ptr + splits[:, None] + row * N + cols[None, :], mask=col_ok[None, :], other=0.0
+    )
+    acc = tl.sum(parts, axis=0)
+    w_scale = tl.load(w_scale_ptr + cols, mask=col_ok, other=0.0)
+    out = acc * tl.load(x_scale_ptr + row) * w_scale
+    tl.store(out_ptr + row.to(tl.int64) * N + cols, out.to(out_ptr.dtype.element_ty), mask=col_ok)
+
+
+REDUCE_BLOCK = 1024  # columns per program of the split-K reduction
+
+
+def fp8_gemm(
+    xq: torch.Tensor,
+    x_scale: torch.Tensor,
+    wq: torch.Tensor,
+    w_scale: torch.Tensor,
+    config: Fp8GemmConfig,
+    out_dtype: torch.dtype = torch.bfloat16,
+) -> torch.Tensor:
+    """xq [M, K] fp8, x_scale [M, 1] float32, wq [N, K] fp8, w_scale [N] float32 -> [M, N] of
+    out_dtype: (xq @ wq.T) * x_scale * w_scale with float32 sums, rounded once."""
+    if xq.dim() != 2 or wq.dim() != 2 or xq.shape[1] != wq.shape[1]:
+        raise ValueError(f"fp8_gemm needs xq [M, K] and wq [N, K]: {xq.shape}, {wq.shape}")
+    (M, K), N = xq.shape, wq.shape[0]
+    out = torch.empty((M, N), dtype=out_dtype, device=xq.device)
+    if M == 0 or N == 0:
+        return out
+    # The kernel's loads take K contiguous (rows may be strided); in the model they always are.
+    xq = xq if xq.stride(1) == 1 else xq.contiguous()
+    wq = wq if wq.stride(1) == 1 else wq.contiguous()
+    x_scale, w_scale = x_scale.reshape(M).contiguous(), w_scale.reshape(N).contiguous()
+    cfg = config
+    split_k = min(cfg.split_k, triton.next_power_of_2(triton.cdiv(K, cfg.block_k)))
+    target = out if split_k == 1 else torch.empty((split_k, M, N), device=xq.device)
+    grid = (triton.cdiv(M, cfg.block_m), triton.cdiv(N, cfg.block_n), split_k)
+    _fp8_gemm_kernel[grid](
+        xq,
+        wq,
+        x_scale,
+        w_scale,
+        target,
+        M,
+        N,
+        K,
+        xq.stride(0),
+        wq.stride(0),
+        N,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        SPLIT_K=split_k,
+        SWAP_AB=cfg.swap_ab,
+        DOT=cfg.dot,
+        EVEN_K=K % cfg.block_k == 0,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+    if split_k > 1:
+        grid = (M, triton.cdiv(N, REDUCE_BLOCK))
+        _reduce_splits_kernel[grid](
+            target, x_scale, w_scale, out, M, N, SPLIT_K=split_k, BLOCK=REDUCE_BLOCK
+        )
+    return out

@@ -1,0 +1,94 @@
+"""Which FP8 GEMM serves a projection at M rows: cuBLASLt (torch._scaled_mm) or a launch of the
+Triton kernel in fp8_gemm.py, whichever scripts/tune_fp8_mm.py --write-table measured faster on
+the GPU (issue 13). fp8_gemm_table.json holds its choices:
+
+    {"device": "NVIDIA H200", "shapes": {"4096x4096": [{"max_m": 64, "kernel": "m16n64k128s4t"},
+                                                      {"max_m": 512, "kernel": "scaled_mm"}]}}
+
+Shapes are the weight's "NxK"; each shape's buckets rise in max_m, and M rows take the first
+bucket with max_m >= M, that is the choice measured at the next measured M up. A shape or an M
+the table does not cover takes _scaled_mm, as every FP8 projection did before any measurement.
+The choice is a function of shapes only, made on the host: a CUDA graph's bucket size is fixed,
+so each captured graph replays the one kernel chosen for its rows.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from bulkgen.model.fp8_gemm import CANDIDATES, Fp8GemmConfig, fp8_gemm
+
+SCALED_MM = "scaled_mm"  # the table's name for torch._scaled_mm
+TABLE_FILE = Path(__file__).with_name("fp8_gemm_table.json")
+
+
+@functools.cache
+def measured_choices() -> dict[str, list[dict]]:
+    """{"NxK": [{"max_m": int, "kernel": name}, ...]} from TABLE_FILE (read once; {} without)."""
+    try:
+        table = json.loads(TABLE_FILE.read_text())
+    except FileNotFoundError:
+        return {}
+    shapes = table.get("shapes", {})
+    for shape, buckets in shapes.items():
+        for bucket in buckets:
+            if bucket["kernel"] != SCALED_MM and bucket["kernel"] not in CANDIDATES:
+                raise ValueError(
+                    f"{TABLE_FILE} names kernel {bucket['kernel']!r} for {shape}, which "
+                    "fp8_gemm.CANDIDATES lacks: rerun scripts/tune_fp8_mm.py --write-table"
+                )
+    return shapes
+
+
+@functools.cache
+def gemm_choice(n: int, k: int, m: int) -> Fp8GemmConfig | None:
+    """The Triton launch measured fastest for a weight [n, k] at m rows, or None: _scaled_mm."""
+    for bucket in measured_choices().get(f"{n}x{k}", []):
+        if m <= bucket["max_m"]:
+            name = bucket["kernel"]
+            return None if name == SCALED_MM else CANDIDATES[name]
+    return None
+
+
+def _triton_runs_on(device: torch.device) -> bool:
+    """Triton kernels run on CUDA, and on the CPU under the interpreter (the tests)."""
+    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def fp8_matmul(
+    xq: torch.Tensor, x_scale: torch.Tensor, wq: torch.Tensor, w_scale: torch.Tensor
+) -> torch.Tensor:
+    """(xq [M, K] @ wq [N, K].T) * x_scale [M, 1] * w_scale [N] -> bf16 [M, N], by the kernel the
+    table chose for (N, K, M). K and N must be multiples of 16 (cuBLASLt's FP8 GEMM wants it)."""
+    (m, k), n = xq.shape, wq.shape[0]
+    config = gemm_choice(n, k, m) if _triton_runs_on(xq.device) else None
+    if config is not None:
+        return fp8_gemm(xq, x_scale, wq, w_scale, config)
+    return torch._scaled_mm(
+        xq,
+        wq.t(),  # column-major [K, N], as cuBLASLt's FP8 GEMM requires
+        scale_a=x_scale,
+        scale_b=w_scale.view(1, -1),
+        out_dtype=torch.bfloat16,  # rowwise scaling writes bf16 only
+    )
+
+
+def table_from_timings(timings: dict[str, dict[int, dict[str, float]]]) -> dict[str, list]:
+    """{"NxK": {M: {kernel: seconds}}} -> the table's "shapes": the fastest kernel at each
+    measured M, neighbouring Ms with the same winner merged into one bucket."""
+    shapes = {}
+    for shape, by_m in timings.items():
+        buckets: list[dict] = []
+        for m in sorted(by_m):
+            best = min(by_m[m], key=by_m[m].get)
+            if buckets and buckets[-1]["kernel"] == best:
+                buckets[-1]["max_m"] = m
+            else:
+                buckets.append({"max_m": m, "kernel": best})
+        shapes[shape] = buckets
+    return shapes

@@ -1,0 +1,111 @@
+"""Compile the Triton FP8 GEMM (bulkgen/model/fp8_gemm.py) for sm_90 without a GPU, every
+candidate launch, and say how its operands reach the tensor cores.
+
+    PYTHONPATH=. python scripts/compile_check_fp8_gemm.py
+
+The interpreter runs the kernel as Python and never meets the GPU compiler. Each candidate is
+compiled as the JIT specializes it at run time for the 8B shapes (pointers, N, K and the strides
+divisible by 16, K a multiple of BLOCK_K) and one line printed: its MMA instruction (wgmma on
+e4m3 operands, or mma.sync on f16 ones that Triton widened the e4m3 tiles to) and its e4m3
+conversions (cvt ... e4m3: the widening, in registers), and its cp.async copies (the weight
+tiles pipelined into shared memory) and float32 adds (how fp8 MMA sums reach the float32
+accumulator). The split-K reduction is compiled too.
+"""
+
+from __future__ import annotations
+
+import re
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from bulkgen.model.fp8_gemm import (
+    CANDIDATES,
+    REDUCE_BLOCK,
+    Fp8GemmConfig,
+    _fp8_gemm_kernel,
+    _reduce_splits_kernel,
+)
+
+TARGET = GPUTarget("cuda", 90, 32)
+
+
+def _aligned(signature: dict[str, str], names: tuple[str, ...]) -> dict:
+    """Divisibility-16 attributes, as the JIT gives pointers and integers divisible by 16."""
+    order = list(signature)
+    return {(order.index(n),): [["tt.divisibility", 16]] for n in names}
+
+
+def gemm_ptx(cfg: Fp8GemmConfig) -> str:
+    signature = {
+        "x_ptr": "*fp8e4nv",
+        "w_ptr": "*fp8e4nv",
+        "x_scale_ptr": "*fp32",
+        "w_scale_ptr": "*fp32",
+        "out_ptr": "*bf16" if cfg.split_k == 1 else "*fp32",
+        **{name: "i32" for name in ("M", "N", "K", "stride_xm", "stride_wn", "stride_om")},
+    }
+    constexprs = {
+        "BLOCK_M": cfg.block_m,
+        "BLOCK_N": cfg.block_n,
+        "BLOCK_K": cfg.block_k,
+        "SPLIT_K": cfg.split_k,
+        "SWAP_AB": cfg.swap_ab,
+        "DOT": cfg.dot,
+        "EVEN_K": True,
+    }
+    signature |= {name: "constexpr" for name in constexprs}
+    aligned = ("x_ptr", "w_ptr", "x_scale_ptr", "w_scale_ptr", "out_ptr", "N", "K")
+    aligned += ("stride_xm", "stride_wn", "stride_om")
+    source = ASTSource(
+        _fp8_gemm_kernel, signature, constexprs=constexprs, attrs=_aligned(signature, aligned)
+    )
+    options = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+    return triton.compile(source, target=TARGET, options=options).asm["ptx"]
+
+
+def reduce_ptx() -> str:
+    signature = {"part_ptr": "*fp32", "x_scale_ptr": "*fp32", "w_scale_ptr": "*fp32"}
+    signature |= {"out_ptr": "*bf16", "M": "i32", "N": "i32"}
+    constexprs = {"SPLIT_K": 4, "BLOCK": REDUCE_BLOCK}
+    signature |= {name: "constexpr" for name in constexprs}
+    source = ASTSource(_reduce_splits_kernel, signature, constexprs=constexprs)
+    return triton.compile(source, target=TARGET).asm["ptx"]
+
+
+def mma_kind(ptx: str) -> str:
+    """The tensor-core instruction and its operand types, e.g. wgmma.m64n16k32.e4m3.e4m3."""
+    if m := re.search(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)\.f32\.(\w+)\.(\w+)", ptx):
+        return f"wgmma.{m[1]}.{m[2]}.{m[3]}"
+    if m := re.search(r"mma\.sync\.aligned\.(m\d+n\d+k\d+)\.row\.col\.f32\.(\w+)\.(\w+)", ptx):
+        return f"mma.sync.{m[1]}.{m[2]}.{m[3]}"
+    return "none"
+
+
+def e4m3_conversions(ptx: str) -> int:
+    return len(re.findall(r"\bcvt\.[^;]*e4m3", ptx))
+
+
+def async_copies(ptx: str) -> int:
+    """cp.async instructions: global-to-shared copies the software pipeline issues ahead."""
+    return len(re.findall(r"\bcp\.async\.c[ag]\b", ptx))
+
+
+def float32_adds(ptx: str) -> int:
+    """add.f32 instructions: with precise accumulation, each fp8 MMA's sums join the float32
+    accumulator this way (Triton's sm_90 default would leave them in the MMA's accumulator)."""
+    return len(re.findall(r"\badd\.f32\b", ptx))
+
+
+def main() -> None:
+    for name, cfg in CANDIDATES.items():
+        ptx = gemm_ptx(cfg)
+        counts = f"{e4m3_conversions(ptx)} e4m3 conversions, {async_copies(ptx)} async copies, "
+        counts += f"{float32_adds(ptx)} f32 adds"
+        print(f"{name:16s}: {len(ptx):6d} chars of PTX, mma {mma_kind(ptx)}, {counts}")
+    print(f"{'reduce':16s}: {len(reduce_ptx()):6d} chars of PTX")
+
+
+if __name__ == "__main__":
+    main()

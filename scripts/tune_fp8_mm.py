@@ -1,0 +1,154 @@
+"""Time cuBLASLt's FP8 GEMM (torch._scaled_mm) against each Triton launch of fp8_gemm.py at the 8B
+decoder's projections and decode-sized row counts, and keep the fastest per shape and M (GPU).
+
+    PYTHONPATH=. python scripts/tune_fp8_mm.py [--write-table] [--rows 1,32] [--proj o,down]
+
+Each GEMM is timed as a decode step runs it: inside a CUDA graph (no launch gaps, split-K's two
+launches back to back), over enough copies of the weight (distinct tensors, one GEMM each, at
+least 256 MB in all) that no weight is still in the 50 MB L2 when it is read again, as in a
+model of 32 layers. triton.testing.do_bench takes the median of the graph's replays; the time
+per GEMM is that over the copies. A candidate whose output is not _scaled_mm's within bf16
+rounding is reported and never chosen.
+
+One JSON line per (projection, M): microseconds of each kernel, the best, its speedup over
+scaled_mm and the weight bandwidth it reached. Then one summary line per M: the step's 128
+projection GEMMs (32 layers) with cuBLASLt alone against the best of each. --write-table writes
+bulkgen/model/fp8_gemm_table.json (after each projection, so a run cut short keeps what it
+measured), which Fp8Linear reads at its next start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import functools
+import json
+import subprocess
+
+import torch
+from bench_fp8_mm import LAYERS, projections
+from triton.testing import do_bench
+
+from bulkgen.model.fp8 import quantize_rows_reference, quantize_weight
+from bulkgen.model.fp8_gemm import CANDIDATES, fp8_gemm
+from bulkgen.model.fp8_gemm_table import SCALED_MM, TABLE_FILE, table_from_timings
+
+ROWS = (1, 8, 16, 32, 64, 128, 256, 512)
+STREAM_BYTES = 256 * 2**20  # weight bytes a graph walks through: five times the H200's L2
+
+
+def candidates_for(m: int) -> dict[str, object]:
+    """Launches worth timing at m rows: row tiles no taller than m needs (16 at least)."""
+    tallest = max(16, 1 << (m - 1).bit_length())
+    return {name: c for name, c in CANDIDATES.items() if c.block_m <= tallest}
+
+
+def scaled_mm(xq, x_scale, wq, w_scale):
+    return torch._scaled_mm(
+        xq, wq.t(), scale_a=x_scale, scale_b=w_scale.view(1, -1), out_dtype=torch.bfloat16
+    )
+
+
+def graph_us(gemm, x, weights) -> float:
+    """Median microseconds of one GEMM, run once per weight copy inside one CUDA graph."""
+    gemm(*x, *weights[0])  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for w in weights:
+            gemm(*x, *w)
+    ms = do_bench(graph.replay, warmup=5, rep=25, return_mode="median")
+    return ms * 1000 / len(weights)
+
+
+def agrees(out: torch.Tensor, ref: torch.Tensor) -> bool:
+    """Within two bf16 roundings (a step) of float32 sums taken in another order (far below
+    1e-4 of the largest output; a kernel that drops a K tile is far above)."""
+    tol = 2.0**-7 * ref.float().abs() + 1e-4 * ref.float().abs().max()
+    return bool(((out.float() - ref.float()).abs() <= tol).all())
+
+
+def tune_projection(
+    name: str, n: int, k: int, rows: list[int], dev: torch.device
+) -> dict[int, dict[str, float]]:
+    """{M: {kernel: seconds}} for one projection, printing a line per M."""
+    copies = max(2, -(-STREAM_BYTES // (n * k)))
+    weights = [quantize_weight(torch.randn(n, k, device=dev) / k**0.5) for _ in range(copies)]
+    by_m = {}
+    for m in rows:
+        x = quantize_rows_reference(torch.randn(m, k, device=dev))
+        ref = scaled_mm(*x, *weights[0])
+        us = {SCALED_MM: graph_us(scaled_mm, x, weights)}
+        wrong = []
+        for cand, config in candidates_for(m).items():
+            try:
+                out = fp8_gemm(*x, *weights[0], config)
+            except Exception as e:  # a launch the GPU refuses (resources): report, skip
+                wrong.append(f"{cand}: {type(e).__name__}: {str(e)[:120]}")
+                continue
+            if not agrees(out, ref):
+                wrong.append(f"{cand}: differs from scaled_mm")
+                continue
+            us[cand] = graph_us(functools.partial(fp8_gemm, config=config), x, weights)
+        best = min(us, key=us.get)
+        line = {"proj": name, "N": n, "K": k, "M": m, "best": best, "best_us": round(us[best], 1)}
+        line["speedup"] = round(us[SCALED_MM] / us[best], 3)
+        line["best_TB_s"] = round(n * k / us[best] / 1e6, 2)  # the weight's bytes only
+        line["us"] = {c: round(t, 1) for c, t in sorted(us.items(), key=lambda kv: kv[1])}
+        if wrong:
+            line["refused"] = wrong
+        print(json.dumps(line), flush=True)
+        by_m[m] = {c: t / 1e6 for c, t in us.items()}
+    return by_m
+
+
+def commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True)
+        return out.stdout.decode().strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+def write_table(timings: dict[str, dict[int, dict[str, float]]]) -> None:
+    table = {
+        "device": torch.cuda.get_device_name(),
+        "commit": commit(),
+        "measured": datetime.date.today().isoformat(),
+        "how": "scripts/tune_fp8_mm.py --write-table (median of CUDA-graph replays)",
+        "shapes": table_from_timings(timings),
+    }
+    TABLE_FILE.write_text(json.dumps(table, indent=1) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--write-table", action="store_true", help=f"write {TABLE_FILE.name}")
+    parser.add_argument("--rows", default=",".join(map(str, ROWS)), help="M values, commas")
+    parser.add_argument("--proj", default="qkv,o,gate_up,down", help="projections, commas")
+    args = parser.parse_args()
+    rows = [int(r) for r in args.rows.split(",")]
+    wanted = args.proj.split(",")
+    if unknown := set(wanted) - set(projections()):
+        parser.error(f"unknown projections {sorted(unknown)}: pick from {list(projections())}")
+    shapes = {p: s for p, s in projections().items() if p in wanted}
+    timings = {}
+    for name, (n, k) in shapes.items():
+        timings[f"{n}x{k}"] = tune_projection(name, n, k, rows, torch.device("cuda"))
+        if args.write_table:
+            write_table(timings)
+    for m in rows:
+        cublas = sum(t[m][SCALED_MM] for t in timings.values()) * LAYERS * 1000
+        best = sum(min(t[m].values()) for t in timings.values()) * LAYERS * 1000
+        summary = {
+            "summary": "step GEMMs, ms",
+            "M": m,
+            "layers": LAYERS,
+            "projections": list(shapes),
+        }
+        summary |= {"scaled_mm_ms": round(cublas, 3), "best_ms": round(best, 3)}
+        print(json.dumps(summary | {"speedup": round(cublas / best, 3)}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
