@@ -23,8 +23,8 @@ from bulkgen.config import EngineConfig, SamplingParams
 from bulkgen.engine.blocks import BlockManager
 from bulkgen.engine.inputs import InputPacker
 from bulkgen.engine.request import Request
-from bulkgen.engine.runner import StepResult
 from bulkgen.engine.scheduler import Scheduler
+from bulkgen.engine.step import StepResult
 
 
 def main() -> None:

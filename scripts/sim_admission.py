@@ -21,8 +21,8 @@ import random
 from bulkgen.config import EngineConfig, SamplingParams
 from bulkgen.engine.blocks import BlockManager
 from bulkgen.engine.request import Request
-from bulkgen.engine.runner import StepResult
 from bulkgen.engine.scheduler import Scheduler
+from bulkgen.engine.step import StepResult
 
 EOS = 2
 

@@ -15,8 +15,8 @@ from bulkgen import LLM, SamplingParams
 from bulkgen.config import AUTO_MAX_NUM_SEQS, EngineConfig
 from bulkgen.engine.blocks import BlockManager
 from bulkgen.engine.request import Request
-from bulkgen.engine.runner import StepResult
 from bulkgen.engine.scheduler import Scheduler
+from bulkgen.engine.step import StepResult
 
 LONG = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
 

@@ -7,8 +7,8 @@ from bulkgen.config import EngineConfig
 from bulkgen.engine import blocks as blocks_module
 from bulkgen.engine.blocks import BlockManager
 from bulkgen.engine.request import Request
-from bulkgen.engine.runner import StepResult
 from bulkgen.engine.scheduler import Scheduler
+from bulkgen.engine.step import StepResult
 
 SYSTEM = list(range(20, 70))  # a 50-token shared prefix, e.g. a system prompt
 

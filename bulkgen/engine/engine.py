@@ -32,8 +32,9 @@ from bulkgen.engine.kv_sizing import auto_num_blocks
 from bulkgen.engine.model_files import model_dir, read_eos_ids, resolve_device
 from bulkgen.engine.monitor import GpuMonitor, step_time_stats
 from bulkgen.engine.request import Request, RequestOutput
-from bulkgen.engine.runner import ModelRunner, Step, kv_bytes_per_block
+from bulkgen.engine.runner import ModelRunner, kv_bytes_per_block
 from bulkgen.engine.scheduler import Scheduler
+from bulkgen.engine.step import Step
 from bulkgen.engine.tp_group import RankGroup, RankSpec, join
 from bulkgen.engine.tp_membership import leave_group
 from bulkgen.engine.warmup import warmup_plans

@@ -23,7 +23,7 @@ from bulkgen.engine.request import Request, RequestOutput, Status
 from bulkgen.engine.token_logprobs import LogprobRecorder
 
 if TYPE_CHECKING:
-    from bulkgen.engine.runner import StepResult
+    from bulkgen.engine.step import StepResult
 
 
 class Scheduler:
