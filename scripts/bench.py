@@ -33,7 +33,12 @@ from bench_bulkgen import (
 )
 from bench_measure import git_commit, measure_ceilings, plot
 from bench_transformers import run_transformers
-from bench_workloads import make_workload, model_folder, split_roofline_s
+from bench_workloads import (
+    make_workload,
+    model_folder,
+    split_roofline_compute_s,
+    split_roofline_s,
+)
 
 from bulkgen.model.shapes import SHAPES
 
@@ -87,6 +92,8 @@ def child(args) -> None:
     }
     workers = data_parallel(args.engine)
     result["roofline_s"] = split_roofline_s(work, workers, args, seqs, tp, shape, **fp8)
+    rooflines = work, workers, args, seqs, tp, shape
+    result["roofline_compute_s"] = split_roofline_compute_s(*rooflines, **fp8)
     Path(args.result).write_text(json.dumps(result))
 
 
@@ -234,6 +241,8 @@ def main() -> None:
                         "gpu_busy": round(r["gpu_busy"], 1),
                         "roofline_s": round(r["roofline_s"], 2),
                         "roofline_ratio": round(r["roofline_s"] / r["wall_s"], 3),
+                        # The same with the decode GEMMs' FLOPs counted (bench_workloads.py).
+                        "roofline_compute_ratio": round(r["roofline_compute_s"] / r["wall_s"], 3),
                         "peak_mem_gb": r["peak_mem_gb"],
                         "startup_s": r["startup_s"],
                         "num_prompts": r["num_prompts"],
