@@ -1,12 +1,13 @@
-"""silu_and_mul_fp8's two kernels against each other and the bf16 silu_and_mul (GPU).
+"""The FP8 activation kernels' one- and two-pass forms against each other (GPU).
 
     PYTHONPATH=. python scripts/bench_fp8_fused.py
 
-At the 8B shape's width (gate and up of 14,336), for T rows: fused.silu_and_mul (bf16 out), and
-silu_and_mul_fp8 with two passes over 2,048-wide runs and with the whole row in one tile
-(one_pass), median microseconds each, and whether the two FP8 kernels gave the same bits. One
-JSON line per T; the last line says which FP8 kernel won at every T (fp8_fused.ONE_PASS's
-default should follow it).
+For T rows of the 8B shape: fused.silu_and_mul (bf16 out) beside silu_and_mul_fp8 with two
+passes over 2,048-wide runs and with the whole 14,336-wide row in one tile (one_pass); and
+fp8_kernels.quantize_rows of a 4,096-wide row (the attention output, o_proj's input) both ways.
+Median microseconds each, and whether the two forms gave the same bits. One JSON line per T; the
+last line says which form won at every T (fp8_fused.ONE_PASS's and fp8_kernels.ONE_PASS's
+defaults should follow it).
 """
 
 from __future__ import annotations
@@ -18,8 +19,13 @@ from triton.testing import do_bench
 
 from bulkgen.model import fused
 from bulkgen.model.fp8_fused import silu_and_mul_fp8
+from bulkgen.model.fp8_kernels import quantize_rows
 
-WIDTH = 14336
+WIDTH, HIDDEN = 14336, 4096
+FORMS = {
+    "silu": ("silu_fp8_two_pass", "silu_fp8_one_pass"),
+    "quantize": ("quantize_two_pass", "quantize_one_pass"),
+}
 
 
 def median_us(fn) -> float:
@@ -27,22 +33,30 @@ def median_us(fn) -> float:
 
 
 def main() -> None:
-    wins = {}
+    wins = {kernel: {} for kernel in FORMS}
     for rows in (1, 32, 128, 256, 512, 1024):
         gate_up = torch.randn(rows, 2 * WIDTH, device="cuda", dtype=torch.bfloat16) * 4
+        x = torch.randn(rows, HIDDEN, device="cuda", dtype=torch.bfloat16) * 4
         one, two = silu_and_mul_fp8(gate_up, one_pass=True), silu_and_mul_fp8(gate_up, False)
-        same = torch.equal(one.q.view(torch.uint8), two.q.view(torch.uint8)) and torch.equal(
-            one.scale, two.scale
-        )
+        q_one, q_two = quantize_rows(x, one_pass=True), quantize_rows(x, one_pass=False)
+        same = same_bits(one, two) and same_bits(q_one, q_two)
         times = {
-            "bf16": median_us(lambda g=gate_up: fused.silu_and_mul(g)),
-            "fp8_two_pass": median_us(lambda g=gate_up: silu_and_mul_fp8(g, one_pass=False)),
-            "fp8_one_pass": median_us(lambda g=gate_up: silu_and_mul_fp8(g, one_pass=True)),
+            "silu_bf16": median_us(lambda g=gate_up: fused.silu_and_mul(g)),
+            "silu_fp8_two_pass": median_us(lambda g=gate_up: silu_and_mul_fp8(g, one_pass=False)),
+            "silu_fp8_one_pass": median_us(lambda g=gate_up: silu_and_mul_fp8(g, one_pass=True)),
+            "quantize_two_pass": median_us(lambda x=x: quantize_rows(x, one_pass=False)),
+            "quantize_one_pass": median_us(lambda x=x: quantize_rows(x, one_pass=True)),
         }
-        wins[rows] = min(("fp8_two_pass", "fp8_one_pass"), key=times.__getitem__)
+        for kernel, forms in FORMS.items():
+            wins[kernel][rows] = min(forms, key=times.__getitem__)
         row = {"rows": rows, **{k: round(v, 1) for k, v in times.items()}, "same_bits": same}
         print(json.dumps(row), flush=True)
-    print(json.dumps({"summary": "silu_and_mul_fp8", "faster": wins}), flush=True)
+    print(json.dumps({"summary": "fp8 activation kernels", "faster": wins}), flush=True)
+
+
+def same_bits(a, b) -> bool:
+    """Two (fp8 values, scales) results hold the same bits."""
+    return torch.equal(a[0].view(torch.uint8), b[0].view(torch.uint8)) and torch.equal(a[1], b[1])
 
 
 if __name__ == "__main__":

@@ -19,7 +19,12 @@ KERNELS = [
     (
         fp8_kernels._quantize_rows_kernel,
         {"x_ptr": "*bf16", **FP8_OUT, "static_scale_ptr": "*fp32", "K": "i32", "stride_x": "i32"},
-        {"BLOCK": 2048, "STATIC": False},
+        {"BLOCK": 2048, "STATIC": False, "ONE_PASS": False},
+    ),
+    (  # quantize_rows(one_pass=True) at the 8B hidden width
+        fp8_kernels._quantize_rows_kernel,
+        {"x_ptr": "*bf16", **FP8_OUT, "static_scale_ptr": "*fp32", "K": "i32", "stride_x": "i32"},
+        {"BLOCK": 4096, "STATIC": False, "ONE_PASS": True},
     ),
     (
         fp8_fused._rms_norm_fp8_kernel,
@@ -44,7 +49,7 @@ def main() -> None:
     for fn, signature, constexprs in KERNELS:
         signature = signature | {name: "constexpr" for name in constexprs}
         source = ASTSource(fn, signature, constexprs=constexprs)
-        warps = 16 if constexprs.get("ONE_PASS") else 4
+        warps = min(16, max(4, constexprs["BLOCK"] // 512)) if constexprs.get("ONE_PASS") else 4
         target = GPUTarget("cuda", 90, 32)
         ptx = triton.compile(source, target=target, options={"num_warps": warps}).asm["ptx"]
         cvt = "yes" if "cvt.rn.satfinite.e4m3x2.f32" in ptx else "no"

@@ -87,13 +87,16 @@ def test_a_static_input_scale_is_used_for_every_row_and_clips_what_exceeds_it():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("width", [64, 100, 4096, 5000])  # one block, masked, two loops
 @pytest.mark.parametrize("static", [False, True])
-def test_triton_activation_quantizer_equals_the_torch_reference_bit_for_bit(dtype, width, static):
+@pytest.mark.parametrize("one_pass", [False, True])
+def test_triton_activation_quantizer_equals_the_torch_reference_bit_for_bit(
+    dtype, width, static, one_pass
+):
     x = (torch.randn(6, width) * 3).to(dtype)
     x[2] = 0
     x[3, :6] = torch.tensor([1e-3, -1e-4, 1e-6, 0.5, -7.0, 9.0]) * x[3].abs().max()
     static_scale = torch.tensor(0.01) if static else None
     q, scale = quantize_rows(
-        x.to(DEVICE), None if static_scale is None else static_scale.to(DEVICE)
+        x.to(DEVICE), None if static_scale is None else static_scale.to(DEVICE), one_pass
     )
     ref_q, ref_scale = quantize_rows_reference(x, static_scale)
     assert torch.equal(scale.cpu(), ref_scale)
@@ -186,7 +189,8 @@ def test_triton_quantizer_on_cuda_equals_torch_bit_for_bit(width):
     x = (torch.randn(256, width, device="cuda") * 3).to(torch.bfloat16)
     x[7] = 0
     for static_scale in (None, torch.tensor(0.02, device="cuda")):
-        q, scale = quantize_rows(x, static_scale)
         ref_q, ref_scale = quantize_rows_reference(x, static_scale)
-        assert torch.equal(scale, ref_scale)
-        assert torch.equal(q.view(torch.uint8), ref_q.view(torch.uint8))
+        for one_pass in (False, True):
+            q, scale = quantize_rows(x, static_scale, one_pass)
+            assert torch.equal(scale, ref_scale)
+            assert torch.equal(q.view(torch.uint8), ref_q.view(torch.uint8))

@@ -17,7 +17,9 @@ import triton.language as tl
 
 from bulkgen.model.fp8 import FP8, FP8_MAX, MIN_ABSMAX
 
-BLOCK = 2048  # elements of a row per loop iteration
+BLOCK = 2048  # elements of a row per loop iteration (two passes)
+ONE_PASS = False  # quantize_rows' default: see its docstring
+ONE_PASS_MAX_WIDTH = 16384
 _FP8_MAX = tl.constexpr(FP8_MAX)
 _MIN_ABSMAX = tl.constexpr(MIN_ABSMAX)
 
@@ -62,36 +64,54 @@ def _quantize_rows_kernel(
     stride_x,
     BLOCK: tl.constexpr,
     STATIC: tl.constexpr,
+    ONE_PASS: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_x
-    if STATIC:
-        scale = tl.load(static_scale_ptr).to(tl.float32)
-    else:
-        absmax = tl.zeros([BLOCK], dtype=tl.float32)
+    if ONE_PASS:  # the whole row in one tile (BLOCK >= K): read once
+        cols = tl.arange(0, BLOCK)
+        x = tl.load(x_row + cols, mask=cols < K, other=0.0).to(tl.float32)
+        if STATIC:
+            scale = tl.load(static_scale_ptr).to(tl.float32)
+        else:
+            scale = row_scale(tl.max(tl.abs(x), axis=0))  # 0 past K: no effect
+        q = quantize_value(x, scale)
+        tl.store(q_ptr + row * K + cols, q.to(q_ptr.dtype.element_ty), mask=cols < K)
+    else:  # BLOCK-wide runs: absmax, then quantize (the second read hits L2)
+        if STATIC:
+            scale = tl.load(static_scale_ptr).to(tl.float32)
+        else:
+            absmax = tl.zeros([BLOCK], dtype=tl.float32)
+            for start in range(0, K, BLOCK):
+                cols = start + tl.arange(0, BLOCK)
+                x = tl.load(x_row + cols, mask=cols < K, other=0.0).to(tl.float32)
+                absmax = tl.maximum(absmax, tl.abs(x))
+            scale = row_scale(tl.max(absmax, axis=0))
         for start in range(0, K, BLOCK):
             cols = start + tl.arange(0, BLOCK)
             x = tl.load(x_row + cols, mask=cols < K, other=0.0).to(tl.float32)
-            absmax = tl.maximum(absmax, tl.abs(x))
-        scale = row_scale(tl.max(absmax, axis=0))
-    for start in range(0, K, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        x = tl.load(x_row + cols, mask=cols < K, other=0.0).to(tl.float32)
-        q = quantize_value(x, scale)
-        tl.store(q_ptr + row * K + cols, q.to(q_ptr.dtype.element_ty), mask=cols < K)
+            q = quantize_value(x, scale)
+            tl.store(q_ptr + row * K + cols, q.to(q_ptr.dtype.element_ty), mask=cols < K)
     tl.store(scale_ptr + row, scale)
 
 
 def quantize_rows(
-    x: torch.Tensor, static_scale: torch.Tensor | None = None
+    x: torch.Tensor, static_scale: torch.Tensor | None = None, one_pass: bool | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] (rows contiguous) -> (fp8 [M, K], float32 scales [M, 1]); new tensors."""
+    """x [M, K] (rows contiguous) -> (fp8 [M, K], float32 scales [M, 1]); new tensors.
+
+    one_pass: the whole row in one tile of up to ONE_PASS_MAX_WIDTH values, read once, instead
+    of two passes over BLOCK-wide runs with 4 warps; the same bits either way. None takes
+    ONE_PASS (off until scripts/bench_fp8_fused.py measures it faster on the GPU: at blog's 32
+    rows each of the 32 programs walks its row twice)."""
     assert x.dim() == 2 and x.stride(1) == 1, "quantize_rows needs [M, K] with contiguous rows"
     M, K = x.shape
     q = torch.empty((M, K), dtype=FP8, device=x.device)
     scale = torch.empty((M, 1), dtype=torch.float32, device=x.device)
     if M == 0:
         return q, scale
+    one_pass = (ONE_PASS if one_pass is None else one_pass) and K <= ONE_PASS_MAX_WIDTH
+    block = triton.next_power_of_2(K) if one_pass else min(BLOCK, triton.next_power_of_2(K))
     _quantize_rows_kernel[(M,)](
         x,
         q,
@@ -99,8 +119,9 @@ def quantize_rows(
         scale if static_scale is None else static_scale,  # unread without a static scale
         K,
         x.stride(0),
-        BLOCK=min(BLOCK, triton.next_power_of_2(K)),
+        BLOCK=block,
         STATIC=static_scale is not None,
-        num_warps=4,
+        ONE_PASS=one_pass,
+        num_warps=min(16, max(4, block // 512)) if one_pass else 4,
     )
     return q, scale
