@@ -123,6 +123,14 @@ def tiny_tokenizer(tiny_model_dir):
     return AutoTokenizer.from_pretrained(tiny_model_dir)
 
 
+@pytest.fixture
+def allow_fp8(monkeypatch):
+    """Let the fp8 KV cache run on the CPU (the test-only override of the hardware check)."""
+    from bulkgen.model.attention import kv_fp8
+
+    monkeypatch.setattr(kv_fp8, "fp8_supported", lambda device: True)
+
+
 @pytest.fixture(scope="session")
 def attention_compile_check() -> str:
     """The output of scripts/compile_check_attention.py (every attention kernel compiled for
