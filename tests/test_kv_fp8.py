@@ -3,8 +3,7 @@ has no FP8, and whole runs through the engine and `bulkgen run` (the scales a ch
 test_kv_fp8_scales.py).
 
 The CPU runs the fp8 path with the torch backend once `fp8_supported` is replaced (`allow_fp8`,
-conftest.py):
-a user's run there is refused, which is tested as such.
+conftest.py): a user's run there is refused, which is tested as such.
 """
 
 from __future__ import annotations

@@ -27,10 +27,11 @@ import time
 
 from bulkgen.config import EngineConfig, SamplingParams
 from bulkgen.engine.blocks import BlockManager
+from bulkgen.engine.engine_stats import engine_stats
 from bulkgen.engine.grammar import GrammarCompiler, load_tokenizer
 from bulkgen.engine.kv_sizing import auto_num_blocks
 from bulkgen.engine.model_files import model_dir, read_eos_ids, resolve_device
-from bulkgen.engine.monitor import GpuMonitor, step_time_stats
+from bulkgen.engine.monitor import GpuMonitor
 from bulkgen.engine.request import Request, RequestOutput
 from bulkgen.engine.runner import ModelRunner, kv_bytes_per_block
 from bulkgen.engine.scheduler import Scheduler
@@ -121,7 +122,7 @@ class Engine:
         if self.group is not None:
             self.group.busy = False  # started: the watcher's backstop now covers steps only
         blocks = BlockManager(num_blocks, cfg.block_size, cfg.prefix_cache)
-        log.info("KV cache: %s, %d tokens", self._kv_dtype_name, num_blocks * cfg.block_size)
+        log.info("KV cache: %s, %d tokens", self.kv_dtype_name, num_blocks * cfg.block_size)
         self.scheduler = Scheduler(cfg, blocks, self.max_model_len, self.eos_token_ids)
         self._requests: dict[str, Request] = {}  # unfinished requests by id, for abort()
         self._watched: dict[str, Request] = {}  # the unfinished ones with stop strings
@@ -260,35 +261,10 @@ class Engine:
 
     @property
     def stats(self) -> dict:
-        return {
-            "engine_steps": self.num_steps,
-            "preemptions": self.scheduler.num_preemptions,
-            "recomputed_tokens": self.scheduler.num_recomputed,
-            "kv_blocks": self.scheduler.blocks.num_blocks,
-            "block_size": self.cfg.block_size,
-            "startup_s": round(self.startup_s, 3),
-            "device": str(self.device),
-            "tensor_parallel": self.tp.size,
-            "dtype": str(self.dtype).removeprefix("torch."),
-            "quantization": self.quantization,  # None, or how the weights are FP8
-            "kv_cache_dtype": self._kv_dtype_name,
-            "batch_invariant": self.cfg.batch_invariant,
-            "kv_capacity_tokens": self.scheduler.blocks.num_blocks * self.cfg.block_size,
-            "async_loop": self.async_loop,
-            "generated_tokens": self.scheduler.num_generated,
-            "cached_prompt_tokens": self.scheduler.num_cached_tokens,
-            **step_time_stats(host=self.host_s, mask=self.mask_s),
-            "max_num_seqs": self.cfg.max_num_seqs,
-            **self.scheduler.admission.stats,
-            "max_running_seqs": self.scheduler.max_running,
-            "graph_max_batch": self.runner.graphs.max_batch if self.runner.graphs else 0,
-            "decode_graph_steps": self.runner.graph_steps,
-            "eager_decode_steps": self.runner.eager_decode_steps,
-            **(self.monitor.stats if self.monitor is not None else {}),
-        }
+        return engine_stats(self)
 
     @property
-    def _kv_dtype_name(self) -> str:
+    def kv_dtype_name(self) -> str:
         return str(self.kv_dtype).removeprefix("torch.")
 
     def close(self) -> None:

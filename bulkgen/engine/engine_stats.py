@@ -1,0 +1,40 @@
+"""The engine's counters for stats.json: steps, preemption, cache, dtypes, host time per step,
+batch sizes chosen and run, graph use, and the GPU monitor's figures."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from bulkgen.engine.monitor import step_time_stats
+
+if TYPE_CHECKING:
+    from bulkgen.engine.engine import Engine
+
+
+def engine_stats(engine: Engine) -> dict:
+    return {
+        "engine_steps": engine.num_steps,
+        "preemptions": engine.scheduler.num_preemptions,
+        "recomputed_tokens": engine.scheduler.num_recomputed,
+        "kv_blocks": engine.scheduler.blocks.num_blocks,
+        "block_size": engine.cfg.block_size,
+        "startup_s": round(engine.startup_s, 3),
+        "device": str(engine.device),
+        "tensor_parallel": engine.tp.size,
+        "dtype": str(engine.dtype).removeprefix("torch."),
+        "quantization": engine.quantization,  # None, or how the weights are FP8
+        "kv_cache_dtype": engine.kv_dtype_name,
+        "batch_invariant": engine.cfg.batch_invariant,
+        "kv_capacity_tokens": engine.scheduler.blocks.num_blocks * engine.cfg.block_size,
+        "async_loop": engine.async_loop,
+        "generated_tokens": engine.scheduler.num_generated,
+        "cached_prompt_tokens": engine.scheduler.num_cached_tokens,
+        **step_time_stats(host=engine.host_s, mask=engine.mask_s),
+        "max_num_seqs": engine.cfg.max_num_seqs,
+        **engine.scheduler.admission.stats,
+        "max_running_seqs": engine.scheduler.max_running,
+        "graph_max_batch": engine.runner.graphs.max_batch if engine.runner.graphs else 0,
+        "decode_graph_steps": engine.runner.graph_steps,
+        "eager_decode_steps": engine.runner.eager_decode_steps,
+        **(engine.monitor.stats if engine.monitor is not None else {}),
+    }
