@@ -33,12 +33,7 @@ from bench_bulkgen import (
 )
 from bench_measure import git_commit, measure_ceilings, plot
 from bench_transformers import run_transformers
-from bench_workloads import (
-    make_workload,
-    model_folder,
-    split_roofline_compute_s,
-    split_roofline_s,
-)
+from bench_workloads import make_workload, model_folder, roofline_compute_s, split_roofline_s
 
 from bulkgen.model.shapes import SHAPES
 
@@ -91,9 +86,9 @@ def child(args) -> None:
         "kv_fp8": options.get("kv_cache_dtype") == "fp8",
     }
     workers = data_parallel(args.engine)
-    result["roofline_s"] = split_roofline_s(work, workers, args, seqs, tp, shape, **fp8)
-    rooflines = work, workers, args, seqs, tp, shape
-    result["roofline_compute_s"] = split_roofline_compute_s(*rooflines, **fp8)
+    run = work, workers, args, seqs, tp, shape
+    result["roofline_s"] = split_roofline_s(*run, **fp8)
+    result["roofline_compute_s"] = split_roofline_s(*run, roofline=roofline_compute_s, **fp8)
     Path(args.result).write_text(json.dumps(result))
 
 

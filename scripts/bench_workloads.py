@@ -92,7 +92,7 @@ def make_workload(name: str, out_len: int, num_prompts: int | None) -> list[tupl
     raise ValueError(name)
 
 
-def roofline_s(
+def roofline_terms(
     work,
     bandwidth: float,
     flops_rate: float,
@@ -100,66 +100,59 @@ def roofline_s(
     shape: dict = LLAMA3_8B,
     fp8_weights: bool = False,
     kv_fp8: bool = False,
-) -> float:
-    """Decode bytes (weights once per step plus live KV) over bandwidth, plus prefill FLOPs.
-    For a tensor-parallel group pass its GPUs' summed bandwidth and FLOP rate. fp8_weights: FP8
-    weight bytes, and prefill at twice the bf16 FLOP rate (FP8 tensor cores); kv_fp8: FP8 KV
-    bytes."""
-    outs = [o for _, o in work]
-    steps = max(max(outs), sum(outs) / max_num_seqs)
-    per_token = kv_bytes_per_token(shape, kv_fp8)
-    kv = sum(per_token * (len(p) * o + o * (o - 1) / 2) for p, o in work)
-    params = weight_bytes_read(shape) / 2
-    prefill_flops = sum(2 * params * len(p) for p, _ in work)
-    weights = steps * weight_bytes_read(shape, fp8_weights)
-    return (weights + kv) / bandwidth + prefill_flops / (flops_rate * (2 if fp8_weights else 1))
-
-
-def roofline_compute_s(
-    work,
-    bandwidth: float,
-    flops_rate: float,
-    max_num_seqs: int,
-    shape: dict = LLAMA3_8B,
-    fp8_weights: bool = False,
-    kv_fp8: bool = False,
-) -> float:
-    """roofline_s with the decode GEMMs' FLOPs counted too: each decode step's GEMMs take at least
-    the longer of reading the weights and computing its rows' products (2 * params FLOPs a
-    token), so over the run they take at least the longer of the two sums (a sum of maxima is at
-    least the maximum of the sums). At a few hundred rows a step the 8B decode GEMMs are
-    compute-bound, which roofline_s does not see."""
+) -> dict[str, float]:
+    """Seconds of a run's ideal parts: reading the weights once a decode step, the decode GEMMs'
+    FLOPs, reading the live KV cache, and the prefill's FLOPs. fp8_weights: FP8 weight bytes and
+    twice the bf16 FLOP rate (FP8 tensor cores); kv_fp8: FP8 KV bytes. For a tensor-parallel
+    group pass its GPUs' summed bandwidth and FLOP rate."""
     outs = [o for _, o in work]
     steps = max(max(outs), sum(outs) / max_num_seqs)
     per_token = kv_bytes_per_token(shape, kv_fp8)
     kv = sum(per_token * (len(p) * o + o * (o - 1) / 2) for p, o in work)
     params = weight_bytes_read(shape) / 2
     rate = flops_rate * (2 if fp8_weights else 1)
-    prefill_flops = sum(2 * params * len(p) for p, _ in work)
-    weights_s = steps * weight_bytes_read(shape, fp8_weights) / bandwidth
-    gemm_s = 2 * params * sum(outs) / rate
-    return max(weights_s, gemm_s) + kv / bandwidth + prefill_flops / rate
+    return {
+        "weights": steps * weight_bytes_read(shape, fp8_weights) / bandwidth,
+        "decode_gemms": 2 * params * sum(outs) / rate,
+        "kv": kv / bandwidth,
+        "prefill": sum(2 * params * len(p) for p, _ in work) / rate,
+    }
+
+
+def roofline_s(work, *rate, **options) -> float:
+    """Decode bytes (weights once per step plus live KV) over bandwidth, plus prefill FLOPs
+    (roofline_terms' arguments)."""
+    t = roofline_terms(work, *rate, **options)
+    return t["weights"] + t["kv"] + t["prefill"]
+
+
+def roofline_compute_s(work, *rate, **options) -> float:
+    """roofline_s with the decode GEMMs' FLOPs counted too: each decode step's GEMMs take at least
+    the longer of reading the weights and computing its rows' products (2 * params FLOPs a
+    token), so over the run they take at least the longer of the two sums (a sum of maxima is at
+    least the maximum of the sums). At a few hundred rows a step the 8B decode GEMMs are
+    compute-bound, which roofline_s does not see."""
+    t = roofline_terms(work, *rate, **options)
+    return max(t["weights"], t["decode_gemms"]) + t["kv"] + t["prefill"]
 
 
 def split_roofline_s(
-    work, workers: int, args, max_num_seqs: int, tp: int = 1, shape: dict = LLAMA3_8B, **fp8
+    work,
+    workers: int,
+    args,
+    max_num_seqs: int,
+    tp: int = 1,
+    shape: dict = LLAMA3_8B,
+    roofline=roofline_s,
+    **fp8,
 ) -> float:
-    """The roofline of each worker's even share of the rows, at most max_num_seqs rows a step:
-    `bulkgen run --data-parallel` hands rows out as workers have room, so no worker has more
-    than its share of the work left; a worker of tp GPUs has tp times one GPU's bandwidth and
-    FLOP rate. fp8: roofline_s's fp8_weights and kv_fp8."""
+    """The roofline (roofline_s, or roofline_compute_s) of each worker's even share of the rows,
+    at most max_num_seqs rows a step: `bulkgen run --data-parallel` hands rows out as workers
+    have room, so no worker has more than its share of the work left; a worker of tp GPUs has tp
+    times one GPU's bandwidth and FLOP rate. fp8: roofline_terms' fp8_weights and kv_fp8."""
     shares = [work[k::workers] for k in range(workers)]
     rate = tp * args.bandwidth, tp * args.flops, max_num_seqs
-    return max(roofline_s(share, *rate, shape, **fp8) for share in shares if share)
-
-
-def split_roofline_compute_s(
-    work, workers: int, args, max_num_seqs: int, tp: int = 1, shape: dict = LLAMA3_8B, **fp8
-) -> float:
-    """split_roofline_s with roofline_compute_s."""
-    shares = [work[k::workers] for k in range(workers)]
-    rate = tp * args.bandwidth, tp * args.flops, max_num_seqs
-    return max(roofline_compute_s(share, *rate, shape, **fp8) for share in shares if share)
+    return max(roofline(share, *rate, shape, **fp8) for share in shares if share)
 
 
 def model_folder(tokenizer_dir: Path, shape: str = "8b") -> Path:
