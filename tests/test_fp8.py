@@ -172,6 +172,12 @@ def test_fp8_linear_replays_in_a_cuda_graph_with_new_inputs():
     linear = nn.Linear(256, 512, bias=False, device="cuda", dtype=torch.bfloat16)
     fp8 = Fp8Linear.from_linear(linear)
     x = torch.randn(16, 256, device="cuda", dtype=torch.bfloat16)
+    assert_replays_with_new_inputs(fp8, x)
+
+
+def assert_replays_with_new_inputs(fp8: nn.Module, x: torch.Tensor) -> None:
+    """fp8(x) captured in a CUDA graph gives, replayed after x changes in place, what an eager
+    call on the new x gives."""
     with torch.no_grad():
         fp8(x)  # compile the kernel outside the capture
         graph = torch.cuda.CUDAGraph()

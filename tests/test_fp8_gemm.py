@@ -16,6 +16,7 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
 import pytest  # noqa: E402
+from test_fp8 import DEVICE, needs_fp8_gpu  # noqa: E402
 
 from bulkgen.model.fp8 import (  # noqa: E402
     quantize_rows_reference,
@@ -24,11 +25,6 @@ from bulkgen.model.fp8 import (  # noqa: E402
 )
 from bulkgen.model.fp8_gemm import CANDIDATES, Fp8GemmConfig, fp8_gemm  # noqa: E402
 
-DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-needs_fp8_gpu = pytest.mark.skipif(
-    not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),
-    reason="needs a CUDA GPU with FP8 (compute capability 8.9+)",
-)
 # bf16 keeps 8 significant bits: a value's step is at most 2**-7 of it. The GPU rounds to nearest
 # (within half a step); the interpreter's cast to bf16 truncates (within one step).
 BF16_STEP = 2.0**-7

@@ -17,6 +17,7 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
 import pytest  # noqa: E402
+from test_fp8 import assert_replays_with_new_inputs  # noqa: E402
 from test_fp8_gemm import BF16_STEP, DEVICE, needs_fp8_gpu  # noqa: E402
 from torch import nn  # noqa: E402
 
@@ -216,15 +217,8 @@ def test_gpu_fp8_linear_with_a_table_replays_the_chosen_kernel_in_a_graph(table,
     fp8 = Fp8Linear.from_linear(linear)
     x = torch.randn(32, 4096, device="cuda", dtype=torch.bfloat16)
     calls = Calls(monkeypatch)
-    with torch.no_grad():
-        fp8(x)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = fp8(x)
-        x.copy_(torch.randn_like(x))
-        graph.replay()
-        assert torch.equal(out, fp8(x))
-        assert calls.cublas == 0 and len(calls.triton) == 3
+    assert_replays_with_new_inputs(fp8, x)
+    assert calls.cublas == 0 and len(calls.triton) == 3
 
 
 def test_the_tuner_writes_the_table_the_dispatch_reads_and_a_step_summary(
