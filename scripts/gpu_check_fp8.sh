@@ -4,7 +4,8 @@
 #      mm: scripts/tune_fp8_mm.py --write-table (cuBLASLt or the Triton FP8 GEMM per shape and
 #      rows, bulkgen/model/fp8_gemm_table.json; about 1-2 minutes), before the benches use it;
 #   2. the GPU tests but the long batch-invariant ones (unchanged here);
-#   3. trt (TRT_PROMPTS requests): bf16 auto, FP8 KV auto, FP8 weights+KV auto;
+#   3. trt (TRT_PROMPTS requests, default 500; TRT_TIMEOUT_S, default 230, for all three): bf16
+#      auto, FP8 KV auto, FP8 weights+KV auto (400 requests took 120 s at 00df254);
 #   4. bulk (512 prompts) bf16 against FP8; blog bf16 against FP8;
 #   5. diagnostics: host time per step at 256 rows x 2K (bench_host.py), FP8 GEMMs against bf16
 #      by batch size (bench_fp8_mm.py), silu_and_mul_fp8's one- and two-pass kernels
@@ -52,7 +53,7 @@ bench() {  # bench <folder> <timeout> <bench.py args...>
   rm -f "$dir/bench.jsonl"
   grep -h '"error"' "$dir/out.txt" | cut -c1-1500 | tee -a "$OUT/log.txt"
 }
-want trt && bench trt 230 --workloads trt --engines bulkgen,bulkgen-fp8kv,bulkgen-fp8 \
+want trt && bench trt "${TRT_TIMEOUT_S:-230}" --workloads trt --engines bulkgen,bulkgen-fp8kv,bulkgen-fp8 \
   --num-prompts "$TRT_PROMPTS"
 want bulk && bench bulk 150 --workloads bulk --engines bulkgen,bulkgen-fp8 --num-prompts 512
 want blog && bench blog 100 --workloads blog --engines bulkgen,bulkgen-fp8
