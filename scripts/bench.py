@@ -26,6 +26,7 @@ from pathlib import Path
 from bench_bulkgen import (
     STATS_KEYS,
     data_parallel,
+    distinct_settings,
     engine_options,
     run_bulkgen,
     seq_setting,
@@ -159,11 +160,15 @@ def main() -> None:
                 if engine == "transformers"
                 else [engine]
             )
+            requests = len(make_workload(workload, args.out_len, args.num_prompts))
+            sweep = distinct_settings(seqs_list, requests)
+            if sweep != seqs_list:
+                print(f"{workload}: {requests} requests; not run: {set(seqs_list) - set(sweep)}")
             runs = [
                 (eng, sampling, seqs)
                 for eng in engines
                 for sampling in (["greedy"] if eng.startswith("transformers") else sampling_list)
-                for seqs in (seqs_list[:1] if eng.startswith("transformers") else seqs_list)
+                for seqs in (seqs_list[:1] if eng.startswith("transformers") else sweep)
             ]
             for eng, sampling, seqs in runs:
                 tag = "" if len(seqs_list) == 1 else f"-seqs{seqs}"

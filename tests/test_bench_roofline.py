@@ -1,6 +1,6 @@
 """The benchmark's rooflines (scripts/bench_workloads.py): roofline_compute_s counts the decode
 GEMMs' FLOPs as well as the bytes roofline_s counts, and differs from it only when they are the
-longer of the two."""
+longer of the two; and which settings of a --max-num-seqs sweep run (scripts/bench_bulkgen.py)."""
 
 from __future__ import annotations
 
@@ -50,3 +50,13 @@ def test_fp8_weights_and_cache_halve_a_compute_bound_run():
     bf16 = roofline_compute_s(bulk, BANDWIDTH, FLOPS, 1024)
     fp8 = roofline_compute_s(bulk, BANDWIDTH, FLOPS, 1024, fp8_weights=True, kv_fp8=True)
     assert fp8 == pytest.approx(bf16 / 2)
+
+
+def test_a_sweep_runs_one_setting_of_those_that_admit_every_request():
+    from bench_bulkgen import distinct_settings
+
+    sweep = ["128", "256", "512", "1024", "auto"]
+    assert distinct_settings(sweep, 400) == ["128", "256", "512", "auto"]
+    assert distinct_settings(sweep, 3000) == sweep
+    assert distinct_settings(sweep, 100) == ["128", "auto"]
+    assert distinct_settings(["1024", "512"], 400) == ["1024"]  # the first given one runs
