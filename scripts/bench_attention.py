@@ -22,10 +22,10 @@ import torch
 from triton.testing import do_bench
 
 from bulkgen.model.attention import triton_invariant
+from bulkgen.model.attention.decode_tiling import decode_launch, num_kv_splits
 from bulkgen.model.attention.kv_fp8 import is_fp8, resolve_kv_dtype
 from bulkgen.model.attention.metadata import AttnMetadata
 from bulkgen.model.attention.triton_backend import paged_attention
-from bulkgen.model.attention.triton_decode import decode_launch, num_kv_splits
 
 NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 8, 128, 16
 DTYPE = torch.bfloat16

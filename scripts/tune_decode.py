@@ -20,13 +20,9 @@ import torch
 from bench_attention import DTYPE, HEAD_DIM, median_ms, paged_inputs
 from bench_measure import git_commit
 
+from bulkgen.model.attention.decode_tiling import TILINGS_FILE, DecodeLaunch, decode_launch
 from bulkgen.model.attention.kv_fp8 import resolve_kv_dtype
-from bulkgen.model.attention.triton_decode import (
-    TILINGS_FILE,
-    DecodeLaunch,
-    decode_launch,
-    paged_decode,
-)
+from bulkgen.model.attention.triton_decode import paged_decode
 
 SHAPES = [(batch, context) for batch in (32, 256, 512) for context in (1024, 2048)]
 # At 00df254 (no v_in_registers yet) 8 warps lost everywhere and stages 4 equalled the default;

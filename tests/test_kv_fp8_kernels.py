@@ -232,6 +232,6 @@ def test_an_fp8_cache_reads_tiles_of_as_many_bytes_as_bf16_unless_measured(monke
 def test_decode_over_fp8_cache_matches_reference_with_every_launch(
     monkeypatch, block_n, num_splits, v_in_registers, dtype
 ):
-    launch = triton_decode.DecodeLaunch(block_n, v_in_registers=v_in_registers)
+    launch = decode_tiling.DecodeLaunch(block_n, v_in_registers=v_in_registers)
     monkeypatch.setattr(triton_decode, "decode_launch", lambda head_dim, fp8: launch)
     check_fp8_decode([1, 2, 63, 64, 65, 300, 9], 2, 4, 32, 4, dtype, num_splits)

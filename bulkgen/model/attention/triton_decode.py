@@ -34,14 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from bulkgen.model.attention.decode_tiling import (  # noqa: F401  (tune_decode.py and tests)
-    TILINGS_FILE,
-    DecodeLaunch,
-    decode_block_n,
-    decode_launch,
-    measured_launches,
-    num_kv_splits,
-)
+from bulkgen.model.attention.decode_tiling import DecodeLaunch, decode_launch, num_kv_splits
 from bulkgen.model.attention.kv_fp8 import is_fp8
 from bulkgen.model.attention.triton_kv import check_cache, kv_tile_offsets
 
