@@ -3,10 +3,15 @@
     PYTHONPATH=. python scripts/tune_decode.py --kv-cache-dtype fp8 [--write-table]
 
 One JSON line per launch: its median time at each (batch, context), and the geometric mean over
-them; then a summary line with the best launch, the current one and the bf16 kernel's time at the
-same shapes (an fp8 cache reads half the bytes, so its ideal is half the bf16 time). Splits are
-the engine's own choice for each tile size. --write-table stores the best launch for the cache
-kind in bulkgen/model/attention/decode_tilings.json, which the engine reads (decode_launch).
+them; then a summary line with the best launch for each batch size (by the geometric mean over
+its contexts), the current ones and the bf16 kernel's time at the same shapes (an fp8 cache reads
+half the bytes, so its ideal is half the bf16 time). Splits are the engine's own choice for each
+tile size. --write-table stores the per-batch launches for the cache kind in
+bulkgen/model/attention/decode_tilings.json, which the engine reads (decode_launch).
+
+    python scripts/tune_decode.py --from-log tune.txt --write-table
+
+chooses from the lines of an earlier sweep instead (no GPU: the table from a device run's log).
 """
 
 from __future__ import annotations
@@ -20,7 +25,12 @@ import torch
 from bench_attention import DTYPE, HEAD_DIM, median_ms, paged_inputs
 from bench_measure import git_commit
 
-from bulkgen.model.attention.decode_tiling import TILINGS_FILE, DecodeLaunch, decode_launch
+from bulkgen.model.attention.decode_tiling import (
+    TILINGS_FILE,
+    DecodeLaunch,
+    decode_launch,
+    launch_for_batch,
+)
 from bulkgen.model.attention.kv_fp8 import resolve_kv_dtype
 from bulkgen.model.attention.triton_decode import paged_decode
 
@@ -48,13 +58,23 @@ def geomean(xs: list[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--kv-cache-dtype", default="fp8", help="fp8 (the tuned one) or auto")
-    ap.add_argument("--write-table", action="store_true", help="store the best launch")
-    args = ap.parse_args()
-    kv_dtype = resolve_kv_dtype(args.kv_cache_dtype, DTYPE)
-    fp8 = args.kv_cache_dtype == "fp8"
+def per_batch_best(results: list[tuple[DecodeLaunch, list[float]]]) -> list[dict]:
+    """The table's entries: for each tuned batch size the launch with the smallest geometric mean
+    over that batch's contexts, neighbours with the same launch merged, the last for any batch."""
+    entries: list[dict] = []
+    for batch in sorted({b for b, _ in SHAPES}):
+        columns = [i for i, (b, _) in enumerate(SHAPES) if b == batch]
+        launch = min(results, key=lambda r: geomean([r[1][i] for i in columns]))[0]
+        if entries and entries[-1]["launch"] == launch:
+            entries[-1]["max_batch"] = batch
+        else:
+            entries.append({"max_batch": batch, "launch": launch})
+    entries[-1]["max_batch"] = None
+    return [{"max_batch": e["max_batch"], **e["launch"]._asdict()} for e in entries]
+
+
+def sweep(fp8: bool, kv_dtype: torch.dtype) -> tuple[list[float], list]:
+    """(bf16 kernel's times, [(launch, times)]) measured now, each launch printed as it ends."""
 
     def shapes(dtype) -> dict:
         return {s: paged_inputs([s[1]] * s[0], [1] * s[0], True, dtype) for s in SHAPES}
@@ -62,40 +82,73 @@ def main() -> None:
     bf16_times = time_launch(shapes(DTYPE), decode_launch(HEAD_DIM, fp8=False))
     torch.cuda.empty_cache()
     inputs = shapes(kv_dtype)
-    current = decode_launch(HEAD_DIM, fp8)
     results = []
-    sweep = itertools.product(BLOCK_NS, WARPS, STAGES, V_IN_REGISTERS if fp8 else (False,))
-    for block_n, warps, stages, v_in_registers in sweep:
+    launches = itertools.product(BLOCK_NS, WARPS, STAGES, V_IN_REGISTERS if fp8 else (False,))
+    for block_n, warps, stages, v_in_registers in launches:
         launch = DecodeLaunch(block_n, warps, stages, v_in_registers)
         times = time_launch(inputs, launch)
         if times is None:
             continue
-        results.append((geomean(times), launch, times))
-        row = {"launch": launch._asdict(), "geomean_ms": round(results[-1][0], 4)}
+        results.append((launch, times))
+        row = {"launch": launch._asdict(), "geomean_ms": round(geomean(times), 4)}
         print(json.dumps({**row, "ms": dict(zip(map(str, SHAPES), times, strict=True))}))
-    best = min(results, key=lambda r: r[0])
-    now = next((r for r in results if r[1] == current), None)
+    return bf16_times, results
+
+
+def from_log(path: str) -> tuple[list[float] | None, list]:
+    """The launches' lines (and the bf16 times, if a summary holds them) of an earlier sweep."""
+    results, bf16_times = [], None
+    for line in open(path):
+        if not line.startswith("{"):
+            continue
+        row = json.loads(line)
+        if "launch" in row:
+            results.append((DecodeLaunch(**row["launch"]), [row["ms"][str(s)] for s in SHAPES]))
+        elif "bf16_ms" in row:
+            bf16_times = row["bf16_ms"]
+    return bf16_times, results
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kv-cache-dtype", default="fp8", help="fp8 (the tuned one) or auto")
+    ap.add_argument("--write-table", action="store_true", help="store the best launches")
+    ap.add_argument("--from-log", help="choose from an earlier sweep's lines (no GPU)")
+    args = ap.parse_args()
+    fp8 = args.kv_cache_dtype == "fp8"
+    if args.from_log:
+        bf16_times, results = from_log(args.from_log)
+        device = f"the sweep in {args.from_log}"
+    else:
+        bf16_times, results = sweep(fp8, resolve_kv_dtype(args.kv_cache_dtype, DTYPE))
+        device = torch.cuda.get_device_name()
+    table_entries = per_batch_best(results)
+    chosen = [launch_for_batch(table_entries, b) for b, _ in SHAPES]
+    by_launch = dict(results)
+    times = [by_launch[launch][i] for i, launch in enumerate(chosen)]
+    current = [decode_launch(HEAD_DIM, fp8, b) for b, _ in SHAPES]
     summary = {
         "summary": "decode_launch",
         "kv_cache_dtype": args.kv_cache_dtype,
-        "best": best[1]._asdict(),
-        "best_geomean_ms": round(best[0], 4),
-        "current": current._asdict(),
-        "current_geomean_ms": round(now[0], 4) if now else None,
-        "bf16_geomean_ms": round(geomean(bf16_times), 4),
-        "best_vs_bf16": [round(t / b, 3) for t, b in zip(best[2], bf16_times, strict=True)],
+        "best": table_entries,
+        "best_ms": [round(t, 4) for t in times],
+        "current": [launch._asdict() for launch in current],
+        "current_ms": [
+            round(by_launch[c][i], 4) if c in by_launch else None for i, c in enumerate(current)
+        ],
+        "bf16_ms": bf16_times and [round(t, 4) for t in bf16_times],
+        "best_vs_bf16": bf16_times
+        and [round(t / b, 3) for t, b in zip(times, bf16_times, strict=True)],
         "shapes": [list(s) for s in SHAPES],
         "git_commit": git_commit(),
     }
     print(json.dumps(summary), flush=True)
     if args.write_table:
         table = json.loads(TILINGS_FILE.read_text()) if TILINGS_FILE.exists() else {}
-        table.setdefault("launches", {}).setdefault(args.kv_cache_dtype, {})[str(HEAD_DIM)] = best[
-            1
-        ]._asdict()
-        table["measured"] = (
-            f"{torch.cuda.get_device_name()}, scripts/tune_decode.py at {summary['git_commit']}"
+        table.setdefault("launches", {}).setdefault(args.kv_cache_dtype, {})[str(HEAD_DIM)] = (
+            table_entries
         )
+        table["measured"] = f"{device}, scripts/tune_decode.py at {summary['git_commit']}"
         TILINGS_FILE.write_text(json.dumps(table, indent=1) + "\n")
 
 

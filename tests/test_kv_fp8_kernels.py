@@ -11,8 +11,11 @@ a scale applied twice, never, or to the wrong one of K and V shows.
 
 from __future__ import annotations
 
+import functools
+import importlib
 import os
 import re
+from pathlib import Path
 
 import torch
 
@@ -207,7 +210,7 @@ def test_gpu_fp8_prefill_matches_reference(group, head_dim, block_size):
 @pytest.mark.parametrize("v_in_registers", [False, True])
 def test_gpu_fp8_decode_matches_reference(monkeypatch, num_splits, v_in_registers):
     launch = triton_decode.decode_launch(128, fp8=True)._replace(v_in_registers=v_in_registers)
-    monkeypatch.setattr(triton_decode, "decode_launch", lambda head_dim, fp8: launch)
+    monkeypatch.setattr(triton_decode, "decode_launch", lambda *_: launch)
     seq_lens = [1, 2, 15, 16, 17, 1000, 8191]
     check_fp8_decode(seq_lens, 8, 4, 128, 16, torch.bfloat16, num_splits)
 
@@ -233,5 +236,41 @@ def test_decode_over_fp8_cache_matches_reference_with_every_launch(
     monkeypatch, block_n, num_splits, v_in_registers, dtype
 ):
     launch = decode_tiling.DecodeLaunch(block_n, v_in_registers=v_in_registers)
-    monkeypatch.setattr(triton_decode, "decode_launch", lambda head_dim, fp8: launch)
+    monkeypatch.setattr(triton_decode, "decode_launch", lambda *_: launch)
     check_fp8_decode([1, 2, 63, 64, 65, 300, 9], 2, 4, 32, 4, dtype, num_splits)
+
+
+def test_a_measured_table_picks_the_launch_by_batch_size(monkeypatch):
+    """decode_tilings.json lists launches by the largest batch each is for; the last (max_batch
+    null) takes every larger batch, and a batch-less call (benchmarks) the largest's."""
+    table = {
+        "fp8": {
+            "128": [
+                {"max_batch": 32, "block_n": 64, "v_in_registers": True},
+                {"max_batch": 256, "block_n": 128, "num_warps": 8},
+                {"max_batch": None, "block_n": 256},
+            ]
+        }
+    }
+    monkeypatch.setattr(decode_tiling, "measured_launches", lambda: table)
+    launch = functools.partial(decode_tiling.decode_launch, 128, True)
+    assert launch(1) == launch(32) == decode_tiling.DecodeLaunch(64, v_in_registers=True)
+    assert launch(33) == launch(256) == decode_tiling.DecodeLaunch(128, 8)
+    assert launch(257).block_n == launch(4096).block_n == launch(None).block_n == 256
+    assert decode_tiling.decode_launch(128, False, 1).block_n == 64  # bf16 is not tuned
+
+
+def test_the_tuner_keeps_each_batch_sizes_fastest_launch(monkeypatch):
+    """tune_decode.py's table: per batch the launch with the smallest geometric mean over that
+    batch's contexts; neighbours with the same launch merge, the last bucket is open-ended."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "scripts"))
+    tune = importlib.import_module("tune_decode")
+    a, b = decode_tiling.DecodeLaunch(64), decode_tiling.DecodeLaunch(128, v_in_registers=True)
+    # SHAPES: batches 32, 256, 512 at contexts 1024 and 2048. a wins at 32 only.
+    results = [(a, [1.0, 1.0, 5.0, 5.0, 9.0, 9.0]), (b, [2.0, 2.0, 4.0, 4.0, 8.0, 8.0])]
+    entries = tune.per_batch_best(results)
+    assert entries == [
+        {"max_batch": 32, **a._asdict()},
+        {"max_batch": None, **b._asdict()},
+    ]
+    assert tune.per_batch_best([results[1]]) == [{"max_batch": None, **b._asdict()}]

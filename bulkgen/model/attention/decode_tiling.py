@@ -44,27 +44,44 @@ class DecodeLaunch(NamedTuple):
 
 
 # scripts/tune_decode.py --kv-cache-dtype fp8 --write-table: the fastest launch for an fp8 cache
-# on the H200 at the 8B attention shape, by head dim.
+# on the H200 at the 8B attention shape, by head dim and batch size: a list of launches, each
+# with the largest batch it is for ("max_batch", null for any larger one). At bd2b623 tiles of 64
+# tokens won at 32 rows and of 128 at 256 and 512 (0.89-0.90 of the 64-token tiles' time there).
 TILINGS_FILE = Path(__file__).with_name("decode_tilings.json")
 
 
 @functools.cache
 def measured_launches() -> dict[str, dict]:
-    """{cache kind: {head dim: launch fields}} from TILINGS_FILE ({} without it)."""
+    """{cache kind: {head dim: [launch fields with max_batch, ...]}} from TILINGS_FILE ({}
+    without it)."""
     try:
         return json.loads(TILINGS_FILE.read_text())["launches"]
     except FileNotFoundError:
         return {}
 
 
-def decode_launch(head_dim: int, fp8: bool) -> DecodeLaunch:
-    """The split kernel's launch for a cache of this head dim and kind: bf16 tiles of
-    decode_block_n tokens; fp8 ones as measured (TILINGS_FILE), else twice the tokens (the same
-    bytes per tile)."""
+def launch_for_batch(entries: list[dict] | dict, batch: int | None) -> DecodeLaunch:
+    """The launch of the first entry whose max_batch holds `batch` (None: the largest batch's);
+    a single dict (one launch for every batch) is taken as it is."""
+    if isinstance(entries, dict):
+        return DecodeLaunch(**entries)
+    for entry in entries:
+        limit = entry.get("max_batch")
+        if limit is None or (batch is not None and batch <= limit):
+            break
+    return DecodeLaunch(**{k: v for k, v in entry.items() if k != "max_batch"})
+
+
+def decode_launch(head_dim: int, fp8: bool, batch: int | None = None) -> DecodeLaunch:
+    """The split kernel's launch for `batch` sequences over a cache of this head dim and kind:
+    bf16 tiles of decode_block_n tokens; fp8 ones as measured (TILINGS_FILE), else twice the
+    tokens (the same bytes per tile). The batch is a static shape: each CUDA graph keeps one."""
     if not fp8:
         return DecodeLaunch(decode_block_n(head_dim))
     measured = measured_launches().get("fp8", {}).get(str(head_dim))
-    return DecodeLaunch(**measured) if measured else DecodeLaunch(2 * decode_block_n(head_dim))
+    if not measured:
+        return DecodeLaunch(2 * decode_block_n(head_dim))
+    return launch_for_batch(measured, batch)
 
 
 def num_kv_splits(

@@ -201,7 +201,7 @@ def paged_decode(
     assert num_q_heads % num_kv_heads == 0 and seq_lens.shape[0] == batch
     group = num_q_heads // num_kv_heads
     fp8 = is_fp8(k_cache)
-    launch = launch or decode_launch(head_dim, fp8)
+    launch = launch or decode_launch(head_dim, fp8, batch)
     block_n = launch.block_n
     if num_splits is None:
         max_context = block_tables.shape[1] * block_size
