@@ -6,8 +6,8 @@ For T rows of the 8B shape: fused.silu_and_mul (bf16 out) beside silu_and_mul_fp
 passes over 2,048-wide runs and with the whole 14,336-wide row in one tile (one_pass); and
 fp8_kernels.quantize_rows of a 4,096-wide row (the attention output, o_proj's input) both ways.
 Median microseconds each, and whether the two forms gave the same bits. One JSON line per T; the
-last line says which form won at every T (fp8_fused.ONE_PASS's and fp8_kernels.ONE_PASS's
-defaults should follow it).
+last line says which form won at every T (fp8_fused.ONE_PASS_MAX_ROWS and
+fp8_kernels.ONE_PASS_MAX_ROWS should follow it).
 """
 
 from __future__ import annotations

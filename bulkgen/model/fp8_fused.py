@@ -28,7 +28,10 @@ from bulkgen.model.fp8_kernels import quantize_value, row_scale
 from bulkgen.model.fused import NORM_TILE
 
 SILU_BLOCK = 2048  # elements of a row per loop iteration (two passes)
-ONE_PASS = False  # silu_and_mul_fp8's default: see its docstring
+# silu_and_mul_fp8 reads a row in one pass up to this many rows (its docstring): on the H200 at
+# the 8B shape (scripts/bench_fp8_fused.py, 7fca268) one pass took 13.1/14.2/23.5 us at 32/128/256
+# rows against two passes' 21.7/23.4/25.1, and lost at 512 and 1,024 (41.5 vs 34.2, 76.0 vs 63.8).
+ONE_PASS_MAX_ROWS = 256
 ONE_PASS_MAX_WIDTH = 16384  # 32 values a thread at 16 warps (the 8B shape's 14,336 fits)
 
 
@@ -179,15 +182,16 @@ def silu_and_mul_fp8(gate_up: torch.Tensor, one_pass: bool | None = None) -> Fp8
     instead of two passes over 2,048-wide runs (4 warps), which read the row twice and compute
     silu twice: the two-pass kernel took 28.6 us at ~500 rows of the 8B shape on the H200
     against 10.6 us for the bf16 silu_and_mul (ec92f71, a bulk run's kernel profile), and at
-    blog's 32 rows it runs 32 programs. The same values bit for bit either way; None takes
-    ONE_PASS (off until scripts/bench_fp8_fused.py measures it faster on the GPU).
+    blog's 32 rows it runs 32 programs. The same values bit for bit either way; None takes one
+    pass up to ONE_PASS_MAX_ROWS rows, where it measured faster.
     """
     assert gate_up.dim() == 2 and gate_up.stride(1) == 1 and gate_up.shape[1] % 2 == 0
     T, I = gate_up.shape[0], gate_up.shape[1] // 2
     out = _outputs(T, I, gate_up.device)
     if T == 0:
         return out
-    one_pass = (ONE_PASS if one_pass is None else one_pass) and I <= ONE_PASS_MAX_WIDTH
+    one_pass = T <= ONE_PASS_MAX_ROWS if one_pass is None else one_pass
+    one_pass = one_pass and I <= ONE_PASS_MAX_WIDTH
     block = triton.next_power_of_2(I) if one_pass else min(SILU_BLOCK, triton.next_power_of_2(I))
     _silu_and_mul_fp8_kernel[(T,)](
         gate_up,

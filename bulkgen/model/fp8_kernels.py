@@ -18,7 +18,10 @@ import triton.language as tl
 from bulkgen.model.fp8 import FP8, FP8_MAX, MIN_ABSMAX
 
 BLOCK = 2048  # elements of a row per loop iteration (two passes)
-ONE_PASS = False  # quantize_rows' default: see its docstring
+# quantize_rows reads a row in one pass up to this many rows: on the H200 at o_proj's 4,096-wide
+# input (scripts/bench_fp8_fused.py, 7fca268) one pass took 5.5/5.9/7.4 us at 32/128/256 rows
+# against 6.6/7.7/8.3 for two; at 1 and 512 rows it was within 10% slower.
+ONE_PASS_MAX_ROWS = 256
 ONE_PASS_MAX_WIDTH = 16384
 _FP8_MAX = tl.constexpr(FP8_MAX)
 _MIN_ABSMAX = tl.constexpr(MIN_ABSMAX)
@@ -102,15 +105,16 @@ def quantize_rows(
 
     one_pass: the whole row in one tile of up to ONE_PASS_MAX_WIDTH values, read once, instead
     of two passes over BLOCK-wide runs with 4 warps; the same bits either way. None takes
-    ONE_PASS (off until scripts/bench_fp8_fused.py measures it faster on the GPU: at blog's 32
-    rows each of the 32 programs walks its row twice)."""
+    one pass up to ONE_PASS_MAX_ROWS rows, where it measured faster (at blog's 32 rows each of the
+    32 programs walks its row twice otherwise)."""
     assert x.dim() == 2 and x.stride(1) == 1, "quantize_rows needs [M, K] with contiguous rows"
     M, K = x.shape
     q = torch.empty((M, K), dtype=FP8, device=x.device)
     scale = torch.empty((M, 1), dtype=torch.float32, device=x.device)
     if M == 0:
         return q, scale
-    one_pass = (ONE_PASS if one_pass is None else one_pass) and K <= ONE_PASS_MAX_WIDTH
+    one_pass = M <= ONE_PASS_MAX_ROWS if one_pass is None else one_pass
+    one_pass = one_pass and K <= ONE_PASS_MAX_WIDTH
     block = triton.next_power_of_2(K) if one_pass else min(BLOCK, triton.next_power_of_2(K))
     _quantize_rows_kernel[(M,)](
         x,
