@@ -28,7 +28,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from accuracy_kv import next_token_logprobs, texts
@@ -54,7 +54,8 @@ class Scheme:
     k: Sequence[Quantizer]  # one per layer
     v: Sequence[Quantizer]
     bytes_per_element: float  # of the stored keys and values
-    scale_bytes_per_head: int = 0  # per token and kv head, for K and V each
+    # float32 scales per token and kv head, counted as if both K and V had one (K only: 2).
+    scale_bytes_per_head: int = 0
     model: str = "fp32"
 
 
@@ -107,8 +108,9 @@ def pow2_at_least(x: float) -> float:
     return 2.0 ** math.ceil(math.log2(x))
 
 
-def schemes(amax: torch.Tensor, bf16_model: bool) -> list[Scheme]:
-    """amax: [layers, 2 (K, V), kv heads] largest |x| in the float32 pass."""
+def schemes(amax: torch.Tensor, mean: torch.Tensor, bf16_model: bool) -> list[Scheme]:
+    """amax: [layers, 2 (K, V), kv heads] largest |x| in the float32 pass; mean: [layers, 2,
+    kv heads, D] the mean over its tokens."""
     n = amax.shape[0]
 
     def per_layer(make: Callable[[int, int], Quantizer], kind: int) -> list[Quantizer]:
@@ -125,6 +127,15 @@ def schemes(amax: torch.Tensor, bf16_model: bool) -> list[Scheme]:
         scale = (amax[layer, kind] / top).clamp(min=1e-12)[:, None]  # [Hkv, 1] over [T, Hkv, D]
         return lambda x: fp8_fixed(x, scale, E4M3)
 
+    def centred(layer: int, quantizer: Quantizer) -> Quantizer:
+        # Every key of a context shifted by one vector mu shifts a query's scores by the same
+        # q . mu, which the softmax cancels: the cache may store k - mu (no bytes, exact), and
+        # the rounding then scales with |k - mu|, not with the keys' common offset.
+        mu = mean[layer, 0]
+        return lambda x: quantizer(x.float() - mu) + mu
+
+    k_centred = [centred(layer, fixed(1.0)) for layer in range(n)]
+    k_centred_token = [centred(layer, fp8_per_token) for layer in range(n)]
     out = [
         both(bf16, 2, "bf16"),
         both(fixed(1.0), 1, "fp8 scale 1.0 (today)"),
@@ -134,15 +145,24 @@ def schemes(amax: torch.Tensor, bf16_model: bool) -> list[Scheme]:
     out += [both(fixed(2.0**e), 1, f"fp8 scale 2^{e}") for e in (-4, -2, 2, 4)]
     out += [
         Scheme("fp8 per-layer amax/448", per_layer(layer_amax, 0), per_layer(layer_amax, 1), 1),
-        Scheme("fp8 per-layer pow2 >= amax/448", per_layer(layer_pow2, 0), per_layer(layer_pow2, 1), 1),
-        Scheme("fp8 per-(layer, head) amax/448", per_layer(head_amax, 0), per_layer(head_amax, 1), 1),
+        Scheme(
+            "fp8 per-layer pow2 >= amax/448", per_layer(layer_pow2, 0), per_layer(layer_pow2, 1), 1
+        ),
+        Scheme(
+            "fp8 per-(layer, head) amax/448", per_layer(head_amax, 0), per_layer(head_amax, 1), 1
+        ),
         both(fp8_per_token, 1, "fp8 per-token-head", 4),
         both(fixed(1.0, E5M2), 1, "e5m2 scale 1.0"),
         both(lambda x: fp8_per_token(x, E5M2), 1, "e5m2 per-token-head", 4),
-        Scheme("fp8 per-token, K Hadamard", [rotated(fp8_per_token)] * n, [fp8_per_token] * n, 1, 4),
+        Scheme(
+            "fp8 per-token, K Hadamard", [rotated(fp8_per_token)] * n, [fp8_per_token] * n, 1, 4
+        ),
         both(rotated(fp8_per_token), 1, "fp8 per-token, K+V Hadamard", 4),
         Scheme("fp8 per-token K only", [fp8_per_token] * n, [bf16] * n, 1.5, 2),
         Scheme("fp8 K+Hadamard only", [rotated(fp8_per_token)] * n, [bf16] * n, 1.5, 2),
+        Scheme("fp8 K - mean, scale 1.0", k_centred, [fixed(1.0)] * n, 1),
+        Scheme("fp8 K - mean, per-token-head", k_centred_token, [fp8_per_token] * n, 1, 4),
+        Scheme("fp8 K - mean only, scale 1.0", k_centred, [bf16] * n, 1.5),
         both(int8_per_token, 1, "int8 per-token-head", 4),
         both(rotated(int8_per_token), 1, "int8 per-token-head, K+V Hadamard", 4),
     ]
@@ -167,9 +187,14 @@ def install(llm: LLM, k: Sequence[Quantizer], v: Sequence[Quantizer]) -> None:
         attention.backend = dataclasses.replace(base, write_kv=write_kv)
 
 
-def recorder(amax: torch.Tensor, layer: int, kind: int) -> Quantizer:
+def recorder(amax: torch.Tensor, sums: torch.Tensor, layer: int, kind: int) -> Quantizer:
+    """Records the largest |x| per kv head into amax [layers, 2, Hkv] and the sum over tokens
+    into sums [layers, 2, Hkv, D + 1] (the last column counts the tokens)."""
+
     def record(x: torch.Tensor) -> torch.Tensor:
         torch.maximum(amax[layer, kind], x.float().abs().amax(dim=(0, 2)), out=amax[layer, kind])
+        sums[layer, kind, :, :-1] += x.float().sum(0)
+        sums[layer, kind, :, -1] += len(x)
         return x
 
     return record
@@ -196,9 +221,10 @@ def main() -> None:
         return next_token_logprobs(llms[model], ids, torch.float32)
 
     amax = torch.zeros(n, 2, heads)
+    sums = torch.zeros(n, 2, heads, mcfg.head_dim + 1)
     refs_per_text = []
     for ids, _ in all_ids:  # the float32 pass records amax for the calibrated schemes
-        rec = ([recorder(amax, i, 0) for i in range(n)], [recorder(amax, i, 1) for i in range(n)])
+        rec = [[recorder(amax, sums, i, kind) for i in range(n)] for kind in (0, 1)]
         refs = {"fp32": run(*rec, ids), "bf16": run([bf16] * n, [bf16] * n, ids)}
         if args.bf16_model:
             refs["bf16_model"] = run([same] * n, [same] * n, ids, "bf16")
@@ -214,7 +240,7 @@ def main() -> None:
         "largest_abs_value": round(float(amax[:, 1].max()), 2),
     }), flush=True)  # fmt: skip
     elements = 2 * n * heads * mcfg.head_dim  # K and V per token
-    for scheme in schemes(amax, args.bf16_model):
+    for scheme in schemes(amax, sums[..., :-1] / sums[..., -1:], args.bf16_model):
         if args.only not in scheme.name:
             continue
         tallies: dict[str, Tally] = {}

@@ -28,7 +28,9 @@ def max_finite(dtype: torch.dtype) -> float:
     return float(torch.finfo(dtype).max)
 
 
-def fp8_fixed(x: torch.Tensor, scale: float | torch.Tensor, dtype: torch.dtype = E4M3) -> torch.Tensor:
+def fp8_fixed(
+    x: torch.Tensor, scale: float | torch.Tensor, dtype: torch.dtype = E4M3
+) -> torch.Tensor:
     """x stored as fp8(clamp(x / scale)) and read back times scale."""
     top = max_finite(dtype)
     # Multiply by the reciprocal, as kv_fp8.quantize and the write kernel do.
