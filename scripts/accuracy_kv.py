@@ -76,7 +76,8 @@ def next_token_logprobs(
     if amax is not None:
         seen = cache.flatten(2, 3)[:, :, :n].float().abs().amax(dim=(2, 3, 4))
         torch.maximum(amax, seen.cpu(), out=amax)
-    return torch.log_softmax(model.compute_logits(hidden), dim=-1)
+    # float32 before the softmax: bf16 log-probabilities would be rounded to ~3 digits.
+    return torch.log_softmax(model.compute_logits(hidden).float(), dim=-1)
 
 
 def main() -> None:

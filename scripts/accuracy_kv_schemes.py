@@ -1,0 +1,288 @@
+"""Teacher-forced accuracy of KV-cache storage schemes (fp8 scale schemes, e5m2, Hadamard, int8)
+against a bf16 and a float32 cache, on the CPU; one JSON line per scheme.
+
+    PYTHONPATH=. python scripts/accuracy_kv_schemes.py [--texts 12] [--bf16-model]
+
+The text set and the prefill are accuracy_kv.py's (prompt in the chat template plus the float32
+model's greedy answer, one prefill per text that attends over keys and values read back from the
+cache). Every scheme runs the float32 model over a float32 cache whose writes go through the
+scheme's quantize-dequantize (kv_quant_schemes.py), so every scheme sees the same texts and
+positions. The references: "fp32" (float32 cache) and "bf16" (keys and values rounded to bf16,
+the GPU's cache). Against each, per scheme: top1 (argmax agreement over all positions), mean_kl
+(KL(ref || scheme), nats), clear_top1 (agreement over positions whose reference top-2
+log-probability margin is >= 0.5 nats), and near_tie_share (the share of the disagreements whose
+reference margin is < 0.1 nats). In "fp8 K only" / "fp8 V only" the other half is bf16.
+--bf16-model adds the bf16 model (bf16 cache; and an fp8 cache, the H200's configuration) as
+the run to measure and as a third reference, "bf16_model".
+
+Calibrated scales (per layer, per layer and kv head) come from the float32 pass over the same
+texts, so they are the best case (in-sample). bytes_per_token counts the cache on this model
+(and a float32 scale per token and kv head where a scheme has one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from accuracy_kv import next_token_logprobs, texts
+from kv_quant_schemes import (
+    E4M3,
+    E5M2,
+    fp8_fixed,
+    fp8_per_token,
+    int8_per_token,
+    max_finite,
+    rotated,
+)
+
+from bulkgen import LLM
+
+Quantizer = Callable[[torch.Tensor], torch.Tensor]
+CLEAR, NEAR_TIE = 0.5, 0.1  # nats between the reference's top two log-probabilities
+
+
+@dataclass(frozen=True)
+class Scheme:
+    name: str
+    k: Sequence[Quantizer]  # one per layer
+    v: Sequence[Quantizer]
+    bytes_per_element: float  # of the stored keys and values
+    # float32 scales per token and kv head, counted as if both K and V had one (K only: 2).
+    scale_bytes_per_head: int = 0
+    model: str = "fp32"
+
+
+@dataclass
+class Tally:
+    """Agreement of a scheme's next-token distributions with one reference's."""
+
+    positions: int = 0
+    agree: int = 0
+    kl: float = 0.0
+    clear: int = 0
+    clear_agree: int = 0
+    disagree_near_tie: int = 0
+
+    def add(self, ref: torch.Tensor, got: torch.Tensor) -> None:
+        top2 = ref.topk(2, dim=-1).values
+        margin = top2[:, 0] - top2[:, 1]
+        same = ref.argmax(-1) == got.argmax(-1)
+        self.positions += len(ref)
+        self.agree += int(same.sum())
+        self.kl += float((ref.exp() * (ref - got)).sum(-1).sum())
+        self.clear += int((margin >= CLEAR).sum())
+        self.clear_agree += int((same & (margin >= CLEAR)).sum())
+        self.disagree_near_tie += int((~same & (margin < NEAR_TIE)).sum())
+
+    def summary(self) -> dict:
+        disagree = self.positions - self.agree
+        return {
+            "top1": round(self.agree / self.positions, 5),
+            "mean_kl": round(self.kl / self.positions, 6),
+            "clear_top1": round(self.clear_agree / max(self.clear, 1), 5),
+            "disagree": disagree,
+            "near_tie_share": round(self.disagree_near_tie / max(disagree, 1), 3),
+        }
+
+
+def same(x: torch.Tensor) -> torch.Tensor:
+    return x.float()
+
+
+def bf16(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.bfloat16).float()
+
+
+def fixed(scale: float, dtype: torch.dtype = E4M3) -> Quantizer:
+    return lambda x: fp8_fixed(x, scale, dtype)
+
+
+def pow2_at_least(x: float) -> float:
+    return 2.0 ** math.ceil(math.log2(x))
+
+
+def schemes(amax: torch.Tensor, mean: torch.Tensor, bf16_model: bool) -> list[Scheme]:
+    """amax: [layers, 2 (K, V), kv heads] largest |x| in the float32 pass; mean: [layers, 2,
+    kv heads, D] the mean over its tokens."""
+    n = amax.shape[0]
+
+    def per_layer(make: Callable[[int, int], Quantizer], kind: int) -> list[Quantizer]:
+        return [make(layer, kind) for layer in range(n)]
+
+    def both(q: Quantizer, nbytes: float, name: str, scale_bytes: int = 0) -> Scheme:
+        return Scheme(name, [q] * n, [q] * n, nbytes, scale_bytes)
+
+    top = max_finite(E4M3)
+    layer_amax = lambda layer, kind: fixed(float(amax[layer, kind].max()) / top)  # noqa: E731
+    layer_pow2 = lambda layer, kind: fixed(pow2_at_least(float(amax[layer, kind].max()) / top))  # noqa: E731
+
+    def head_amax(layer: int, kind: int) -> Quantizer:
+        scale = (amax[layer, kind] / top).clamp(min=1e-12)[:, None]  # [Hkv, 1] over [T, Hkv, D]
+        return lambda x: fp8_fixed(x, scale, E4M3)
+
+    def centred(layer: int, quantizer: Quantizer) -> Quantizer:
+        # Every key of a context shifted by one vector mu shifts a query's scores by the same
+        # q . mu, which the softmax cancels: the cache may store k - mu (no bytes, exact), and
+        # the rounding then scales with |k - mu|, not with the keys' common offset.
+        mu = mean[layer, 0]
+        return lambda x: quantizer(x.float() - mu) + mu
+
+    k_centred = [centred(layer, fixed(1.0)) for layer in range(n)]
+    k_centred_token = [centred(layer, fp8_per_token) for layer in range(n)]
+    out = [
+        both(bf16, 2, "bf16"),
+        both(fixed(1.0), 1, "fp8 scale 1.0 (today)"),
+        Scheme("fp8 K only, scale 1.0", [fixed(1.0)] * n, [bf16] * n, 1.5),
+        Scheme("fp8 V only, scale 1.0", [bf16] * n, [fixed(1.0)] * n, 1.5),
+    ]
+    out += [both(fixed(2.0**e), 1, f"fp8 scale 2^{e}") for e in (-4, -2, 2, 4)]
+    out += [
+        Scheme("fp8 per-layer amax/448", per_layer(layer_amax, 0), per_layer(layer_amax, 1), 1),
+        Scheme(
+            "fp8 per-layer pow2 >= amax/448", per_layer(layer_pow2, 0), per_layer(layer_pow2, 1), 1
+        ),
+        Scheme(
+            "fp8 per-(layer, head) amax/448", per_layer(head_amax, 0), per_layer(head_amax, 1), 1
+        ),
+        both(fp8_per_token, 1, "fp8 per-token-head", 4),
+        both(fixed(1.0, E5M2), 1, "e5m2 scale 1.0"),
+        both(lambda x: fp8_per_token(x, E5M2), 1, "e5m2 per-token-head", 4),
+        Scheme(
+            "fp8 per-token, K Hadamard", [rotated(fp8_per_token)] * n, [fp8_per_token] * n, 1, 4
+        ),
+        both(rotated(fp8_per_token), 1, "fp8 per-token, K+V Hadamard", 4),
+        Scheme("fp8 per-token K only", [fp8_per_token] * n, [bf16] * n, 1.5, 2),
+        Scheme("fp8 K+Hadamard only", [rotated(fp8_per_token)] * n, [bf16] * n, 1.5, 2),
+        Scheme("fp8 K - mean, scale 1.0", k_centred, [fixed(1.0)] * n, 1),
+        Scheme("fp8 K - mean, per-token-head", k_centred_token, [fp8_per_token] * n, 1, 4),
+        Scheme("fp8 K - mean only, scale 1.0", k_centred, [bf16] * n, 1.5),
+        Scheme(
+            "fp8 per-token, K - mean + Hadamard, V Hadamard",
+            [centred(layer, rotated(fp8_per_token)) for layer in range(n)],
+            [rotated(fp8_per_token)] * n,
+            1,
+            4,
+        ),
+        Scheme(
+            "int8 K, fp8 V, per-token, K+V Hadamard",
+            [rotated(int8_per_token)] * n,
+            [rotated(fp8_per_token)] * n,
+            1,
+            4,
+        ),
+        both(int8_per_token, 1, "int8 per-token-head", 4),
+        both(rotated(int8_per_token), 1, "int8 per-token-head, K+V Hadamard", 4),
+    ]
+    if bf16_model:
+        out += [
+            dataclasses.replace(both(same, 2, "bf16 model, bf16 cache"), model="bf16"),
+            dataclasses.replace(both(fixed(1.0), 1, "bf16 model, fp8 scale 1.0"), model="bf16"),
+        ]
+    return out
+
+
+def install(llm: LLM, k: Sequence[Quantizer], v: Sequence[Quantizer]) -> None:
+    """Route each layer's cache writes through its quantizers (the cache stays float32)."""
+    for layer, quant_k, quant_v in zip(llm.engine.runner.model.model.layers, k, v, strict=True):
+        attention = layer.self_attn
+        base = getattr(attention, "_plain_backend", attention.backend)
+        attention._plain_backend = base
+
+        def write_kv(k_, v_, k_cache, v_cache, slots, *_scales, qk=quant_k, qv=quant_v, b=base):
+            b.write_kv(qk(k_).to(k_.dtype), qv(v_).to(v_.dtype), k_cache, v_cache, slots)
+
+        attention.backend = dataclasses.replace(base, write_kv=write_kv)
+
+
+def recorder(amax: torch.Tensor, sums: torch.Tensor, layer: int, kind: int) -> Quantizer:
+    """Records the largest |x| per kv head into amax [layers, 2, Hkv] and the sum over tokens
+    into sums [layers, 2, Hkv, D + 1] (the last column counts the tokens)."""
+
+    def record(x: torch.Tensor) -> torch.Tensor:
+        torch.maximum(amax[layer, kind], x.float().abs().amax(dim=(0, 2)), out=amax[layer, kind])
+        sums[layer, kind, :, :-1] += x.float().sum(0)
+        sums[layer, kind, :, -1] += len(x)
+        return x
+
+    return record
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--texts", type=int, default=12)
+    ap.add_argument("--answer-tokens", type=int, default=256)
+    ap.add_argument("--bf16-model", action="store_true", help="add the bf16 model's runs")
+    ap.add_argument(
+        "--only", default="", help="comma-separated: run the schemes whose name contains one"
+    )
+    ap.add_argument(
+        "--holdout",
+        action="store_true",
+        help="calibrate (amax, K mean) on the first --texts prompts and measure on the next "
+        "--texts, so calibrated schemes are not measured on their own calibration data",
+    )
+    args = ap.parse_args()
+    t0 = time.perf_counter()
+    llms = {"fp32": LLM(args.model, device="cpu", dtype="float32", max_num_seqs=64)}
+    if args.bf16_model:
+        llms["bf16"] = LLM(args.model, device="cpu", dtype="bfloat16", max_num_seqs=64)
+    mcfg = llms["fp32"].engine.model_config
+    n, heads = mcfg.num_layers, mcfg.num_kv_heads
+    all_ids = texts(llms["fp32"], args.texts * (2 if args.holdout else 1), args.answer_tokens)
+    calibration = all_ids[: args.texts]
+    all_ids = all_ids[-args.texts :]
+
+    def run(scheme_k, scheme_v, ids, model="fp32") -> torch.Tensor:
+        install(llms[model], scheme_k, scheme_v)
+        return next_token_logprobs(llms[model], ids, torch.float32)
+
+    amax = torch.zeros(n, 2, heads)
+    sums = torch.zeros(n, 2, heads, mcfg.head_dim + 1)
+    rec = [[recorder(amax, sums, i, kind) for i in range(n)] for kind in (0, 1)]
+    if args.holdout:
+        for ids, _ in calibration:
+            run(*rec, ids)
+        rec = [[same] * n] * 2
+    refs_per_text = []
+    for ids, _ in all_ids:  # without --holdout the float32 pass also calibrates
+        refs = {"fp32": run(*rec, ids), "bf16": run([bf16] * n, [bf16] * n, ids)}
+        if args.bf16_model:
+            refs["bf16_model"] = run([same] * n, [same] * n, ids, "bf16")
+        refs_per_text.append(refs)
+    margins = torch.cat([r["bf16"].topk(2, -1).values.diff(dim=-1).neg() for r in refs_per_text])
+    print(json.dumps({
+        "reference": "bf16 cache, float32 model",
+        "texts": len(all_ids),
+        "calibrated_on": "other texts (the prompts before)" if args.holdout else "the same texts",
+        "positions": len(margins),
+        "share_margin_lt_0.1": round(float((margins < NEAR_TIE).float().mean()), 4),
+        "share_margin_ge_0.5": round(float((margins >= CLEAR).float().mean()), 4),
+        "largest_abs_key": round(float(amax[:, 0].max()), 2),
+        "largest_abs_value": round(float(amax[:, 1].max()), 2),
+    }), flush=True)  # fmt: skip
+    elements = 2 * n * heads * mcfg.head_dim  # K and V per token
+    for scheme in schemes(amax, sums[..., :-1] / sums[..., -1:], args.bf16_model):
+        if not any(part in scheme.name for part in args.only.split(",")):
+            continue
+        tallies: dict[str, Tally] = {}
+        for (ids, _), refs in zip(all_ids, refs_per_text, strict=True):
+            got = run(scheme.k, scheme.v, ids, scheme.model)
+            for name, ref in refs.items():
+                tallies.setdefault(name, Tally()).add(ref, got)
+        nbytes = elements * scheme.bytes_per_element + 2 * n * heads * scheme.scale_bytes_per_head
+        line = {"scheme": scheme.name, "bytes_per_token": int(nbytes)}
+        line |= {f"vs_{name}": t.summary() for name, t in tallies.items()}
+        line["seconds"] = round(time.perf_counter() - t0, 1)
+        print(json.dumps(line), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+"""Quantize-dequantize emulations of KV-cache storage schemes, for accuracy measurements.
+
+Each function takes keys or values [T, Hkv, D] and returns, in float32, what a cache of that
+scheme would give back when read: x -> dequantize(quantize(x)). Used by
+scripts/accuracy_kv_schemes.py to compare scale schemes without touching the kernels.
+
+- fp8_fixed: one scale per tensor (or any scale tensor broadcastable to [T, Hkv, D]), as the
+  cache does today (kv_fp8.quantize: x * (1 / scale), saturated, round to nearest even).
+- fp8_per_token: one float32 scale per (token, kv head), amax / max_finite, so every head
+  vector uses the format's whole range (the scale stored beside the cache: 4 bytes per head).
+- int8_per_token: the same with symmetric int8 (round(x / s), s = amax / 127), for comparison.
+- hadamard / rotated: a normalized Hadamard rotation of the head dimension before quantizing
+  (and its inverse after); q . k is unchanged when both q and k are rotated, so emulating it as
+  H^T QD(H k) gives the attention the same scores the rotated cache would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+Quantizer = Callable[[torch.Tensor], torch.Tensor]
+
+
+def max_finite(dtype: torch.dtype) -> float:
+    return float(torch.finfo(dtype).max)
+
+
+def fp8_fixed(
+    x: torch.Tensor, scale: float | torch.Tensor, dtype: torch.dtype = E4M3
+) -> torch.Tensor:
+    """x stored as fp8(clamp(x / scale)) and read back times scale."""
+    top = max_finite(dtype)
+    # Multiply by the reciprocal, as kv_fp8.quantize and the write kernel do.
+    return (x.float() * (1.0 / scale)).clamp(-top, top).to(dtype).float() * scale
+
+
+def per_token_scale(x: torch.Tensor, top: float) -> torch.Tensor:
+    """[T, Hkv, 1] float32 scales mapping each head vector's amax to `top` (1.0 for a zero
+    vector, which then stores zeros)."""
+    amax = x.float().abs().amax(dim=-1, keepdim=True)
+    return torch.where(amax > 0, amax / top, torch.ones_like(amax))
+
+
+def fp8_per_token(x: torch.Tensor, dtype: torch.dtype = E4M3) -> torch.Tensor:
+    return fp8_fixed(x, per_token_scale(x, max_finite(dtype)), dtype)
+
+
+def int8_per_token(x: torch.Tensor) -> torch.Tensor:
+    scale = per_token_scale(x, 127.0)
+    return (x.float() / scale).round().clamp(-127, 127) * scale
+
+
+def hadamard(n: int) -> torch.Tensor:
+    """The n x n Sylvester Hadamard matrix divided by sqrt(n): orthogonal and symmetric
+    (n a power of two)."""
+    if n < 1 or n & (n - 1):
+        raise ValueError(f"a Sylvester Hadamard matrix needs a power-of-two size, got {n}")
+    h = torch.ones(1, 1)
+    while h.shape[0] < n:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return h / n**0.5
+
+
+def rotated(quantizer: Quantizer) -> Quantizer:
+    """quantizer applied to x rotated by the normalized Hadamard matrix over the head
+    dimension, rotated back after: H QD(H x) (H is its own inverse)."""
+
+    def quantize(x: torch.Tensor) -> torch.Tensor:
+        h = hadamard(x.shape[-1]).to(x.device)
+        return quantizer(x.float() @ h) @ h
+
+    return quantize
