@@ -15,6 +15,7 @@ strides divisible by 16 (the block-table stride is the table's width, which need
 
 from __future__ import annotations
 
+import functools
 import re
 
 import triton
@@ -33,16 +34,29 @@ def _scalars(names: str, kind: str) -> dict[str, str]:
     return {name: kind for name in names.split()}
 
 
-def write_kv_source(cache: str) -> ASTSource:
+V_STRIDES = "stride_v_block stride_v_slot stride_v_head stride_v_dim"
+
+
+def _v_strides(slots_inner: bool) -> tuple[dict[str, str], dict[str, int]]:
+    """V's stride arguments as the JIT specializes them: the one equal to 1 (head_dim's in the
+    rows layout, the slot's in the slots-inner one: kv_layout.py) becomes a constant."""
+    unit = "stride_v_slot" if slots_inner else "stride_v_dim"
+    return {n: "constexpr" if n == unit else "i32" for n in V_STRIDES.split()}, {unit: 1}
+
+
+def write_kv_source(cache: str, v_slots_inner: bool = False) -> ASTSource:
+    v_signature, v_constants = _v_strides(v_slots_inner)
     signature = {
         **_scalars("k_ptr v_ptr", "*bf16"),
         **_scalars("k_cache_ptr v_cache_ptr", CACHE[cache]),
         "slot_ptr": "*i64",
         **_scalars(
             "stride_kt stride_kh stride_vt stride_vh stride_cache_block stride_cache_slot "
-            "stride_cache_head num_kv_heads",
+            "stride_cache_head",
             "i32",
         ),
+        **v_signature,
+        "num_kv_heads": "i32",
         **_scalars("k_inv_scale v_inv_scale", "fp32"),
         **_scalars("BLOCK_SIZE HEADS_PAD HEAD_DIM QUANTIZE", "constexpr"),
     }
@@ -51,11 +65,15 @@ def write_kv_source(cache: str) -> ASTSource:
         "HEADS_PAD": 8,
         "HEAD_DIM": HEAD_DIM,
         "QUANTIZE": cache == "fp8",
+        **v_constants,
     }
     return ASTSource(triton_kv._write_kv_kernel, signature, constexprs=constexprs)
 
 
-def decode_source(cache: str, v_in_registers: bool = False) -> ASTSource:
+def decode_source(
+    cache: str, v_in_registers: bool = False, v_slots_inner: bool = False
+) -> ASTSource:
+    v_signature, v_constants = _v_strides(v_slots_inner)
     signature = {
         "q_ptr": "*bf16",
         **_scalars("k_cache_ptr v_cache_ptr", CACHE[cache]),
@@ -67,9 +85,10 @@ def decode_source(cache: str, v_in_registers: bool = False) -> ASTSource:
             "stride_qt stride_qh stride_bt stride_cache_block stride_cache_slot stride_cache_head",
             "i32",
         ),
+        **v_signature,
         **_scalars(
             "GROUP GROUP_PAD HEAD_DIM BLOCK_SIZE BLOCK_N DOT_PRECISION KV_FP8 DOT_F16 "
-            "V_IN_REGISTERS",
+            "V_IN_REGISTERS V_SLOTS_INNER",
             "constexpr",
         ),
     }
@@ -83,9 +102,14 @@ def decode_source(cache: str, v_in_registers: bool = False) -> ASTSource:
         "KV_FP8": cache == "fp8",
         "DOT_F16": cache == "fp8",
         "V_IN_REGISTERS": cache == "fp8" and v_in_registers,
+        "V_SLOTS_INNER": v_slots_inner,
+        **v_constants,
     }
     names = list(signature)
-    aligned = [n for n in names if n.endswith("_ptr") or n.startswith(("stride_q", "stride_cache"))]
+    strided = ("stride_q", "stride_cache", "stride_v")
+    aligned = [
+        n for n in names if n.endswith("_ptr") or n.startswith(strided) and n not in constexprs
+    ]
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
     return ASTSource(
         triton_decode._decode_split_kernel, signature, constexprs=constexprs, attrs=attrs
@@ -96,7 +120,12 @@ def decode_vreg_source(cache: str) -> ASTSource:
     return decode_source(cache, v_in_registers=True)
 
 
-def prefill_source(cache: str, invariant: bool = False) -> ASTSource:
+def decode_vslots_source(cache: str) -> ASTSource:
+    return decode_source(cache, v_slots_inner=True)
+
+
+def prefill_source(cache: str, invariant: bool = False, v_slots_inner: bool = False) -> ASTSource:
+    v_signature, v_constants = _v_strides(v_slots_inner)
     if invariant:  # the batch-invariant backend's one tiling (triton_invariant.py)
         block_q, block_m, block_n = triton_prefill.invariant_tiles(GROUP, HEAD_DIM)
     else:
@@ -112,8 +141,10 @@ def prefill_source(cache: str, invariant: bool = False) -> ASTSource:
             "stride_qt stride_qh stride_bt stride_cache_block stride_cache_slot stride_cache_head",
             "i32",
         ),
+        **v_signature,
         **_scalars(
-            "GROUP HEAD_DIM BLOCK_SIZE BLOCK_Q BLOCK_M BLOCK_N DOT_PRECISION KV_FP8 INVARIANT",
+            "GROUP HEAD_DIM BLOCK_SIZE BLOCK_Q BLOCK_M BLOCK_N DOT_PRECISION KV_FP8 V_SLOTS_INNER "
+            "INVARIANT",
             "constexpr",
         ),
     }
@@ -126,7 +157,9 @@ def prefill_source(cache: str, invariant: bool = False) -> ASTSource:
         "BLOCK_N": block_n,
         "DOT_PRECISION": "tf32",
         "KV_FP8": cache == "fp8",
+        "V_SLOTS_INNER": v_slots_inner,
         "INVARIANT": invariant,
+        **v_constants,
     }
     return ASTSource(triton_prefill._prefill_kernel, signature, constexprs=constexprs)
 
@@ -137,9 +170,12 @@ def invariant_source(cache: str) -> ASTSource:
 
 SOURCES = {
     "write_kv": write_kv_source,
+    "write_kv-vslots": functools.partial(write_kv_source, v_slots_inner=True),
     "decode": decode_source,
     "decode-vreg": decode_vreg_source,
+    "decode-vslots": decode_vslots_source,
     "prefill": prefill_source,
+    "prefill-vslots": functools.partial(prefill_source, v_slots_inner=True),
     "invariant": invariant_source,
 }
 

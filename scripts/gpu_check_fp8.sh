@@ -26,7 +26,7 @@ mkdir -p "$OUT" "$WORK"/{tests,trt,bulk,blog,prof}
 want() { [[ " $STEPS " == *" $1 "* ]]; }
 
 if want tune; then
-  timeout 200 python3 scripts/tune_decode.py --kv-cache-dtype fp8 --write-table 2>&1 \
+  timeout 330 python3 scripts/tune_decode.py --kv-cache-dtype fp8 --write-table 2>&1 \
     | grep -v -i warn | tee "$OUT/tune.txt" | tail -2
   cp bulkgen/model/attention/decode_tilings.json "$OUT/" 2> /dev/null
 fi

@@ -53,10 +53,11 @@ def line(name: str, compiled, threads: int) -> str:
 
 def main() -> None:
     for cache in ("bf16", "fp8"):
-        for v_in_registers in (False, True) if cache == "fp8" else (False,):
+        variants = ((False, False), (True, False), (False, True)) if cache == "fp8" else ((0, 0),)
+        for v_in_registers, v_slots_inner in variants:
             for block_n in (64, 128):
                 for stages in (2, 3):
-                    src = decode_source(cache, v_in_registers)
+                    src = decode_source(cache, v_in_registers, v_slots_inner)
                     names = list(src.signature)
                     consts = {
                         names[k[0]] if isinstance(k, tuple) else k: v
@@ -70,7 +71,8 @@ def main() -> None:
                     )
                     options = {"num_warps": 4, "num_stages": stages}
                     compiled = triton.compile(source, target=TARGET, options=options)
-                    name = f"decode {cache} v_in_registers={v_in_registers} block_n={block_n}"
+                    name = f"decode {cache} v_in_registers={v_in_registers} "
+                    name += f"v_slots_inner={v_slots_inner} block_n={block_n}"
                     print(line(f"{name} stages={stages}", compiled, 128), flush=True)
     for fn, signature, constexprs in KERNELS:
         if fn.__name__ != "_silu_and_mul_fp8_kernel":

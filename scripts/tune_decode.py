@@ -29,9 +29,11 @@ from bulkgen.model.attention.decode_tiling import (
     TILINGS_FILE,
     DecodeLaunch,
     decode_launch,
+    fp8_v_slots_inner,
     launch_for_batch,
 )
 from bulkgen.model.attention.kv_fp8 import resolve_kv_dtype
+from bulkgen.model.attention.kv_layout import to_slots_inner
 from bulkgen.model.attention.triton_decode import paged_decode
 
 SHAPES = [(batch, context) for batch in (32, 256, 512) for context in (1024, 2048)]
@@ -39,6 +41,9 @@ SHAPES = [(batch, context) for batch in (32, 256, 512) for context in (1024, 204
 # v_in_registers changes the registers a thread needs (scripts/kernel_resources.py), so both
 # warp counts stay in; it matters for fp8 only. 24 fp8 launches, about 2 minutes on the H200.
 BLOCK_NS, WARPS, STAGES, V_IN_REGISTERS = (64, 128, 256), (4, 8), (None, 2), (False, True)
+# An fp8 cache's value layouts (kv_layout.py): the engine allocates the faster one. 48 launches
+# in all, about 3 minutes on the H200.
+LAYOUTS = ("rows", "slots_inner")
 
 
 def time_launch(inputs: dict, launch: DecodeLaunch) -> list[float] | None:
@@ -73,37 +78,60 @@ def per_batch_best(results: list[tuple[DecodeLaunch, list[float]]]) -> list[dict
     return [{"max_batch": e["max_batch"], **e["launch"]._asdict()} for e in entries]
 
 
-def sweep(fp8: bool, kv_dtype: torch.dtype) -> tuple[list[float], list]:
-    """(bf16 kernel's times, [(launch, times)]) measured now, each launch printed as it ends."""
+def sweep(fp8: bool, kv_dtype: torch.dtype) -> tuple[list[float], dict[str, list]]:
+    """(bf16 kernel's times, {value layout: [(launch, times)]}) measured now, each launch printed
+    as it ends. An fp8 cache is timed with its values in both layouts of kv_layout.py."""
 
-    def shapes(dtype) -> dict:
-        return {s: paged_inputs([s[1]] * s[0], [1] * s[0], True, dtype) for s in SHAPES}
+    def shapes(dtype, slots_inner: bool = False) -> dict:
+        inputs = {}
+        for s in SHAPES:
+            q, k, v, meta = paged_inputs([s[1]] * s[0], [1] * s[0], True, dtype)
+            inputs[s] = (q, k, to_slots_inner(v) if slots_inner else v, meta)
+        return inputs
 
     bf16_times = time_launch(shapes(DTYPE), decode_launch(HEAD_DIM, fp8=False))
-    torch.cuda.empty_cache()
-    inputs = shapes(kv_dtype)
-    results = []
-    launches = itertools.product(BLOCK_NS, WARPS, STAGES, V_IN_REGISTERS if fp8 else (False,))
-    for block_n, warps, stages, v_in_registers in launches:
-        launch = DecodeLaunch(block_n, warps, stages, v_in_registers)
-        times = time_launch(inputs, launch)
-        if times is None:
-            continue
-        results.append((launch, times))
-        row = {"launch": launch._asdict(), "geomean_ms": round(geomean(times), 4)}
-        print(json.dumps({**row, "ms": dict(zip(map(str, SHAPES), times, strict=True))}))
+    results = {}
+    for layout in LAYOUTS if fp8 else LAYOUTS[:1]:
+        torch.cuda.empty_cache()
+        inputs = shapes(kv_dtype, layout == "slots_inner")
+        results[layout] = []
+        launches = itertools.product(BLOCK_NS, WARPS, STAGES, V_IN_REGISTERS if fp8 else (False,))
+        for block_n, warps, stages, v_in_registers in launches:
+            launch = DecodeLaunch(block_n, warps, stages, v_in_registers)
+            times = time_launch(inputs, launch)
+            if times is None:
+                continue
+            results[layout].append((launch, times))
+            row = {"layout": layout, "launch": launch._asdict()}
+            row["geomean_ms"] = round(geomean(times), 4)
+            print(json.dumps({**row, "ms": dict(zip(map(str, SHAPES), times, strict=True))}))
+        del inputs
     return bf16_times, results
 
 
-def from_log(path: str) -> tuple[list[float] | None, list]:
-    """The launches' lines (and the bf16 times, if a summary holds them) of an earlier sweep."""
-    results, bf16_times = [], None
+def best_layout(results: dict[str, list]) -> str:
+    """The value layout whose per-batch best launches have the smallest geometric mean."""
+
+    def score(layout: str) -> float:
+        entries, by_launch = per_batch_best(results[layout]), dict(results[layout])
+        chosen = [launch_for_batch(entries, b) for b, _ in SHAPES]
+        return geomean([by_launch[c][i] for i, c in enumerate(chosen)])
+
+    return min(results, key=score)
+
+
+def from_log(path: str) -> tuple[list[float] | None, dict[str, list]]:
+    """The launches' lines (by layout; rows if a line names none) and the bf16 times, if a
+    summary holds them, of an earlier sweep."""
+    results, bf16_times = {}, None
     for line in open(path):
         if not line.startswith("{"):
             continue
         row = json.loads(line)
         if "launch" in row:
-            results.append((DecodeLaunch(**row["launch"]), [row["ms"][str(s)] for s in SHAPES]))
+            times = [row["ms"][str(s)] for s in SHAPES]
+            layout = results.setdefault(row.get("layout", "rows"), [])
+            layout.append((DecodeLaunch(**row["launch"]), times))
         elif "bf16_ms" in row:
             bf16_times = row["bf16_ms"]
     return bf16_times, results
@@ -122,20 +150,23 @@ def main() -> None:
     else:
         bf16_times, results = sweep(fp8, resolve_kv_dtype(args.kv_cache_dtype, DTYPE))
         device = torch.cuda.get_device_name()
-    table_entries = per_batch_best(results)
+    layout = best_layout(results)
+    table_entries = per_batch_best(results[layout])
     chosen = [launch_for_batch(table_entries, b) for b, _ in SHAPES]
-    by_launch = dict(results)
+    by_launch = dict(results[layout])
     times = [by_launch[launch][i] for i, launch in enumerate(chosen)]
     current = [decode_launch(HEAD_DIM, fp8, b) for b, _ in SHAPES]
+    current_layout = "slots_inner" if fp8 and fp8_v_slots_inner() else "rows"
+    now = dict(results.get(current_layout, []))
     summary = {
         "summary": "decode_launch",
         "kv_cache_dtype": args.kv_cache_dtype,
+        "layout": layout,
         "best": table_entries,
         "best_ms": [round(t, 4) for t in times],
+        "current_layout": current_layout,
         "current": [launch._asdict() for launch in current],
-        "current_ms": [
-            round(by_launch[c][i], 4) if c in by_launch else None for i, c in enumerate(current)
-        ],
+        "current_ms": [round(now[c][i], 4) if c in now else None for i, c in enumerate(current)],
         "bf16_ms": bf16_times and [round(t, 4) for t in bf16_times],
         "best_vs_bf16": bf16_times
         and [round(t / b, 3) for t, b in zip(times, bf16_times, strict=True)],
@@ -148,6 +179,8 @@ def main() -> None:
         table.setdefault("launches", {}).setdefault(args.kv_cache_dtype, {})[str(HEAD_DIM)] = (
             table_entries
         )
+        if fp8:
+            table["fp8_v_layout"] = layout
         table["measured"] = f"{device}, scripts/tune_decode.py at {summary['git_commit']}"
         TILINGS_FILE.write_text(json.dumps(table, indent=1) + "\n")
 

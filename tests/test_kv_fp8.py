@@ -225,12 +225,22 @@ def test_gpu_fp8_kv_greedy_mostly_agrees_with_bf16_kv(tiny_model_dir):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_gpu_fp8_engine_matches_the_cpu_fp8_reference(tiny_model_dir, allow_fp8):
+@pytest.mark.parametrize("v_slots_inner", [False, True])
+def test_gpu_fp8_engine_matches_the_cpu_fp8_reference(
+    tiny_model_dir, allow_fp8, monkeypatch, v_slots_inner
+):
+    """On the GPU with either value layout (kv_layout.py; the CPU's torch backend has rows)."""
     from test_engine import PROMPTS, encode_all
 
+    from bulkgen.model.attention import decode_tiling
+    from bulkgen.model.attention.kv_layout import v_slots_inner as is_slots_inner
+
+    monkeypatch.setattr(decode_tiling, "fp8_v_slots_inner", lambda: v_slots_inner)
     ids = encode_all(tiny_model_dir, PROMPTS)
     kw = dict(dtype="float32", kv_cache_dtype="fp8", num_blocks=64, max_num_seqs=8)
-    gpu = LLM(str(tiny_model_dir), device="cuda", **kw).generate(ids, greedy(16))
+    llm = LLM(str(tiny_model_dir), device="cuda", **kw)
+    assert is_slots_inner(llm.engine.runner.kv[0][1]) == v_slots_inner
+    gpu = llm.generate(ids, greedy(16))
     cpu = LLM(str(tiny_model_dir), device="cpu", **kw).generate(ids, greedy(16))
     same = sum(a.token_ids == b.token_ids for a, b in zip(gpu, cpu, strict=True))
     assert same >= 8, "an fp32 key a few ulps apart may round to the other e4m3 value, rarely"

@@ -158,7 +158,8 @@ def test_kernels_compile_for_sm90_with_the_fp8_casts_only_in_the_fp8_variants(
 ):
     """The GPU compiler accepts both variants of each kernel (the interpreter never runs it), and
     the bf16 variants carry no fp8 code: the constexpr branch compiles away. The decode kernel with
-    v_in_registers reads no fp8 tile back from shared memory one byte at a time."""
+    v_in_registers, and decode and prefill over values stored slots inner (kv_layout.py), read no
+    fp8 tile back from shared memory one byte at a time; over the rows layout decode does."""
     lines = re.findall(
         r"^([\w-]+ +\w+) *:.* (\d+) shared byte reads, (\d+) e4m3 conversions$",
         attention_compile_check,
@@ -167,10 +168,13 @@ def test_kernels_compile_for_sm90_with_the_fp8_casts_only_in_the_fp8_variants(
     counts = {" ".join(k.split()): int(n) for k, _, n in lines}
     byte_reads = {" ".join(k.split()): int(b) for k, b, _ in lines}
     kernels = ("write_kv", "decode", "decode-vreg", "prefill", "invariant")
+    kernels += ("write_kv-vslots", "decode-vslots", "prefill-vslots")
     assert set(counts) == {f"{k} {c}" for k in kernels for c in CACHES}
     for name, n in counts.items():
         assert (n > 0) == name.endswith("fp8"), counts
-    assert byte_reads["decode-vreg fp8"] == 0, byte_reads
+    assert byte_reads["decode fp8"] > 0, byte_reads
+    for name in ("decode-vreg fp8", "decode-vslots fp8", "prefill-vslots fp8"):
+        assert byte_reads[name] == 0, byte_reads
     assert all(n == 0 for name, n in byte_reads.items() if name.endswith("bf16")), byte_reads
 
 
@@ -274,3 +278,17 @@ def test_the_tuner_keeps_each_batch_sizes_fastest_launch(monkeypatch):
         {"max_batch": None, **b._asdict()},
     ]
     assert tune.per_batch_best([results[1]]) == [{"max_batch": None, **b._asdict()}]
+
+
+def test_the_tuner_keeps_the_value_layout_whose_best_launches_are_fastest(monkeypatch):
+    """A layout wins on its per-batch best launches, not on any single launch's times."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "scripts"))
+    tune = importlib.import_module("tune_decode")
+    a, b = decode_tiling.DecodeLaunch(64), decode_tiling.DecodeLaunch(128)
+    # rows: a at 32 rows and b above, each best where it runs: 1, 1, 2, 2, 2, 2.
+    rows = [(a, [1.0, 1.0, 9.0, 9.0, 9.0, 9.0]), (b, [9.0, 9.0, 2.0, 2.0, 2.0, 2.0])]
+    # slots inner: one launch, 1.5 everywhere: no single rows launch beats it, the pair does not.
+    slots_inner = [(a, [1.5] * 6)]
+    assert tune.best_layout({"rows": rows, "slots_inner": slots_inner}) == "slots_inner"
+    slots_inner = [(a, [2.5] * 6)]
+    assert tune.best_layout({"rows": rows, "slots_inner": slots_inner}) == "rows"

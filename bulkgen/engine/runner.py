@@ -30,7 +30,8 @@ from bulkgen.engine.plan import Plan, ScheduledSeq
 from bulkgen.engine.sampler import SamplingTensors, sample, top_logprobs, unpack_bitmask
 from bulkgen.engine.step import Forward, Step
 from bulkgen.engine.tables import DeviceTables
-from bulkgen.model.attention.kv_fp8 import resolve_kv_dtype
+from bulkgen.model.attention.kv_fp8 import FP8_DTYPE, resolve_kv_dtype
+from bulkgen.model.attention.kv_layout import allocate_kv_cache
 from bulkgen.model.attention.metadata import AttnMetadata
 from bulkgen.model.config import ModelConfig
 from bulkgen.model.llama import LlamaForCausalLM
@@ -60,9 +61,16 @@ class ModelRunner:
         self.followers = None  # rank 0's channel to the other ranks (engine/tp_group.py)
         self.attention = model.attention
         dtype = resolve_kv_dtype(ecfg.kv_cache_dtype, model.model.embed_tokens.weight.dtype)
-        shape = (mcfg.num_layers, 2, num_blocks, ecfg.block_size, mcfg.num_kv_heads, mcfg.head_dim)
-        self.kv_cache = torch.empty(shape, dtype=dtype, device=device)
-        self.kv = [(layer[0], layer[1]) for layer in self.kv_cache]  # per layer: (k, v) views
+        self.kv_cache, self.kv = allocate_kv_cache(  # kv: per layer (k, v) views
+            mcfg.num_layers,
+            num_blocks,
+            ecfg.block_size,
+            mcfg.num_kv_heads,
+            mcfg.head_dim,
+            dtype,
+            device,
+            v_slots_inner=dtype == FP8_DTYPE and self.attention.fp8_v_slots_inner,
+        )
         self.max_blocks_per_seq = -(-max_model_len // ecfg.block_size)
         self.packer = InputPacker(
             device,

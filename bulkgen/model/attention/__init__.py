@@ -25,6 +25,8 @@ class AttentionBackend:
     # Both take a layer's k_scale and v_scale last (an fp8 cache's scales: kv_fp8.py).
     write_kv: Callable[..., None]  # (k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
     attend: Callable[..., torch.Tensor]  # (q, k_cache, v_cache, meta, scale, k_s, v_s) -> out
+    # An fp8 cache's values stored slots inner (kv_layout.py): the Triton kernels only.
+    fp8_v_slots_inner: bool = False
 
     def metadata(
         self,
@@ -64,9 +66,12 @@ def get_backend(name: str, device: torch.device, batch_invariant: bool = False) 
             from bulkgen.model.attention import torch_backend as m
         return AttentionBackend(name + suffix, False, m.write_kv, m.paged_attention)
     if name == "triton":
-        if batch_invariant:
+        from bulkgen.model.attention.decode_tiling import fp8_v_slots_inner
+
+        if batch_invariant:  # its tilings were chosen for the rows layout
             from bulkgen.model.attention import triton_invariant as m
         else:
             from bulkgen.model.attention import triton_backend as m
-        return AttentionBackend(name + suffix, True, m.write_kv, m.paged_attention)
+        slots_inner = not batch_invariant and fp8_v_slots_inner()
+        return AttentionBackend(name + suffix, True, m.write_kv, m.paged_attention, slots_inner)
     raise ValueError(f"attention backend {name!r} is not one of auto, torch, triton")

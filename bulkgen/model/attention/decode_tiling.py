@@ -60,6 +60,15 @@ def measured_launches() -> dict[str, dict]:
         return {}
 
 
+def fp8_v_slots_inner() -> bool:
+    """Whether an fp8 cache's values are allocated slots inner (kv_layout.py): as measured by
+    scripts/tune_decode.py (TILINGS_FILE's "fp8_v_layout"), rows until it is."""
+    try:
+        return json.loads(TILINGS_FILE.read_text()).get("fp8_v_layout") == "slots_inner"
+    except FileNotFoundError:
+        return False
+
+
 def launch_for_batch(entries: list[dict] | dict, batch: int | None) -> DecodeLaunch:
     """The launch of the first entry whose max_batch holds `batch` (None: the largest batch's);
     a single dict (one launch for every batch) is taken as it is."""

@@ -26,6 +26,8 @@ multiply in the loop, and no overflow for any |q| below 65504 / qk_scale), and a
 tiles are twice as many tokens (decode_launch) so that each step of the loop reads as many
 bytes as a bf16 tile: at the same tokens per tile the fp8 kernel was latency-bound, as slow as
 bf16 at half the bytes (H200, bulk run profile at ec92f71: 12.1 vs 12.2 ms of attention a step).
+Values may be stored slots inner (kv_layout.py, V_SLOTS_INNER: V's strides are arguments of their
+own), which keeps an fp8 V tile out of byte-wise shared-memory reads without v_in_registers.
 """
 
 from __future__ import annotations
@@ -36,7 +38,13 @@ import triton.language as tl
 
 from bulkgen.model.attention.decode_tiling import DecodeLaunch, decode_launch, num_kv_splits
 from bulkgen.model.attention.kv_fp8 import is_fp8
-from bulkgen.model.attention.triton_kv import check_cache, kv_tile_offsets
+from bulkgen.model.attention.kv_layout import v_slots_inner
+from bulkgen.model.attention.triton_kv import (
+    check_cache,
+    kv_tile_blocks,
+    kv_tile_offsets,
+    load_v_tile,
+)
 
 LOG2E = 1.4426950408889634
 
@@ -59,6 +67,10 @@ def _decode_split_kernel(
     stride_cache_block,
     stride_cache_slot,
     stride_cache_head,
+    stride_v_block,
+    stride_v_slot,
+    stride_v_head,
+    stride_v_dim,
     GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -68,6 +80,7 @@ def _decode_split_kernel(
     KV_FP8: tl.constexpr,
     DOT_F16: tl.constexpr,
     V_IN_REGISTERS: tl.constexpr,
+    V_SLOTS_INNER: tl.constexpr,
 ):
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -99,15 +112,18 @@ def _decode_split_kernel(
     for start in range(lo, hi, BLOCK_N):
         pos = start + tl.arange(0, BLOCK_N)
         valid = pos < hi
+        blocks = kv_tile_blocks(block_table_row, pos, valid, BLOCK_SIZE)
         rows = kv_tile_offsets(
-            block_table_row,
+            blocks,
             pos,
-            valid,
             kv_head,
             stride_cache_block,
             stride_cache_slot,
             stride_cache_head,
             BLOCK_SIZE,
+        )
+        v_rows = kv_tile_offsets(
+            blocks, pos, kv_head, stride_v_block, stride_v_slot, stride_v_head, BLOCK_SIZE
         )
         k_t = tl.load(k_cache_ptr + rows[None, :] + dims[:, None], mask=valid[None, :], other=0.0)
         if KV_FP8:
@@ -121,7 +137,9 @@ def _decode_split_kernel(
         p = tl.exp2(s - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_cache_ptr + rows[:, None] + dims[None, :], mask=valid[:, None], other=0.0)
+        v = load_v_tile(
+            v_cache_ptr, v_rows, pos, valid, hi, stride_v_dim, HEAD_DIM, BLOCK_SIZE, V_SLOTS_INNER
+        )
         if V_IN_REGISTERS:  # see DecodeLaunch: the select keeps the tile out of byte reads
             v = tl.where(valid[:, None], v.to(q.dtype), 0.0).to(q.dtype)
         elif KV_FP8:
@@ -231,6 +249,7 @@ def paged_decode(
         k_cache.stride(0),
         k_cache.stride(1),
         k_cache.stride(2),
+        *v_cache.stride(),
         GROUP=group,
         GROUP_PAD=max(16, triton.next_power_of_2(group)),  # tl.dot needs at least 16 rows
         HEAD_DIM=head_dim,
@@ -238,6 +257,7 @@ def paged_decode(
         BLOCK_N=block_n,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         KV_FP8=fp8,
+        V_SLOTS_INNER=v_slots_inner(v_cache),
         DOT_F16=fp8 and q.dtype != torch.float32,
         V_IN_REGISTERS=fp8 and launch.v_in_registers,
         num_warps=launch.num_warps,

@@ -23,10 +23,21 @@ _FP8_MAX = tl.constexpr(FP8_MAX)
 
 
 @triton.jit
-def kv_tile_offsets(
+def kv_tile_blocks(
     block_table_row,  # pointer to this sequence's row of block_tables
     pos,  # [N] token positions in the sequence
     valid,  # [N] positions that exist; the others are never dereferenced
+    BLOCK_SIZE: tl.constexpr,
+):
+    """The cache block (int64) holding each position: one gather, shared by K and V."""
+    # int64: a large cache holds more than 2**31 elements.
+    return tl.load(block_table_row + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
+
+
+@triton.jit
+def kv_tile_offsets(
+    blocks,  # [N] kv_tile_blocks of the positions
+    pos,
     kv_head,
     stride_block,
     stride_slot,
@@ -34,9 +45,37 @@ def kv_tile_offsets(
     BLOCK_SIZE: tl.constexpr,
 ):
     """Element offsets (int64) of the first head_dim entry of each position's key/value row."""
-    block = tl.load(block_table_row + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
-    # int64: a large cache holds more than 2**31 elements.
-    return block * stride_block + (pos % BLOCK_SIZE) * stride_slot + kv_head * stride_head
+    return blocks * stride_block + (pos % BLOCK_SIZE) * stride_slot + kv_head * stride_head
+
+
+@triton.jit
+def load_v_tile(
+    v_cache_ptr,
+    v_rows,  # [N] kv_tile_offsets of the positions with V's strides
+    pos,
+    valid,
+    hi,  # one past the last position of the range being read
+    stride_v_dim,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    V_SLOTS_INNER: tl.constexpr,
+):
+    """The [N, HEAD_DIM] V tile of the positions (0 where not valid, or see below).
+
+    V_SLOTS_INNER (kv_layout.py: each block's slots contiguous for every head and dim): each run
+    of BLOCK_SIZE tokens is contiguous, which is said to the compiler, and whole blocks are read
+    (a mask constant over each run), so that the load is vector and stays in shared memory for
+    the P @ V product, whose reduction runs along the tokens. Slots past hi in hi's block then
+    hold finite values (a zeroed cache, or writes saturated to the fp8 range), which the caller
+    weights by p == 0."""
+    dims = tl.arange(0, HEAD_DIM)
+    offsets = v_rows[:, None] + dims[None, :] * stride_v_dim
+    if V_SLOTS_INNER:
+        offsets = tl.max_contiguous(tl.multiple_of(offsets, [BLOCK_SIZE, 1]), [BLOCK_SIZE, 1])
+        mask = pos // BLOCK_SIZE < tl.cdiv(hi, BLOCK_SIZE)
+    else:
+        mask = valid
+    return tl.load(v_cache_ptr + offsets, mask=mask[:, None], other=0.0)
 
 
 @triton.jit
@@ -53,6 +92,10 @@ def _write_kv_kernel(
     stride_cache_block,
     stride_cache_slot,
     stride_cache_head,
+    stride_v_block,  # V's own strides: its layout may differ from K's (kv_layout.py)
+    stride_v_slot,
+    stride_v_head,
+    stride_v_dim,
     num_kv_heads,
     k_inv_scale,
     v_inv_scale,
@@ -68,19 +111,17 @@ def _write_kv_kernel(
     heads = tl.arange(0, HEADS_PAD)[:, None]
     dims = tl.arange(0, HEAD_DIM)[None, :]
     mask = heads < num_kv_heads
-    dst = (
-        (slot // BLOCK_SIZE) * stride_cache_block
-        + (slot % BLOCK_SIZE) * stride_cache_slot
-        + heads * stride_cache_head
-        + dims
-    )
+    block, offset = slot // BLOCK_SIZE, slot % BLOCK_SIZE
+    dst = block * stride_cache_block + offset * stride_cache_slot + heads * stride_cache_head + dims
+    dst_v = block * stride_v_block + offset * stride_v_slot + heads * stride_v_head
+    dst_v += dims * stride_v_dim
     k = tl.load(k_ptr + t * stride_kt + heads * stride_kh + dims, mask=mask)
     v = tl.load(v_ptr + t * stride_vt + heads * stride_vh + dims, mask=mask)
     if QUANTIZE:
         k = tl.clamp(k.to(tl.float32) * k_inv_scale, -_FP8_MAX, _FP8_MAX)
         v = tl.clamp(v.to(tl.float32) * v_inv_scale, -_FP8_MAX, _FP8_MAX)
     tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
-    tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(v_cache_ptr + dst_v, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
 
 def write_kv(
@@ -93,7 +134,8 @@ def write_kv(
     v_scale: float = 1.0,
 ) -> None:
     """Store this step's keys/values [T, Hkv, D] at their slots of the [N, bs, Hkv, D] caches
-    (an fp8 cache stores x / scale; the scales are ignored by other caches)."""
+    (an fp8 cache stores x / scale; the scales are ignored by other caches; V's storage may be
+    either layout of kv_layout.py)."""
     num_tokens, num_kv_heads, head_dim = k.shape
     check_cache(k_cache, v_cache, head_dim)
     if num_tokens == 0:
@@ -114,6 +156,7 @@ def write_kv(
         k_cache.stride(0),
         k_cache.stride(1),
         k_cache.stride(2),
+        *v_cache.stride(),
         num_kv_heads,
         1.0 / k_scale,
         1.0 / v_scale,
@@ -126,11 +169,13 @@ def write_kv(
 
 
 def check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor, head_dim: int) -> None:
-    """The kernels address both caches with one set of strides and a power-of-two head_dim."""
+    """The kernels need a power-of-two head_dim, K rows with head_dim contiguous, and V in
+    either layout of kv_layout.py (head_dim contiguous, or each block's slots contiguous)."""
     if head_dim < 16 or head_dim & (head_dim - 1):
         raise ValueError(
             f"the triton attention backend needs a power-of-two head_dim >= 16, got {head_dim}; "
             "use the torch backend for this model"
         )
-    assert k_cache.shape == v_cache.shape and k_cache.stride() == v_cache.stride()
+    assert k_cache.shape == v_cache.shape and k_cache.dtype == v_cache.dtype
     assert k_cache.stride(-1) == 1 and k_cache.shape[-1] == head_dim
+    assert v_cache.stride(-1) == 1 or v_cache.stride(1) == 1

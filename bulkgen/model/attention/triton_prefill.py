@@ -27,7 +27,13 @@ import triton
 import triton.language as tl
 
 from bulkgen.model.attention.kv_fp8 import is_fp8
-from bulkgen.model.attention.triton_kv import check_cache, kv_tile_offsets
+from bulkgen.model.attention.kv_layout import v_slots_inner
+from bulkgen.model.attention.triton_kv import (
+    check_cache,
+    kv_tile_blocks,
+    kv_tile_offsets,
+    load_v_tile,
+)
 
 LOG2E = 1.4426950408889634
 
@@ -63,27 +69,35 @@ def _attend(
     stride_cache_block,
     stride_cache_slot,
     stride_cache_head,
+    stride_v_block,
+    stride_v_slot,
+    stride_v_head,
+    stride_v_dim,
     BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     CAUSAL: tl.constexpr,
     KV_FP8: tl.constexpr,
+    V_SLOTS_INNER: tl.constexpr,
 ):
     """Online-softmax update of (acc, l_i, m_i) with the cached positions lo..hi-1."""
     dims = tl.arange(0, HEAD_DIM)
     for start in range(lo, hi, BLOCK_N):
         pos = start + tl.arange(0, BLOCK_N)
         valid = pos < hi
+        blocks = kv_tile_blocks(block_table_row, pos, valid, BLOCK_SIZE)
         rows = kv_tile_offsets(
-            block_table_row,
+            blocks,
             pos,
-            valid,
             kv_head,
             stride_cache_block,
             stride_cache_slot,
             stride_cache_head,
             BLOCK_SIZE,
+        )
+        v_rows = kv_tile_offsets(
+            blocks, pos, kv_head, stride_v_block, stride_v_slot, stride_v_head, BLOCK_SIZE
         )
         k_t = tl.load(k_cache_ptr + rows[None, :] + dims[:, None], mask=valid[None, :], other=0.0)
         if KV_FP8:
@@ -96,7 +110,9 @@ def _attend(
         p = tl.exp2(s - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_cache_ptr + rows[:, None] + dims[None, :], mask=valid[:, None], other=0.0)
+        v = load_v_tile(
+            v_cache_ptr, v_rows, pos, valid, hi, stride_v_dim, HEAD_DIM, BLOCK_SIZE, V_SLOTS_INNER
+        )
         if KV_FP8:
             v = v.to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
@@ -125,6 +141,10 @@ def _prefill_kernel(
     stride_cache_block,
     stride_cache_slot,
     stride_cache_head,
+    stride_v_block,
+    stride_v_slot,
+    stride_v_head,
+    stride_v_dim,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
@@ -133,6 +153,7 @@ def _prefill_kernel(
     BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     KV_FP8: tl.constexpr,
+    V_SLOTS_INNER: tl.constexpr,  # kv_layout.py
     INVARIANT: tl.constexpr,  # every K/V tile through the one masked loop (triton_invariant.py)
 ):
     tile_id = tl.program_id(0)
@@ -173,12 +194,14 @@ def _prefill_kernel(
     acc, l_i, m_i = _attend(
         acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, block_table_row, kv_head,
         0, unmasked_end, qk_scale, stride_cache_block, stride_cache_slot, stride_cache_head,
-        BLOCK_SIZE, BLOCK_N, HEAD_DIM, DOT_PRECISION, False, KV_FP8,
+        stride_v_block, stride_v_slot, stride_v_head, stride_v_dim,
+        BLOCK_SIZE, BLOCK_N, HEAD_DIM, DOT_PRECISION, False, KV_FP8, V_SLOTS_INNER,
     )
     acc, l_i, m_i = _attend(
         acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, block_table_row, kv_head,
         unmasked_end, end, qk_scale, stride_cache_block, stride_cache_slot, stride_cache_head,
-        BLOCK_SIZE, BLOCK_N, HEAD_DIM, DOT_PRECISION, True, KV_FP8,
+        stride_v_block, stride_v_slot, stride_v_head, stride_v_dim,
+        BLOCK_SIZE, BLOCK_N, HEAD_DIM, DOT_PRECISION, True, KV_FP8, V_SLOTS_INNER,
     )
     # fmt: on
 
@@ -255,6 +278,7 @@ def paged_prefill(
         k_cache.stride(0),
         k_cache.stride(1),
         k_cache.stride(2),
+        *v_cache.stride(),
         GROUP=group,
         HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size,
@@ -263,6 +287,7 @@ def paged_prefill(
         BLOCK_N=block_n,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         KV_FP8=fp8,
+        V_SLOTS_INNER=v_slots_inner(v_cache),
         INVARIANT=invariant,
         num_warps=4,  # fixed: the invariant mode's reductions depend on it
     )

@@ -1,0 +1,67 @@
+"""How the paged KV cache lies in memory: one allocation, and each layer's (k, v) views.
+
+Every view has the logical shape [num_blocks, block_size, num_kv_heads, head_dim]. Keys are always
+stored that way (head_dim contiguous: the q @ K^T product reduces along it). Values come in two
+layouts:
+
+- rows (the default): like keys, each token's [num_kv_heads, head_dim] row contiguous;
+- slots inner: each block stored as [num_kv_heads, head_dim, block_size], so a block's tokens are
+  contiguous for every head and dim. The P @ V product reduces along the tokens, and an 8-bit V
+  tile stored with tokens outermost can only be read back from shared memory a byte at a time
+  (no 8-bit ldmatrix.trans: scripts/compile_check_attention.py counts 128 such reads a thread in
+  the fp8 decode kernel, none with this layout, which also needs 122-128 registers a thread at
+  128-token tiles against 166-199: scripts/kernel_resources.py). The cache is then zeroed at
+  allocation: the kernels read whole blocks (triton_kv.load_v_tile), so the slots past a
+  sequence's end must hold finite values.
+
+The Triton kernels take V's strides separately and handle both; the torch backends need rows.
+Which layout the engine allocates for an fp8 cache is measured (decode_tiling.fp8_v_slots_inner).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def allocate_kv_cache(
+    num_layers: int,
+    num_blocks: int,
+    block_size: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    v_slots_inner: bool = False,
+) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """(storage [num_layers, 2, num_blocks, block elements], per-layer (k, v) views)."""
+    elements = block_size * num_kv_heads * head_dim
+    make = torch.zeros if v_slots_inner else torch.empty
+    storage = make((num_layers, 2, num_blocks, elements), dtype=dtype, device=device)
+    views = []
+    for layer in storage:
+        k = layer[0].view(num_blocks, block_size, num_kv_heads, head_dim)
+        if v_slots_inner:
+            v = layer[1].view(num_blocks, num_kv_heads, head_dim, block_size).permute(0, 3, 1, 2)
+        else:
+            v = layer[1].view(num_blocks, block_size, num_kv_heads, head_dim)
+        views.append((k, v))
+    return storage, views
+
+
+def v_slots_inner(v_cache: torch.Tensor) -> bool:
+    """Whether a [num_blocks, block_size, num_kv_heads, head_dim] V cache is laid out slots
+    inner (every stride a multiple of block_size but the slot's, which is 1)."""
+    _, block_size, heads, dim = v_cache.shape
+    return block_size > 1 and v_cache.stride() == (
+        heads * dim * block_size,
+        1,
+        dim * block_size,
+        block_size,
+    )
+
+
+def to_slots_inner(v_cache: torch.Tensor) -> torch.Tensor:
+    """A copy of a V cache's values stored slots inner (benchmarks and tests)."""
+    blocks, block_size, heads, dim = v_cache.shape
+    out = torch.empty(blocks, heads, dim, block_size, dtype=v_cache.dtype, device=v_cache.device)
+    return out.permute(0, 3, 1, 2).copy_(v_cache)

@@ -1,0 +1,163 @@
+"""The KV cache's value layouts (kv_layout.py): the Triton kernels give the same outputs over
+values stored slots inner as over the rows layout, the write kernel stores the same values, and
+the allocation hands out views of one zeroed buffer. Under the Triton interpreter (no CUDA) on
+tiny shapes; on the GPU at the 8B attention shape.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest  # noqa: E402
+from test_triton_kernels import DEVICE, metadata, nan_buffers, paged_kv, rel_err  # noqa: E402, F401
+
+from bulkgen.model.attention import decode_tiling, get_backend, triton_backend  # noqa: E402
+from bulkgen.model.attention.kv_fp8 import FP8_DTYPE, FP8_MAX, quantize  # noqa: E402
+from bulkgen.model.attention.kv_layout import (  # noqa: E402
+    allocate_kv_cache,
+    to_slots_inner,
+    v_slots_inner,
+)
+from bulkgen.model.attention.triton_decode import paged_decode  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("nan_buffers")
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+K_SCALE, V_SCALE = 0.25, 3.0
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+def slots_inner_copy(v: torch.Tensor) -> torch.Tensor:
+    """The same logical [blocks, block_size, heads, dim] values, stored slots inner."""
+    out = to_slots_inner(v)
+    assert v_slots_inner(out) and not v_slots_inner(v) and torch.equal(out.float(), v.float())
+    return out
+
+
+def caches(seq_lens, block_size, heads, dim, dtype):
+    """K and V caches with stale, large but finite values in every slot nobody owns (what the
+    slots-inner kernels may read past a sequence's end and must weight by zero)."""
+    k, v, tables = paged_kv(seq_lens, block_size, heads, dim, torch.float32)
+    stale = FP8_MAX if dtype == FP8_DTYPE else 1e4
+    k, v = k.nan_to_num(stale), v.nan_to_num(stale)
+    if dtype == FP8_DTYPE:
+        return quantize(k * K_SCALE, K_SCALE), quantize(v * V_SCALE, V_SCALE), tables
+    return k.to(dtype), v.to(dtype), tables
+
+
+CASES = [(FP8_DTYPE, torch.float32), (FP8_DTYPE, torch.float16), (torch.float32, torch.float32)]
+
+
+@pytest.mark.parametrize("cache_dtype, q_dtype", CASES)
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_decode_reads_values_stored_slots_inner_as_rows(cache_dtype, q_dtype, num_splits):
+    seq_lens, heads, group, dim, block_size = [1, 5, 16, 17, 40, 9], 2, 4, 32, 8
+    k, v, tables = caches(seq_lens, block_size, heads, dim, cache_dtype)
+    q = torch.randn(len(seq_lens), heads * group, dim, device=DEVICE).to(q_dtype)
+    lens = torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE)
+    args = (tables, dim**-0.5, num_splits)
+    scales = {"k_scale": K_SCALE, "v_scale": V_SCALE}
+    rows = paged_decode(q, k, v, lens, *args, **scales)
+    inner = paged_decode(q, k, slots_inner_copy(v), lens, *args, **scales)
+    assert torch.equal(inner, rows)
+
+
+@pytest.mark.parametrize("cache_dtype, q_dtype", CASES)
+def test_prefill_reads_values_stored_slots_inner_as_rows(cache_dtype, q_dtype):
+    seq_lens, query_lens, heads, group, dim, block_size = (
+        [30, 12, 5, 19],
+        [30, 1, 2, 7],
+        2,
+        2,
+        32,
+        8,
+    )
+    k, v, tables = caches(seq_lens, block_size, heads, dim, cache_dtype)
+    meta = metadata(seq_lens, query_lens, tables)
+    q = torch.randn(sum(query_lens), heads * group, dim, device=DEVICE).to(q_dtype)
+    args = (meta, dim**-0.5, K_SCALE, V_SCALE)
+    rows = triton_backend.paged_attention(q, k, v, *args)
+    inner = triton_backend.paged_attention(q, k, slots_inner_copy(v), *args)
+    assert torch.equal(inner, rows)
+
+
+@pytest.mark.parametrize("dtype", [FP8_DTYPE, torch.float32])
+def test_write_kv_stores_the_same_values_in_either_layout(dtype):
+    blocks, block_size, heads, dim, tokens = 5, 4, 3, 16, 9
+    k = torch.randn(tokens, heads, dim, device=DEVICE)
+    v = torch.randn(tokens, heads, dim, device=DEVICE) * 4
+    shape = (blocks, block_size, heads, dim)
+    k_rows, v_rows = (torch.zeros(shape, dtype=dtype, device=DEVICE) for _ in range(2))
+    k_inner, v_inner = torch.zeros_like(k_rows), slots_inner_copy(torch.zeros_like(v_rows))
+    slots = torch.randperm(blocks * block_size, device=DEVICE)[:tokens]
+    slots[3] = -1  # a padding row: written nowhere
+    triton_backend.write_kv(k, v, k_rows, v_rows, slots)
+    triton_backend.write_kv(k, v, k_inner, v_inner, slots)
+    as_bits = (lambda x: x.view(torch.uint8)) if dtype == FP8_DTYPE else (lambda x: x)
+    assert torch.equal(as_bits(k_inner), as_bits(k_rows))
+    assert torch.equal(as_bits(v_inner.contiguous()), as_bits(v_rows))
+    assert v_rows.float().abs().sum() > 0
+
+
+@pytest.mark.parametrize("slots_inner", [False, True])
+def test_the_cache_is_one_allocation_viewed_per_layer(slots_inner):
+    """Each layer's k and v views cover their own part of one buffer (so nothing else holds KV
+    memory), in the logical shape every backend indexes; slots inner is zeroed (the kernels
+    read whole blocks) and has head_dim's stride equal to the block size."""
+    layers, blocks, block_size, heads, dim = 3, 4, 8, 2, 16
+    storage, views = allocate_kv_cache(
+        layers, blocks, block_size, heads, dim, FP8_DTYPE, torch.device("cpu"), slots_inner
+    )
+    assert storage.nbytes == layers * 2 * blocks * block_size * heads * dim
+    assert len(views) == layers
+    for layer, (k, v) in enumerate(views):
+        assert k.shape == v.shape == (blocks, block_size, heads, dim)
+        assert k.is_contiguous() and v.is_contiguous() != slots_inner
+        assert v_slots_inner(v) == slots_inner
+        assert k.data_ptr() == storage[layer, 0].data_ptr()
+        assert v.data_ptr() == storage[layer, 1].data_ptr()
+    if slots_inner:
+        assert not storage.view(torch.uint8).any()
+        v = views[1][1]
+        assert v.stride() == (heads * dim * block_size, 1, dim * block_size, block_size)
+
+
+def test_only_the_plain_triton_backend_takes_the_measured_layout(monkeypatch):
+    """An fp8 cache's values go slots inner when decode_tilings.json says so, for the Triton
+    backend; the torch backends index rows, and the batch-invariant one keeps its tilings."""
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(decode_tiling, "fp8_v_slots_inner", lambda: True)
+    assert get_backend("triton", cpu).fp8_v_slots_inner
+    assert not get_backend("triton", cpu, batch_invariant=True).fp8_v_slots_inner
+    assert not get_backend("torch", cpu).fp8_v_slots_inner
+    monkeypatch.setattr(decode_tiling, "fp8_v_slots_inner", lambda: False)
+    assert not get_backend("triton", cpu).fp8_v_slots_inner
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("batch, context", [(3, 1000), (64, 2048)])
+def test_gpu_decode_and_prefill_read_slots_inner_values_as_rows(batch, context):
+    seq_lens = [context - 7 * i for i in range(batch)]
+    k, v, tables = caches(seq_lens, 16, 8, 128, FP8_DTYPE)
+    lens = torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE)
+    q = torch.randn(batch, 32, 128, device=DEVICE).bfloat16()
+    scales = {"k_scale": K_SCALE, "v_scale": V_SCALE}
+    rows = paged_decode(q, k, v, lens, tables, 128**-0.5, **scales)
+    inner = paged_decode(q, k, slots_inner_copy(v), lens, tables, 128**-0.5, **scales)
+    assert rel_err(inner, rows) < 1e-2
+    query_lens = [min(n, 300) for n in seq_lens]
+    meta = metadata(seq_lens, query_lens, tables)
+    q = torch.randn(sum(query_lens), 32, 128, device=DEVICE).bfloat16()
+    args = (meta, 128**-0.5, K_SCALE, V_SCALE)
+    rows = triton_backend.paged_attention(q, k, v, *args)
+    inner = triton_backend.paged_attention(q, k, slots_inner_copy(v), *args)
+    assert rel_err(inner, rows) < 1e-2
