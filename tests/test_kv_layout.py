@@ -57,9 +57,12 @@ CASES = [(FP8_DTYPE, torch.float32), (FP8_DTYPE, torch.float16), (torch.float32,
 
 
 @pytest.mark.parametrize("cache_dtype, q_dtype", CASES)
-@pytest.mark.parametrize("num_splits", [1, 3])
-def test_decode_reads_values_stored_slots_inner_as_rows(cache_dtype, q_dtype, num_splits):
-    seq_lens, heads, group, dim, block_size = [1, 5, 16, 17, 40, 9], 2, 4, 32, 8
+@pytest.mark.parametrize("num_splits, block_size", [(1, 8), (3, 8), (2, 256)])
+def test_decode_reads_values_stored_slots_inner_as_rows(
+    cache_dtype, q_dtype, num_splits, block_size
+):
+    """Blocks smaller than a tile, and (256) larger than one."""
+    seq_lens, heads, group, dim = [1, 5, 16, 17, 40, 9, 300], 2, 4, 32
     k, v, tables = caches(seq_lens, block_size, heads, dim, cache_dtype)
     q = torch.randn(len(seq_lens), heads * group, dim, device=DEVICE).to(q_dtype)
     lens = torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE)

@@ -112,7 +112,7 @@ def _decode_split_kernel(
     for start in range(lo, hi, BLOCK_N):
         pos = start + tl.arange(0, BLOCK_N)
         valid = pos < hi
-        blocks = kv_tile_blocks(block_table_row, pos, valid, BLOCK_SIZE)
+        blocks = kv_tile_blocks(block_table_row, pos, hi, BLOCK_SIZE)
         rows = kv_tile_offsets(
             blocks,
             pos,
@@ -138,7 +138,16 @@ def _decode_split_kernel(
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = load_v_tile(
-            v_cache_ptr, v_rows, pos, valid, hi, stride_v_dim, HEAD_DIM, BLOCK_SIZE, V_SLOTS_INNER
+            v_cache_ptr,
+            v_rows,
+            pos,
+            valid,
+            hi,
+            stride_v_dim,
+            HEAD_DIM,
+            BLOCK_SIZE,
+            BLOCK_N,
+            V_SLOTS_INNER,
         )
         if V_IN_REGISTERS:  # see DecodeLaunch: the select keeps the tile out of byte reads
             v = tl.where(valid[:, None], v.to(q.dtype), 0.0).to(q.dtype)

@@ -26,12 +26,15 @@ _FP8_MAX = tl.constexpr(FP8_MAX)
 def kv_tile_blocks(
     block_table_row,  # pointer to this sequence's row of block_tables
     pos,  # [N] token positions in the sequence
-    valid,  # [N] positions that exist; the others are never dereferenced
+    hi,  # one past the last position of the range being read
     BLOCK_SIZE: tl.constexpr,
 ):
-    """The cache block (int64) holding each position: one gather, shared by K and V."""
+    """The cache block (int64) holding each position: one gather, shared by K and V. Read for
+    every position of a block that holds one below hi (such a block is in the table), so that
+    a slots-inner V tile (load_v_tile) addresses whole blocks."""
+    in_table = pos // BLOCK_SIZE < tl.cdiv(hi, BLOCK_SIZE)
     # int64: a large cache holds more than 2**31 elements.
-    return tl.load(block_table_row + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
+    return tl.load(block_table_row + pos // BLOCK_SIZE, mask=in_table, other=0).to(tl.int64)
 
 
 @triton.jit
@@ -58,6 +61,7 @@ def load_v_tile(
     stride_v_dim,
     HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
     V_SLOTS_INNER: tl.constexpr,
 ):
     """The [N, HEAD_DIM] V tile of the positions (0 where not valid, or see below).
@@ -71,7 +75,9 @@ def load_v_tile(
     dims = tl.arange(0, HEAD_DIM)
     offsets = v_rows[:, None] + dims[None, :] * stride_v_dim
     if V_SLOTS_INNER:
-        offsets = tl.max_contiguous(tl.multiple_of(offsets, [BLOCK_SIZE, 1]), [BLOCK_SIZE, 1])
+        # A tile starts on a multiple of BLOCK_N, so its runs are min(BLOCK_SIZE, BLOCK_N) long.
+        RUN: tl.constexpr = BLOCK_SIZE if BLOCK_SIZE < BLOCK_N else BLOCK_N
+        offsets = tl.max_contiguous(tl.multiple_of(offsets, [RUN, 1]), [RUN, 1])
         mask = pos // BLOCK_SIZE < tl.cdiv(hi, BLOCK_SIZE)
     else:
         mask = valid

@@ -86,7 +86,7 @@ def _attend(
     for start in range(lo, hi, BLOCK_N):
         pos = start + tl.arange(0, BLOCK_N)
         valid = pos < hi
-        blocks = kv_tile_blocks(block_table_row, pos, valid, BLOCK_SIZE)
+        blocks = kv_tile_blocks(block_table_row, pos, hi, BLOCK_SIZE)
         rows = kv_tile_offsets(
             blocks,
             pos,
@@ -111,7 +111,16 @@ def _attend(
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = load_v_tile(
-            v_cache_ptr, v_rows, pos, valid, hi, stride_v_dim, HEAD_DIM, BLOCK_SIZE, V_SLOTS_INNER
+            v_cache_ptr,
+            v_rows,
+            pos,
+            valid,
+            hi,
+            stride_v_dim,
+            HEAD_DIM,
+            BLOCK_SIZE,
+            BLOCK_N,
+            V_SLOTS_INNER,
         )
         if KV_FP8:
             v = v.to(q.dtype)
