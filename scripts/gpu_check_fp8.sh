@@ -1,20 +1,21 @@
 #!/usr/bin/env bash
 # Device calls (one H200) for the FP8 decode kernel and issues 13 and 16's FP8 targets:
-#   1. scripts/tune_decode.py --kv-cache-dtype fp8 --write-table (the launch the engine then uses);
-#      mm: scripts/tune_fp8_mm.py --write-table (cuBLASLt or the Triton FP8 GEMM per shape and
+#   tune: scripts/tune_decode.py --kv-cache-dtype fp8 --write-table (the per-batch launches and the
+#      value layout, rows or slots inner, the engine then uses; 48 launches, about 4 minutes);
+#   mm: scripts/tune_fp8_mm.py --write-table (cuBLASLt or the Triton FP8 GEMM per shape and
 #      rows, bulkgen/model/fp8_gemm_table.json; about 1-2 minutes), before the benches use it;
-#   2. the GPU tests but the long batch-invariant ones (unchanged here);
-#   3. trt (TRT_PROMPTS requests, default 500; TRT_TIMEOUT_S, default 230, for all three): bf16
-#      auto, FP8 KV auto, FP8 weights+KV auto (400 requests took 120 s at 00df254);
-#   4. bulk (512 prompts) bf16 against FP8; blog bf16 against FP8;
-#   5. diagnostics: host time per step at 256 rows x 2K (bench_host.py), FP8 GEMMs against bf16
-#      by batch size (bench_fp8_mm.py), silu_and_mul_fp8's one- and two-pass kernels
+#   tests: the GPU tests but the long batch-invariant ones (about 2 minutes);
+#   trt (TRT_PROMPTS requests, default 500; TRT_TIMEOUT_S, default 230, for all three): bf16
+#      auto, FP8 KV auto, FP8 weights+KV auto (600 requests took about 60 s a run at 019f465);
+#   bulk (512 prompts) bf16 against FP8; blog bf16 against FP8;
+#   diag: host time per step at 256 rows x 2K (bench_host.py), FP8 GEMMs against bf16 by batch
+#      size (bench_fp8_mm.py), the FP8 activation kernels' one- and two-pass forms
 #      (bench_fp8_fused.py), a kernel profile of blog FP8 (its wall_s is no measurement).
 # Every step has its own timeout; bench lines are appended to $OUT/bench.jsonl as each finishes
-# (at most 8 files come back). All steps take about 11 minutes, more than one call: STEPS picks.
-#   GIT_COMMIT=abc1234 STEPS="tune tests trt" scripts/gpu_check_fp8.sh   # about 9 minutes
-#   GIT_COMMIT=abc1234 STEPS="tune bulk blog diag" scripts/gpu_check_fp8.sh
-#   GIT_COMMIT=abc1234 STEPS="mm blog bulk" scripts/gpu_check_fp8.sh   # the FP8 GEMM table
+# (at most 8 files come back). All steps take more than one call (600 s): STEPS picks. A fresh
+# machine costs about a minute of device time before the command starts.
+#   GIT_COMMIT=abc1234 STEPS="tune tests" scripts/gpu_check_fp8.sh      # about 7 minutes
+#   GIT_COMMIT=abc1234 STEPS="bulk blog trt" scripts/gpu_check_fp8.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
