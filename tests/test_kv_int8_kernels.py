@@ -1,0 +1,166 @@
+"""The Triton kernels over an int8 KV cache (kv_int8.py) agree with the torch reference backend.
+
+Under the Triton interpreter (no CUDA) on tiny shapes; on the GPU (marked gpu) at the 8B shape.
+The write kernel must store what kv_int8.quantize stores, bit for bit (values and scales). The
+attention kernels read caches quantized by the reference, whose rows have scales spread over
+three orders of magnitude, so a key or value scale lost, applied twice, to the wrong slot or to
+the wrong one of K and V shows.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest  # noqa: E402
+from test_triton_kernels import DEVICE, metadata, nan_buffers, paged_kv, rel_err  # noqa: E402, F401
+
+from bulkgen.model.attention import (  # noqa: E402
+    decode_tiling,
+    torch_backend,
+    triton_backend,
+    triton_decode,
+    triton_invariant,
+)
+from bulkgen.model.attention.kv_int8 import INT8_DTYPE, quantize  # noqa: E402
+from bulkgen.model.attention.triton_decode import paged_decode  # noqa: E402
+
+TOLERANCE = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 1e-2}
+gpu = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+pytestmark = pytest.mark.usefixtures("nan_buffers")
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+def int8_paged_kv(seq_lens, block_size, num_kv_heads, head_dim):
+    """paged_kv's layout quantized by the reference: (k, v, k_scales, v_scales, block_tables).
+    Rows are multiplied by 10**U(-2, 1), so their scales differ per token and head; unowned
+    slots hold NaN scales (a kernel that reads one shows)."""
+    k, v, block_tables = paged_kv(seq_lens, block_size, num_kv_heads, head_dim, torch.float32)
+    out = []
+    for x in (k, v):
+        x = x * 10 ** (torch.rand(*x.shape[:3], 1, device=DEVICE) * 3 - 2)
+        q, scale = quantize(torch.nan_to_num(x))
+        out.append((q, torch.where(x.isnan().any(-1), float("nan"), scale)))
+    (k8, k_scales), (v8, v_scales) = out
+    return k8, v8, k_scales, v_scales, block_tables
+
+
+def check_prefill(seq_lens, query_lens, num_kv_heads, group, head_dim, block_size, dtype, backend):
+    k8, v8, k_s, v_s, block_tables = int8_paged_kv(seq_lens, block_size, num_kv_heads, head_dim)
+    meta = metadata(seq_lens, query_lens, block_tables)
+    q = torch.randn(sum(query_lens), num_kv_heads * group, head_dim, device=DEVICE).to(dtype)
+    args = (q, k8, v8, meta, head_dim**-0.5, k_s, v_s)
+    out = backend.paged_attention(*args)
+    ref = torch_backend.paged_attention(*args)
+    assert out.dtype == q.dtype and out.shape == q.shape
+    assert rel_err(out, ref) < TOLERANCE[dtype]
+
+
+def check_decode(seq_lens, num_kv_heads, group, head_dim, block_size, dtype, num_splits=None):
+    k8, v8, k_s, v_s, block_tables = int8_paged_kv(seq_lens, block_size, num_kv_heads, head_dim)
+    meta = metadata(seq_lens, [1] * len(seq_lens), block_tables, decode_only=True)
+    q = torch.randn(len(seq_lens), num_kv_heads * group, head_dim, device=DEVICE).to(dtype)
+    scale = head_dim**-0.5
+    out = paged_decode(
+        q, k8, v8, meta.seq_lens, block_tables, scale, num_splits, k_scale=k_s, v_scale=v_s
+    )
+    ref = torch_backend.paged_attention(q, k8, v8, meta, scale, k_s, v_s)
+    assert out.dtype == q.dtype and out.shape == q.shape
+    assert rel_err(out, ref) < TOLERANCE[dtype]
+
+
+def check_write(num_tokens, num_kv_heads, head_dim, block_size, dtype):
+    num_blocks = -(-num_tokens // block_size) + 2
+    k = torch.randn(num_tokens, num_kv_heads, head_dim, device=DEVICE) * 10 ** torch.randn(
+        num_tokens, num_kv_heads, 1, device=DEVICE
+    )
+    v = torch.randn(num_tokens, num_kv_heads, head_dim, device=DEVICE)
+    k[1, 0] = 0.0  # a zero row: scale 1, values 0
+    k[2, 0, :4] = torch.tensor([2.5, -0.5, 127.0, 1.5])  # scale 1: exact ties round to even
+    k[2, 0, 4:] = 0.0
+    k, v = k.to(dtype), v.to(dtype)
+    slots = torch.randperm(num_blocks * block_size, device=DEVICE)[:num_tokens]
+    slots[3] = -1  # a padding row of a CUDA-graph batch
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    caches = [torch.randint(-127, 128, shape, dtype=INT8_DTYPE, device=DEVICE) for _ in "kv"]
+    caches += [torch.rand(shape[:3], device=DEVICE) for _ in "kv"]
+    ref = [c.clone() for c in caches]
+    k_cache, v_cache, k_scales, v_scales = caches
+    triton_backend.write_kv(k, v, k_cache, v_cache, slots, k_scales, v_scales)
+    torch_backend.write_kv(k, v, ref[0], ref[1], slots, ref[2], ref[3])
+    for got, want in zip(caches, ref, strict=True):
+        assert torch.equal(got, want)
+    row = k_cache.view(-1, num_kv_heads, head_dim)[slots[2], 0]
+    assert row[:4].tolist() == [2, 0, 127, 2]
+    assert k_scales.view(-1, num_kv_heads)[slots[1], 0] == 1.0
+    assert not k_cache.view(-1, num_kv_heads, head_dim)[slots[1], 0].any()
+
+
+# ---- CPU (interpreter) and GPU: tiny shapes -------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("num_kv_heads", [1, 3])
+def test_write_kv_stores_the_references_int8_values_and_scales_bit_for_bit(dtype, num_kv_heads):
+    check_write(9, num_kv_heads, 16, 4, dtype)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3, 8])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_decode_over_int8_cache_matches_reference(num_splits, dtype):
+    check_decode([1, 2, 63, 64, 65, 300, 9], 2, 4, 32, 4, dtype, num_splits)
+
+
+@pytest.mark.parametrize("block_n, block_size", [(32, 4), (128, 16), (32, 64)])
+def test_decode_over_int8_cache_matches_reference_with_other_tiles(monkeypatch, block_n, block_size):
+    launch = decode_tiling.DecodeLaunch(block_n)
+    monkeypatch.setattr(triton_decode, "decode_launch", lambda *_: launch)
+    check_decode([1, 70, 300, 9], 2, 4, 32, block_size, torch.float16, 3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("group, head_dim, block_size", [(1, 16, 4), (4, 32, 8), (3, 16, 4)])
+def test_prefill_over_int8_cache_matches_reference(dtype, group, head_dim, block_size):
+    # A full prompt, a decode row, a chunk after cached (prefix) context, a chunk longer than a
+    # query tile.
+    seq_lens, query_lens = [23, 1, 40, 9, 150], [23, 1, 13, 1, 70]
+    check_prefill(seq_lens, query_lens, 2, group, head_dim, block_size, dtype, triton_backend)
+
+
+def test_batch_invariant_attention_over_int8_cache_matches_reference():
+    seq_lens, query_lens = [23, 1, 40, 9], [23, 1, 13, 1]
+    check_prefill(seq_lens, query_lens, 2, 4, 32, 8, torch.float16, triton_invariant)
+
+
+# ---- GPU only: the 8B attention shape ---------------------------------------------------------
+
+
+@gpu
+@needs_cuda
+def test_gpu_write_kv_matches_torch_at_the_8b_shape():
+    check_write(300, 8, 128, 16, torch.bfloat16)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("num_splits", [None, 1, 5])
+def test_gpu_int8_decode_matches_reference(num_splits):
+    check_decode([1, 2, 15, 16, 17, 1000, 8191], 8, 4, 128, 16, torch.bfloat16, num_splits)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("invariant", [False, True])
+def test_gpu_int8_prefill_matches_reference(invariant):
+    seq_lens, query_lens = [1, 17, 300, 2048, 4097], [1, 17, 100, 2048, 1000]
+    backend = triton_invariant if invariant else triton_backend
+    check_prefill(seq_lens, query_lens, 8, 4, 128, 16, torch.bfloat16, backend)
