@@ -121,7 +121,9 @@ def test_decode_over_int8_cache_matches_reference(num_splits, dtype):
 
 
 @pytest.mark.parametrize("block_n, block_size", [(32, 4), (128, 16), (32, 64)])
-def test_decode_over_int8_cache_matches_reference_with_other_tiles(monkeypatch, block_n, block_size):
+def test_decode_over_int8_cache_matches_reference_with_other_tiles(
+    monkeypatch, block_n, block_size
+):
     launch = decode_tiling.DecodeLaunch(block_n)
     monkeypatch.setattr(triton_decode, "decode_launch", lambda *_: launch)
     check_decode([1, 70, 300, 9], 2, 4, 32, block_size, torch.float16, 3)
