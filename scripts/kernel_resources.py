@@ -1,5 +1,6 @@
 """Registers, spills, shared memory and the occupancy they allow, of the decode kernel's launches
-(bf16, fp8 and int8 caches) and silu_and_mul_fp8's kernels, compiled for sm_90 without a GPU (Triton's bundled ptxas).
+(bf16, fp8 and int8 caches) and silu_and_mul_fp8's kernels, compiled for sm_90 without a GPU
+(Triton's bundled ptxas).
 
     PYTHONPATH=. python scripts/kernel_resources.py
 

@@ -179,3 +179,37 @@ def test_kv_cache_dtype_int8_is_a_flag_a_recipe_field_and_lands_in_stats_json(
     stats = json.loads((out / "stats.json").read_text())
     assert stats["kv_cache_dtype"] == "int8"
     assert stats["kv_capacity_tokens"] == stats["kv_blocks"] * stats["block_size"] > 0
+
+
+# ---- GPU: the engine with Triton kernels and CUDA graphs --------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_int8_engine_matches_the_cpu_int8_reference(tiny_model_dir):
+    from test_engine import PROMPTS, encode_all
+
+    ids = encode_all(tiny_model_dir, PROMPTS)
+    kw = dict(dtype="float32", kv_cache_dtype="int8", num_blocks=64, max_num_seqs=8)
+    llm = LLM(str(tiny_model_dir), device="cuda", **kw)
+    assert llm.engine.runner.graphs is not None, "decode steps must replay CUDA graphs"
+    assert llm.engine.stats["kv_cache_dtype"] == "int8"
+    gpu = llm.generate(ids, greedy(16))
+    cpu = LLM(str(tiny_model_dir), device="cpu", **kw).generate(ids, greedy(16))
+    same = sum(a.token_ids == b.token_ids for a, b in zip(gpu, cpu, strict=True))
+    assert same >= 8, "an fp32 key a few ulps apart may round to the other int8 value, rarely"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("batch_invariant", [False, True])
+def test_gpu_int8_kv_greedy_mostly_agrees_with_bf16_kv(tiny_model_dir, batch_invariant):
+    from test_engine import PROMPTS, encode_all
+
+    ids = encode_all(tiny_model_dir, PROMPTS)
+    kw = dict(dtype="bfloat16", device="cuda", max_num_seqs=16, batch_invariant=batch_invariant)
+    bf16 = LLM(str(tiny_model_dir), **kw)
+    int8 = LLM(str(tiny_model_dir), kv_cache_dtype="int8", **kw)
+    a, b = bf16.generate(ids, greedy(8)), int8.generate(ids, greedy(8))
+    first = sum(x.token_ids[0] == y.token_ids[0] for x, y in zip(a, b, strict=True))
+    assert first >= 0.8 * len(ids), (first, [x.token_ids for x in a], [y.token_ids for y in b])
