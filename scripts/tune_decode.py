@@ -85,7 +85,7 @@ def sweep(fp8: bool, kv_dtype: torch.dtype) -> tuple[list[float], dict[str, list
     def shapes(dtype, slots_inner: bool = False) -> dict:
         inputs = {}
         for s in SHAPES:
-            q, k, v, meta = paged_inputs([s[1]] * s[0], [1] * s[0], True, dtype)
+            q, k, v, meta, _ = paged_inputs([s[1]] * s[0], [1] * s[0], True, dtype)  # scales 1.0
             inputs[s] = (q, k, to_slots_inner(v) if slots_inner else v, meta)
         return inputs
 
