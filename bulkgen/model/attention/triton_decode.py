@@ -26,8 +26,7 @@ multiply in the loop, and no overflow for any |q| below 65504 / qk_scale), and a
 tiles are twice as many tokens (decode_launch) so that each step of the loop reads as many
 bytes as a bf16 tile: at the same tokens per tile the fp8 kernel was latency-bound, as slow as
 bf16 at half the bytes (H200, bulk run profile at ec92f71: 12.1 vs 12.2 ms of attention a step).
-An int8 cache (KV_INT8, kv_int8.py) is read as in the prefill kernel (scales per token and kv
-head loaded with each tile), on fp16 operands (exact: |q| <= 127) with the fp8 launches.
+An int8 cache (KV_INT8) is read as in triton_prefill.py, on fp16 operands with fp8's launches.
 Values may be stored slots inner (kv_layout.py, V_SLOTS_INNER: V's strides are arguments of
 their own), which keeps an fp8 V tile out of byte-wise shared-memory reads without
 v_in_registers.
@@ -49,6 +48,7 @@ from bulkgen.model.attention.triton_kv import (
     kv_tile_offsets,
     load_scales,
     load_v_tile,
+    scale_weights,
 )
 
 LOG2E = 1.4426950408889634
@@ -124,14 +124,9 @@ def _decode_split_kernel(
         valid = pos < hi
         blocks = kv_tile_blocks(block_table_row, pos, hi, BLOCK_SIZE)
         rows = kv_tile_offsets(
-            blocks,
-            pos,
-            kv_head,
-            stride_cache_block,
-            stride_cache_slot,
-            stride_cache_head,
+            blocks, pos, kv_head, stride_cache_block, stride_cache_slot, stride_cache_head,
             BLOCK_SIZE,
-        )
+        )  # fmt: skip
         v_rows = kv_tile_offsets(
             blocks, pos, kv_head, stride_v_block, stride_v_slot, stride_v_head, BLOCK_SIZE
         )
@@ -154,23 +149,19 @@ def _decode_split_kernel(
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = load_v_tile(
-            v_cache_ptr,
-            v_rows,
-            pos,
-            valid,
-            hi,
-            stride_v_dim,
-            HEAD_DIM,
-            BLOCK_SIZE,
-            BLOCK_N,
+            v_cache_ptr, v_rows, pos, valid, hi, stride_v_dim, HEAD_DIM, BLOCK_SIZE, BLOCK_N,
             V_SLOTS_INNER,
-        )
+        )  # fmt: skip
         if V_IN_REGISTERS:  # see DecodeLaunch: the select keeps the tile out of byte reads
             v = tl.where(valid[:, None], v.to(q.dtype), 0.0).to(q.dtype)
         elif KV_FP8 or KV_INT8:
             v = v.to(q.dtype)
-        p_v = p * v_s[None, :] if KV_INT8 else p
-        acc = acc * alpha[:, None] + tl.dot(p_v.to(v.dtype), v, input_precision=DOT_PRECISION)
+        if KV_INT8:
+            p_v, v_top = scale_weights(p, v_s)
+            p_v = tl.dot(p_v.to(v.dtype), v, input_precision=DOT_PRECISION) * v_top
+        else:
+            p_v = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        acc = acc * alpha[:, None] + p_v
         m_i = m_new
 
     # An empty split (or a padding row with seq_len 0) has l_i == 0: write out = 0, lse = -inf.

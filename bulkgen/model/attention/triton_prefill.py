@@ -18,10 +18,9 @@ which need no mask, then the few that cross the causal diagonal.
 
 An fp8 cache (KV_FP8) is cast to the query's dtype as each tile is loaded; its layer scales are
 folded out of the loop (k_scale into qk_scale, v_scale into the final normalisation). An int8
-cache (KV_INT8) is cast likewise (exact: |q| <= 127), and its scales per (token, kv head) are
-loaded with each tile: the scores times the key scales per column, the softmax weights times
-the value scales per column in the P @ V product only (l_i sums the unscaled weights).
-Tilings: prefill_tiling.py.
+cache (KV_INT8) is cast likewise (exact) and its scales per (token, kv head) loaded with each
+tile: the scores times the key scales per column, the weights times the value scales in P @ V
+only (triton_kv.scale_weights; l_i sums the unscaled weights). Tilings: prefill_tiling.py.
 """
 
 from __future__ import annotations
@@ -40,6 +39,7 @@ from bulkgen.model.attention.triton_kv import (
     kv_tile_offsets,
     load_scales,
     load_v_tile,
+    scale_weights,
 )
 
 __all__ = ["invariant_tiles", "paged_prefill", "prefill_tiles"]
@@ -88,14 +88,9 @@ def _attend(
         valid = pos < hi
         blocks = kv_tile_blocks(block_table_row, pos, hi, BLOCK_SIZE)
         rows = kv_tile_offsets(
-            blocks,
-            pos,
-            kv_head,
-            stride_cache_block,
-            stride_cache_slot,
-            stride_cache_head,
+            blocks, pos, kv_head, stride_cache_block, stride_cache_slot, stride_cache_head,
             BLOCK_SIZE,
-        )
+        )  # fmt: skip
         v_rows = kv_tile_offsets(
             blocks, pos, kv_head, stride_v_block, stride_v_slot, stride_v_head, BLOCK_SIZE
         )
@@ -117,21 +112,17 @@ def _attend(
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = load_v_tile(
-            v_cache_ptr,
-            v_rows,
-            pos,
-            valid,
-            hi,
-            stride_v_dim,
-            HEAD_DIM,
-            BLOCK_SIZE,
-            BLOCK_N,
+            v_cache_ptr, v_rows, pos, valid, hi, stride_v_dim, HEAD_DIM, BLOCK_SIZE, BLOCK_N,
             V_SLOTS_INNER,
-        )
+        )  # fmt: skip
         if KV_FP8 or KV_INT8:
             v = v.to(q.dtype)
-        p_v = p * v_s[None, :] if KV_INT8 else p
-        acc = acc * alpha[:, None] + tl.dot(p_v.to(v.dtype), v, input_precision=DOT_PRECISION)
+        if KV_INT8:
+            p_v, v_top = scale_weights(p, v_s)
+            p_v = tl.dot(p_v.to(v.dtype), v, input_precision=DOT_PRECISION) * v_top
+        else:
+            p_v = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        acc = acc * alpha[:, None] + p_v
         m_i = m_new
     return acc, l_i, m_i
 
@@ -151,7 +142,7 @@ def _prefill_kernel(
     num_seqs,
     qk_scale,  # softmax scale * log2(e) (* k_scale for an fp8 cache)
     v_scale,  # an fp8 cache's value scale
-    k_scales_ptr,  # an int8 cache's scales [num_blocks, block_size, Hkv] (else unused)
+    k_scales_ptr,  # an int8 cache's [num_blocks, block_size, Hkv] scales (else unused)
     v_scales_ptr,
     stride_scale_block,
     stride_scale_slot,
