@@ -180,6 +180,23 @@ def test_batch_invariant_attention_over_int8_cache_matches_reference():
     check_prefill(seq_lens, query_lens, 2, 4, 32, 8, torch.float16, triton_invariant)
 
 
+def test_the_invariant_kernel_gives_a_row_the_same_bits_in_a_prefill_and_decoded_alone():
+    """A row's weights are normalised by the value scales of the keys it sees only: position
+    100's output from a whole prefill (where the later positions of its K/V tile are cached and
+    read) equals, bit for bit, its output decoded alone over the first 101 positions."""
+    length, pos, scale = 150, 100, 32**-0.5
+    k8, v8, k_s, v_s, block_tables = int8_paged_kv([length], 16, 2, 32)
+    # The next positions (of its query tile, which a prefill reads) hold the largest values.
+    later = torch.arange(pos + 1, pos + 4, device=DEVICE)
+    v_s[block_tables[0, later // 16].long(), later % 16] = 10 * v_s.nan_to_num().max()
+    q = torch.randn(length, 8, 32, device=DEVICE).half()
+    meta = metadata([length], [length], block_tables)
+    whole = triton_invariant.paged_attention(q, k8, v8, meta, scale, k_s, v_s)
+    meta = metadata([pos + 1], [1], block_tables, decode_only=True)
+    alone = triton_invariant.paged_attention(q[pos : pos + 1], k8, v8, meta, scale, k_s, v_s)
+    assert torch.equal(whole[pos], alone[0])
+
+
 # ---- GPU only: the 8B attention shape ---------------------------------------------------------
 
 

@@ -157,7 +157,7 @@ def _decode_split_kernel(
         elif KV_FP8 or KV_INT8:
             v = v.to(q.dtype)
         if KV_INT8:
-            p_v, v_top = scale_weights(p, v_s)
+            p_v, v_top = scale_weights(p, v_s, valid[None, :])
             p_v = tl.dot(p_v.to(v.dtype), v, input_precision=DOT_PRECISION) * v_top
         else:
             p_v = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)

@@ -90,13 +90,16 @@ def load_scales(
 
 
 @triton.jit
-def scale_weights(p, v_s):
-    """(P times the value scales per column over the tile's largest scale, that largest scale):
-    P @ V of an int8 tile is (p_v @ v) * top. Dividing by the largest keeps p_v in [0, 1], where
-    an fp16 operand has its full precision: p * v_s alone falls into fp16's subnormals when the
-    values are small (|v| ~ 1e-3: 4-9x the error of unit values in an interpreter test)."""
-    top = tl.max(v_s, axis=0)  # > 0: a tile has a valid position, whose scale is positive
-    return p * (v_s * (1.0 / top))[None, :], top
+def scale_weights(p, v_s, visible):
+    """(P times the value scales per column over each row's largest visible one, that scale
+    [rows, 1]): P @ V of an int8 tile is (p_v @ v) * top. Dividing keeps p_v in [0, 1], where an
+    fp16 operand has its full precision: p * v_s alone falls into fp16's subnormals when the
+    values are small (|v| ~ 1e-3: 4-9x the error of unit values in an interpreter test). Per row
+    over the keys it sees (visible: [rows or 1, N]), so that a row's arithmetic does not depend
+    on keys past its position (the batch-invariant prefill: triton_invariant.py)."""
+    top = tl.max(tl.where(visible, v_s[None, :], 0.0), axis=1)
+    top = tl.where(top > 0, top, 1.0)  # a row that sees no key of this tile: p is 0 there
+    return p * v_s[None, :] * (1.0 / top)[:, None], top[:, None]
 
 
 @triton.jit

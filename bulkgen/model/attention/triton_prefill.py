@@ -104,8 +104,10 @@ def _attend(
                 stride_scale_block, stride_scale_slot, BLOCK_SIZE,
             )  # fmt: skip
             s = s * k_s[None, :]
+        visible = valid[None, :]
         if CAUSAL:
-            s = tl.where(valid[None, :] & (pos[None, :] <= q_pos[:, None]), s, float("-inf"))
+            visible = visible & (pos[None, :] <= q_pos[:, None])
+            s = tl.where(visible, s, float("-inf"))
         # Position 0 is in every row's first tile, so m_new is finite from the first tile on.
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         p = tl.exp2(s - m_new[:, None])
@@ -118,7 +120,7 @@ def _attend(
         if KV_FP8 or KV_INT8:
             v = v.to(q.dtype)
         if KV_INT8:
-            p_v, v_top = scale_weights(p, v_s)
+            p_v, v_top = scale_weights(p, v_s, visible)
             p_v = tl.dot(p_v.to(v.dtype), v, input_precision=DOT_PRECISION) * v_top
         else:
             p_v = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
