@@ -180,21 +180,25 @@ def test_batch_invariant_attention_over_int8_cache_matches_reference():
     check_prefill(seq_lens, query_lens, 2, 4, 32, 8, torch.float16, triton_invariant)
 
 
+def check_invariant_row(length, pos, num_kv_heads, group, head_dim, block_size, dtype):
+    k8, v8, k_s, v_s, block_tables = int8_paged_kv([length], block_size, num_kv_heads, head_dim)
+    # The next positions (of its query tile, which a prefill reads) hold the largest values.
+    later = torch.arange(pos + 1, pos + 4, device=DEVICE)
+    largest = 10 * v_s.nan_to_num().max()
+    v_s[block_tables[0, later // block_size].long(), later % block_size] = largest
+    q = torch.randn(length, num_kv_heads * group, head_dim, device=DEVICE).to(dtype)
+    args = (k8, v8, metadata([length], [length], block_tables), head_dim**-0.5, k_s, v_s)
+    whole = triton_invariant.paged_attention(q, *args)
+    meta = metadata([pos + 1], [1], block_tables, decode_only=True)
+    alone = triton_invariant.paged_attention(q[pos : pos + 1], *(k8, v8, meta, *args[3:]))
+    assert torch.equal(whole[pos], alone[0])
+
+
 def test_the_invariant_kernel_gives_a_row_the_same_bits_in_a_prefill_and_decoded_alone():
     """A row's weights are normalised by the value scales of the keys it sees only: position
     100's output from a whole prefill (where the later positions of its K/V tile are cached and
     read) equals, bit for bit, its output decoded alone over the first 101 positions."""
-    length, pos, scale = 150, 100, 32**-0.5
-    k8, v8, k_s, v_s, block_tables = int8_paged_kv([length], 16, 2, 32)
-    # The next positions (of its query tile, which a prefill reads) hold the largest values.
-    later = torch.arange(pos + 1, pos + 4, device=DEVICE)
-    v_s[block_tables[0, later // 16].long(), later % 16] = 10 * v_s.nan_to_num().max()
-    q = torch.randn(length, 8, 32, device=DEVICE).half()
-    meta = metadata([length], [length], block_tables)
-    whole = triton_invariant.paged_attention(q, k8, v8, meta, scale, k_s, v_s)
-    meta = metadata([pos + 1], [1], block_tables, decode_only=True)
-    alone = triton_invariant.paged_attention(q[pos : pos + 1], k8, v8, meta, scale, k_s, v_s)
-    assert torch.equal(whole[pos], alone[0])
+    check_invariant_row(150, 100, 2, 4, 32, 16, torch.float16)
 
 
 # ---- GPU only: the 8B attention shape ---------------------------------------------------------
@@ -211,6 +215,12 @@ def test_gpu_write_kv_matches_torch_at_the_8b_shape():
 @pytest.mark.parametrize("num_splits", [None, 1, 5])
 def test_gpu_int8_decode_matches_reference(num_splits):
     check_decode([1, 2, 15, 16, 17, 1000, 8191], 8, 4, 128, 16, torch.bfloat16, num_splits)
+
+
+@gpu
+@needs_cuda
+def test_gpu_invariant_kernel_gives_a_row_the_same_bits_in_a_prefill_and_decoded_alone():
+    check_invariant_row(3000, 2000, 8, 4, 128, 16, torch.bfloat16)
 
 
 @gpu
