@@ -19,6 +19,7 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 from test_triton_kernels import DEVICE, metadata, nan_buffers, paged_kv, rel_err  # noqa: E402, F401
 
+from bulkgen import LLM, SamplingParams  # noqa: E402
 from bulkgen.model.attention import (  # noqa: E402
     decode_tiling,
     torch_backend,
@@ -230,3 +231,28 @@ def test_gpu_int8_prefill_matches_reference(invariant):
     seq_lens, query_lens = [1, 17, 300, 2048, 4097], [1, 17, 100, 2048, 1000]
     backend = triton_invariant if invariant else triton_backend
     check_prefill(seq_lens, query_lens, 8, 4, 128, 16, torch.bfloat16, backend)
+
+
+# ---- the engine through the Triton kernels (the interpreter on the CPU) -----------------------
+
+
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="on CUDA: test_kv_int8.py's engine tests (rounding differs)"
+)
+@pytest.mark.parametrize("batch_invariant", [False, True])
+def test_engine_through_the_triton_kernels_generates_what_the_torch_backend_does(
+    tiny_model_dir, batch_invariant
+):
+    """Writes, decode and prefill over an int8 cache inside whole engine steps (chunked prefill,
+    batches of mixed lengths): the same greedy tokens as the torch reference backend."""
+    from test_engine import PROMPTS, encode_all
+
+    ids = encode_all(tiny_model_dir, PROMPTS)
+    kw = dict(dtype="float32", kv_cache_dtype="int8", num_blocks=64, max_num_seqs=8)
+    kw |= dict(max_batch_tokens=32, batch_invariant=batch_invariant)
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    triton_llm = LLM(str(tiny_model_dir), device="cpu", attention="triton", **kw)
+    assert triton_llm.engine.runner.attention.name.startswith("triton")
+    got = triton_llm.generate(ids, params)
+    ref = LLM(str(tiny_model_dir), device="cpu", attention="torch", **kw).generate(ids, params)
+    assert [o.token_ids for o in got] == [o.token_ids for o in ref]
