@@ -181,7 +181,9 @@ GPU_SHAPES = [
 
 @gpu
 @needs_cuda
-@pytest.mark.parametrize("shape", GPU_SHAPES)
+@pytest.mark.parametrize(
+    "shape", [*GPU_SHAPES, pytest.param(Shape(8, 4, 128, 16, bf16, torch.int8), id="int8-cache")]
+)
 def test_gpu_every_step_kind_gives_the_same_rows_at_the_8b_shape(shape):
     backend = get_backend("triton", DEVICE, batch_invariant=True)
     length = 3000
