@@ -181,6 +181,15 @@ def test_kv_cache_dtype_int8_is_a_flag_a_recipe_field_and_lands_in_stats_json(
     assert stats["kv_capacity_tokens"] == stats["kv_blocks"] * stats["block_size"] > 0
 
 
+def test_two_tensor_parallel_ranks_with_int8_give_the_tokens_of_one_process(tiny_model_dir):
+    """Each rank holds its own kv heads' int8 values and scales (the scales are per head, so a
+    split changes none of them)."""
+    from test_tensor_parallel import greedy_tokens
+
+    one = greedy_tokens(tiny_model_dir, kv_cache_dtype="int8")
+    assert greedy_tokens(tiny_model_dir, kv_cache_dtype="int8", tensor_parallel=2) == one
+
+
 # ---- GPU: the engine with Triton kernels and CUDA graphs --------------------------------------
 
 
