@@ -9,6 +9,7 @@ the wrong one of K and V shows.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -231,6 +232,19 @@ def test_gpu_int8_prefill_matches_reference(invariant):
     seq_lens, query_lens = [1, 17, 300, 2048, 4097], [1, 17, 100, 2048, 1000]
     backend = triton_invariant if invariant else triton_backend
     check_prefill(seq_lens, query_lens, 8, 4, 128, 16, torch.bfloat16, backend)
+
+
+def test_an_int8_cache_takes_its_own_measured_launches_else_fp8s(monkeypatch):
+    """The same bytes a token as fp8: its launches until tune_decode.py --kv-cache-dtype int8
+    has measured int8's own."""
+    launch = functools.partial(decode_tiling.decode_launch, 128, True, 32)
+    fp8 = {"block_n": 128, "v_in_registers": True}
+    monkeypatch.setattr(decode_tiling, "measured_launches", lambda: {"fp8": {"128": fp8}})
+    assert launch("int8") == launch() == decode_tiling.DecodeLaunch(128, v_in_registers=True)
+    table = {"fp8": {"128": fp8}, "int8": {"128": {"block_n": 64}}}
+    monkeypatch.setattr(decode_tiling, "measured_launches", lambda: table)
+    assert launch("int8") == decode_tiling.DecodeLaunch(64)
+    assert launch() == decode_tiling.DecodeLaunch(128, v_in_registers=True)
 
 
 # ---- the engine through the Triton kernels (the interpreter on the CPU) -----------------------

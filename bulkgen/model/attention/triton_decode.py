@@ -237,7 +237,7 @@ def paged_decode(
     group = num_q_heads // num_kv_heads
     fp8 = is_fp8(k_cache)
     scale_args, int8 = int8_scale_args(k_cache, v_cache, k_scale, v_scale)
-    launch = launch or decode_launch(head_dim, fp8 or int8, batch)
+    launch = launch or decode_launch(head_dim, fp8 or int8, batch, "int8" if int8 else "fp8")
     block_n = launch.block_n
     if num_splits is None:
         max_context = block_tables.shape[1] * block_size
