@@ -186,7 +186,8 @@ class EngineConfig:
     output_reserve: float | None = None
     max_model_len: int | None = None
     attention: str = "auto"  # auto | torch | triton
-    kv_cache_dtype: str = "auto"  # auto (the model's dtype) | fp8 (e4m3: twice the tokens)
+    # auto (the model's dtype) | fp8 (e4m3: twice the tokens) | int8 (a scale per token and head)
+    kv_cache_dtype: str = "auto"
     async_loop: bool = True
     cuda_graphs: bool = True
     prefix_cache: bool = True
@@ -219,8 +220,10 @@ class EngineConfig:
             raise ValueError(f"max_model_len must be >= 2 tokens, got {self.max_model_len}")
         if self.attention not in ("auto", "torch", "triton"):
             raise ValueError(f"attention must be auto, torch or triton, got {self.attention!r}")
-        if self.kv_cache_dtype not in ("auto", "fp8"):
-            raise ValueError(f"kv_cache_dtype must be auto or fp8, got {self.kv_cache_dtype!r}")
+        if self.kv_cache_dtype not in ("auto", "fp8", "int8"):
+            raise ValueError(
+                f"kv_cache_dtype must be auto, fp8 or int8, got {self.kv_cache_dtype!r}"
+            )
         if self.load_format not in ("auto", "safetensors", "dummy"):
             raise ValueError(
                 f"load_format must be auto, safetensors or dummy, got {self.load_format!r}"

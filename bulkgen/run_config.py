@@ -46,7 +46,7 @@ class RunConfig:
     max_model_len: int | None = None  # None: the model's own context length
     load_format: str = "auto"  # dummy: random weights of the model's shape (benchmarks)
     quantization: str | None = None  # fp8: quantize the weights at load
-    kv_cache_dtype: str = "auto"  # fp8: an e4m3 KV cache, twice the tokens (Ada/Hopper GPUs)
+    kv_cache_dtype: str = "auto"  # fp8 (e4m3, Ada/Hopper GPUs) or int8: about twice the tokens
     sync: bool = False
     quiet: bool = False
     overwrite: bool = False

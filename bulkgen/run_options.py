@@ -236,11 +236,13 @@ _OPTIONS = [
     ),
     click.option(
         "--kv-cache-dtype",
-        type=click.Choice(["auto", "fp8"]),
+        type=click.Choice(["auto", "fp8", "int8"]),
         default="auto",
         show_default=True,
         help="KV cache element type. auto: the model's dtype; fp8: float8 e4m3 with a scale per "
-        "layer, twice the tokens in the same memory (needs an Ada or Hopper GPU or newer).",
+        "layer, twice the tokens in the same memory (needs an Ada or Hopper GPU or newer); int8: "
+        "int8 with a scale per token and KV head, more accurate than fp8, about twice the tokens "
+        "(any device).",
     ),
     click.option(
         "--batch-invariant",

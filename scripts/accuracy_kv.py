@@ -1,18 +1,22 @@
-"""Teacher-forced accuracy of the FP8 KV cache against the model's own dtype; one JSON line.
+"""Teacher-forced accuracy of the FP8 and int8 KV caches against the model's own dtype.
 
     PYTHONPATH=. python scripts/accuracy_kv.py [--model smollm2-135m] [--device cuda] [--texts 42]
+        [--kv-cache-dtype fp8,int8]
 
+One JSON line per cache dtype, over the same texts and reference.
 The fixed text set: the demo prompts (examples/prompts.jsonl) in the model's chat template,
 each followed by the model's own greedy answer (--answer-tokens, generated with the model's
 dtype in the KV cache). Each text then runs through the model once per cache dtype as one
 prefill, whose attention reads every key and value back from the paged cache (write, then
-attend), so position t's next-token distribution is computed from stored, and for fp8 rounded,
-keys and values of positions 0..t. Reported over every position: top-1 agreement (the argmax
-is the same) and the mean KL divergence KL(reference || fp8) of the next-token distributions,
+attend), so position t's next-token distribution is computed from stored, and for fp8 or int8
+rounded, keys and values of positions 0..t. Reported over every position: top-1 agreement (the
+argmax is the same) and the mean KL divergence KL(reference || cache) of the next-token
+distributions,
 and the top-1 agreement over the positions that predict the answers' tokens alone.
 
 On a CPU this runs the torch reference backend in float32 (fp8 storage is allowed here, for a
-measurement, though `bulkgen run` refuses it there); on CUDA the Triton kernels in bf16.
+measurement, though `bulkgen run` refuses it there; int8 runs anywhere); on CUDA the Triton
+kernels in bf16.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import torch
 
 from bulkgen import LLM, SamplingParams
 from bulkgen.model.attention.kv_fp8 import FP8_MAX, resolve_kv_dtype
+from bulkgen.model.attention.kv_int8 import INT8_DTYPE, allocate_kv_scales
 from bulkgen.model.attention.metadata import AttnMetadata
 
 BLOCK_SIZE = 16
@@ -72,7 +77,13 @@ def next_token_logprobs(
     )
     input_ids = torch.tensor(ids, device=device)
     positions = torch.arange(n, device=device)
-    hidden = model(input_ids, positions, meta, [(layer[0], layer[1]) for layer in cache])
+    kv = [(layer[0], layer[1]) for layer in cache]
+    if kv_dtype == INT8_DTYPE:  # its scales per (token, kv head) travel with each layer
+        _, scales = allocate_kv_scales(
+            mcfg.num_layers, blocks, BLOCK_SIZE, mcfg.num_kv_heads, device
+        )
+        kv = [(*layer, *s) for layer, s in zip(kv, scales, strict=True)]
+    hidden = model(input_ids, positions, meta, kv)
     if amax is not None:
         seen = cache.flatten(2, 3)[:, :, :n].float().abs().amax(dim=(2, 3, 4))
         torch.maximum(amax, seen.cpu(), out=amax)
@@ -90,15 +101,13 @@ def main() -> None:
         "--calibrate",
         action="store_true",
         help="per-layer scales amax / 448 from the reference pass of each text set (not the "
-        "1.0 bulkgen uses), to see what calibrated scales would change",
+        "1.0 bulkgen uses), to see what calibrated scales would change (fp8 only)",
     )
+    ap.add_argument("--kv-cache-dtype", default="fp8,int8", help="comma-separated: fp8, int8")
     args = ap.parse_args()
     t0 = time.perf_counter()
     llm = LLM(args.model, device=args.device, max_num_seqs=64)
     ref_dtype = llm.engine.dtype
-    fp8 = resolve_kv_dtype("fp8", ref_dtype)
-    agree = positions = 0
-    kl_sum = 0.0
     layers = [layer.self_attn for layer in llm.engine.runner.model.model.layers]
     amax = torch.zeros(len(layers), 2)
     all_ids = texts(llm, args.texts, args.answer_tokens)
@@ -106,9 +115,29 @@ def main() -> None:
     if args.calibrate:
         for attention, (k_max, v_max) in zip(layers, amax.tolist(), strict=True):
             attention.k_scale, attention.v_scale = k_max / FP8_MAX, v_max / FP8_MAX
-    answer_agree = answer_positions = 0
+    fp8_scales = "amax/448 per layer" if args.calibrate else "1.0"
+    for name in args.kv_cache_dtype.split(","):
+        result = {
+            "mode": f"kv-{name}",
+            "model": args.model,
+            "device": str(llm.engine.device),
+            "dtype": str(ref_dtype).removeprefix("torch."),
+            "attention": llm.engine.runner.attention.name,
+            "texts": args.texts,
+            "scales": "per (token, kv head)" if name == "int8" else fp8_scales,
+            "largest_abs_key_value": round(float(amax.max()), 2),
+            **compare(llm, all_ids, refs, resolve_kv_dtype(name, ref_dtype)),
+            "seconds": round(time.perf_counter() - t0, 1),
+        }
+        print(json.dumps(result), flush=True)
+
+
+def compare(llm: LLM, all_ids, refs, kv_dtype: torch.dtype) -> dict:
+    """Top-1 agreement and mean KL of a cache of kv_dtype against the reference log-probs."""
+    agree = positions = answer_agree = answer_positions = 0
+    kl_sum = 0.0
     for (ids, prompt_len), ref in zip(all_ids, refs, strict=True):
-        got = next_token_logprobs(llm, ids, fp8).float()
+        got = next_token_logprobs(llm, ids, kv_dtype).float()
         same = ref.argmax(-1) == got.argmax(-1)
         agree += int(same.sum())
         # Positions from the last prompt token on predict the answer's tokens.
@@ -116,23 +145,13 @@ def main() -> None:
         answer_positions += len(ids) - prompt_len
         kl_sum += float((ref.exp() * (ref - got)).sum(-1).sum())
         positions += len(ids)
-    result = {
-        "mode": "kv-fp8",
-        "model": args.model,
-        "device": str(llm.engine.device),
-        "dtype": str(ref_dtype).removeprefix("torch."),
-        "attention": llm.engine.runner.attention.name,
-        "texts": args.texts,
-        "scales": "amax/448 per layer" if args.calibrate else "1.0",
-        "largest_abs_key_value": round(float(amax.max()), 2),
+    return {
         "positions": positions,
         "top1_agreement": round(agree / positions, 5),
         "mean_kl": round(kl_sum / positions, 6),
         "answer_positions": answer_positions,
         "answer_top1_agreement": round(answer_agree / max(answer_positions, 1), 5),
-        "seconds": round(time.perf_counter() - t0, 1),
     }
-    print(json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":

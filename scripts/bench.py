@@ -84,7 +84,8 @@ def child(args) -> None:
     options = engine_options(args.engine)
     fp8 = {
         "fp8_weights": options.get("quantization") == "fp8",
-        "kv_fp8": options.get("kv_cache_dtype") == "fp8",
+        # One byte a KV element (int8's scales, 4 / head_dim more, are left out).
+        "kv_fp8": options.get("kv_cache_dtype") in ("fp8", "int8"),
     }
     workers = data_parallel(args.engine)
     run = work, workers, args, seqs, tp, shape

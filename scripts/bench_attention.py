@@ -1,13 +1,14 @@
 """Benchmark the Triton attention kernels at the Llama-3-8B attention shape; one JSON line each.
 
-    PYTHONPATH=. python scripts/bench_attention.py [--kv-cache-dtype auto,fp8]
+    PYTHONPATH=. python scripts/bench_attention.py [--kv-cache-dtype auto,fp8,int8]
 
 Decode: batch 32 and 256 at contexts 256..8192, every sequence at the same length, blocks of 16 in
 a shuffled block table. Reports the median time and the achieved bandwidth of the K/V read (the
 bytes decode must move) beside a device-to-device copy measured in the same run. Prefill: 2048
 new tokens in one sequence, with no cached context and after 6144 cached tokens, in TFLOP/s of the
 causal attention actually computed (4 * Hq * D flops per query-key pair). --kv-cache-dtype fp8
-runs the same over a float8_e4m3fn cache (its bandwidth counts the fp8 bytes read).
+runs the same over a float8_e4m3fn cache (its bandwidth counts the fp8 bytes read), int8 over an
+int8 cache with its scales per (token, kv head) (kv_int8.py; the bytes count the scales).
 --batch-invariant runs the batch-invariant backend instead (triton_invariant.py: the prefill
 kernel with one fixed tiling for every step, decode included, never split), labelled
 "decode-invariant" / "prefill-invariant": compare with a run without it for its cost.
@@ -24,6 +25,7 @@ from triton.testing import do_bench
 from bulkgen.model.attention import triton_invariant
 from bulkgen.model.attention.decode_tiling import decode_launch, num_kv_splits
 from bulkgen.model.attention.kv_fp8 import is_fp8, resolve_kv_dtype
+from bulkgen.model.attention.kv_int8 import INT8_DTYPE, is_int8, quantize
 from bulkgen.model.attention.metadata import AttnMetadata
 from bulkgen.model.attention.triton_backend import paged_attention
 
@@ -32,13 +34,20 @@ DTYPE = torch.bfloat16
 DEVICE = torch.device("cuda")
 
 
+def random_cache(shape: tuple[int, ...], kv_dtype) -> tuple[torch.Tensor, float | torch.Tensor]:
+    """(cache, its scale): an int8 cache quantized with its scale tensor, others cast (1.0)."""
+    x = torch.randn(shape, dtype=DTYPE, device=DEVICE)
+    return quantize(x) if kv_dtype == INT8_DTYPE else (x.to(kv_dtype), 1.0)
+
+
 def paged_inputs(seq_lens: list[int], query_lens: list[int], decode_only: bool, kv_dtype):
-    """q, caches and metadata with every sequence's blocks scattered over the cache."""
+    """q, caches, metadata (every sequence's blocks scattered over the cache) and the caches'
+    (k_scale, v_scale)."""
     blocks_per_seq = [-(-n // BLOCK_SIZE) for n in seq_lens]
     num_blocks, width = sum(blocks_per_seq), max(blocks_per_seq)
     shape = (num_blocks, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)
-    k_cache = torch.randn(shape, dtype=DTYPE, device=DEVICE).to(kv_dtype)
-    v_cache = torch.randn(shape, dtype=DTYPE, device=DEVICE).to(kv_dtype)
+    k_cache, k_scale = random_cache(shape, kv_dtype)
+    v_cache, v_scale = random_cache(shape, kv_dtype)
     block_ids = torch.randperm(num_blocks, device=DEVICE).int()
     block_tables = torch.zeros(len(seq_lens), width, dtype=torch.int32, device=DEVICE)
     start = 0
@@ -56,7 +65,7 @@ def paged_inputs(seq_lens: list[int], query_lens: list[int], decode_only: bool, 
         decode_only=decode_only,
     )
     q = torch.randn(sum(query_lens), NUM_Q_HEADS, HEAD_DIM, dtype=DTYPE, device=DEVICE)
-    return q, k_cache, v_cache, meta
+    return q, k_cache, v_cache, meta, (k_scale, v_scale)
 
 
 def median_ms(fn) -> float:
@@ -71,13 +80,15 @@ def copy_gb_per_s() -> float:
 
 
 def bench_decode(batch: int, context: int, copy_bw: float, kv_dtype, invariant: bool) -> dict:
-    q, k_cache, v_cache, meta = paged_inputs([context] * batch, [1] * batch, True, kv_dtype)
+    inputs = paged_inputs([context] * batch, [1] * batch, True, kv_dtype)
+    q, k_cache, v_cache, meta, scales = inputs
     scale = HEAD_DIM**-0.5
     attend = triton_invariant.paged_attention if invariant else paged_attention
-    ms = median_ms(lambda: attend(q, k_cache, v_cache, meta, scale))
-    kv_bytes = 2 * batch * context * NUM_KV_HEADS * HEAD_DIM * k_cache.element_size()
+    ms = median_ms(lambda: attend(q, k_cache, v_cache, meta, scale, *scales))
+    row_bytes = HEAD_DIM * k_cache.element_size() + (4 if is_int8(k_cache) else 0)
+    kv_bytes = 2 * batch * context * NUM_KV_HEADS * row_bytes
     max_context = meta.block_tables.shape[1] * BLOCK_SIZE
-    block_n = decode_launch(HEAD_DIM, is_fp8(k_cache)).block_n
+    block_n = decode_launch(HEAD_DIM, is_fp8(k_cache) or is_int8(k_cache)).block_n
     splits = num_kv_splits(batch, NUM_KV_HEADS, max_context, block_n, DEVICE)
     gb_per_s = kv_bytes / ms / 1e6
     return {
@@ -94,10 +105,10 @@ def bench_decode(batch: int, context: int, copy_bw: float, kv_dtype, invariant: 
 
 def bench_prefill(new_tokens: int, cached: int, kv_dtype, invariant: bool) -> dict:
     seq_len = cached + new_tokens
-    q, k_cache, v_cache, meta = paged_inputs([seq_len], [new_tokens], False, kv_dtype)
+    q, k_cache, v_cache, meta, scales = paged_inputs([seq_len], [new_tokens], False, kv_dtype)
     scale = HEAD_DIM**-0.5
     attend = triton_invariant.paged_attention if invariant else paged_attention
-    ms = median_ms(lambda: attend(q, k_cache, v_cache, meta, scale))
+    ms = median_ms(lambda: attend(q, k_cache, v_cache, meta, scale, *scales))
     # Query row i (0-based) of the new tokens attends to cached + i + 1 keys.
     pairs = new_tokens * cached + new_tokens * (new_tokens + 1) // 2
     flops = 4 * NUM_Q_HEADS * HEAD_DIM * pairs
@@ -113,7 +124,9 @@ def bench_prefill(new_tokens: int, cached: int, kv_dtype, invariant: bool) -> di
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kv-cache-dtype", default="auto", help="auto, fp8 or auto,fp8")
+    parser.add_argument(
+        "--kv-cache-dtype", default="auto", help="auto, fp8, int8 or a list: auto,fp8,int8"
+    )
     parser.add_argument("--batch-invariant", action="store_true", help="the invariant backend")
     args = parser.parse_args()
     copy_bw = copy_gb_per_s()

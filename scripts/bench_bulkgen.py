@@ -47,11 +47,12 @@ STATS_KEYS = (
 )
 
 # Engine names that are `bulkgen run` options: FP8 weights; FP8 KV cache; both (issue 13); the
-# batch-invariant kernels (issue 15).
+# int8 KV cache; the batch-invariant kernels (issue 15).
 ENGINE_OPTIONS = {
     "bulkgen-fp8w": {"quantization": "fp8"},
     "bulkgen-fp8kv": {"kv_cache_dtype": "fp8"},  # issue 16: auto on trt, against bf16 auto
     "bulkgen-fp8": {"quantization": "fp8", "kv_cache_dtype": "fp8"},
+    "bulkgen-int8kv": {"kv_cache_dtype": "int8"},  # int8 KV, a scale per token and kv head
     "bulkgen-invariant": {"batch_invariant": True},  # issue 15's cost: compare with bulkgen
 }
 

@@ -1,4 +1,4 @@
-"""Compile the KV-write and paged attention kernels for sm_90 without a GPU, bf16 and fp8 caches.
+"""Compile the KV-write and paged attention kernels for sm_90 without a GPU: bf16, fp8, int8 caches.
 
     PYTHONPATH=. python scripts/compile_check_attention.py
 
@@ -7,10 +7,15 @@ what only codegen rejects (a constant that is not tl.constexpr, an fp8 cast the 
 For each kernel and cache dtype it prints the PTX size and the fp8 conversion instructions
 (cvt ... e4m3), which an fp8 variant must have and a bf16 one must not, its loops (backward
 branches): the batch-invariant prefill ("invariant", triton_invariant.py) streams K/V in one loop,
-and its byte-wise reads of shared memory (`ld.shared.b8`): "decode-vreg" is the decode kernel with
-DecodeLaunch.v_in_registers, whose fp8 V tile must not be read back one byte at a time. The
+and its byte-wise reads of shared memory (`ld.shared.b8`, `.s8`): "decode-vreg" is the decode
+kernel with DecodeLaunch.v_in_registers, whose 8-bit V tile must not be read back one byte at a
+time. The
 decode kernels are compiled as the JIT specializes them at run time: pointers and the q and cache
 strides divisible by 16 (the block-table stride is the table's width, which need not be).
+An int8 cache (kv_int8.py) adds its scale tensors' pointers and strides, which the other caches'
+launches pass too (dummies, never read): "instructions" counts the PTX's instructions without
+the parameter declarations, which their extra arguments alone would change. int8 has no
+slots-inner variants (its V is stored in rows).
 """
 
 from __future__ import annotations
@@ -27,7 +32,15 @@ from bulkgen.model.attention import triton_decode, triton_kv, triton_prefill
 TARGET = GPUTarget("cuda", 90, 32)
 # The Llama-3-8B shape: head_dim 128, 16-token blocks, 4 query heads per kv-head.
 HEAD_DIM, BLOCK_SIZE, GROUP = 128, 16, 4
-CACHE = {"bf16": "*bf16", "fp8": "*fp8e4nv"}
+CACHE = {"bf16": "*bf16", "fp8": "*fp8e4nv", "int8": "*i8"}
+SCALES = {
+    "k_scales_ptr": "*fp32",
+    "v_scales_ptr": "*fp32",
+    "stride_scale_block": "i32",
+    "stride_scale_slot": "i32",
+}
+# Kernels that never run over an int8 cache: its values are stored in rows (kv_layout.py).
+ROWS_ONLY = ("write_kv-vslots", "decode-vslots", "prefill-vslots")
 
 
 def _scalars(names: str, kind: str) -> dict[str, str]:
@@ -58,13 +71,15 @@ def write_kv_source(cache: str, v_slots_inner: bool = False) -> ASTSource:
         **v_signature,
         "num_kv_heads": "i32",
         **_scalars("k_inv_scale v_inv_scale", "fp32"),
-        **_scalars("BLOCK_SIZE HEADS_PAD HEAD_DIM QUANTIZE", "constexpr"),
+        **SCALES,
+        **_scalars("BLOCK_SIZE HEADS_PAD HEAD_DIM QUANTIZE KV_INT8", "constexpr"),
     }
     constexprs = {
         "BLOCK_SIZE": BLOCK_SIZE,
         "HEADS_PAD": 8,
         "HEAD_DIM": HEAD_DIM,
         "QUANTIZE": cache == "fp8",
+        "KV_INT8": cache == "int8",
         **v_constants,
     }
     return ASTSource(triton_kv._write_kv_kernel, signature, constexprs=constexprs)
@@ -81,32 +96,35 @@ def decode_source(
         "out_ptr": "*bf16",
         **_scalars("part_out_ptr part_lse_ptr", "*fp32"),
         **_scalars("qk_scale v_scale", "fp32"),
+        **SCALES,
         **_scalars(
             "stride_qt stride_qh stride_bt stride_cache_block stride_cache_slot stride_cache_head",
             "i32",
         ),
         **v_signature,
         **_scalars(
-            "GROUP GROUP_PAD HEAD_DIM BLOCK_SIZE BLOCK_N DOT_PRECISION KV_FP8 DOT_F16 "
+            "GROUP GROUP_PAD HEAD_DIM BLOCK_SIZE BLOCK_N DOT_PRECISION KV_FP8 KV_INT8 DOT_F16 "
             "V_IN_REGISTERS V_SLOTS_INNER",
             "constexpr",
         ),
     }
+    eight_bit = cache in ("fp8", "int8")
     constexprs = {
         "GROUP": GROUP,
         "GROUP_PAD": 16,
         "HEAD_DIM": HEAD_DIM,
         "BLOCK_SIZE": BLOCK_SIZE,
-        "BLOCK_N": triton_decode.decode_launch(HEAD_DIM, cache == "fp8").block_n,
+        "BLOCK_N": triton_decode.decode_launch(HEAD_DIM, eight_bit).block_n,
         "DOT_PRECISION": "tf32",
         "KV_FP8": cache == "fp8",
-        "DOT_F16": cache == "fp8",
-        "V_IN_REGISTERS": cache == "fp8" and v_in_registers,
+        "KV_INT8": cache == "int8",
+        "DOT_F16": eight_bit,
+        "V_IN_REGISTERS": eight_bit and v_in_registers,
         "V_SLOTS_INNER": v_slots_inner,
         **v_constants,
     }
     names = list(signature)
-    strided = ("stride_q", "stride_cache", "stride_v")
+    strided = ("stride_q", "stride_cache", "stride_v", "stride_scale")
     aligned = [
         n for n in names if n.endswith("_ptr") or n.startswith(strided) and n not in constexprs
     ]
@@ -137,14 +155,15 @@ def prefill_source(cache: str, invariant: bool = False, v_slots_inner: bool = Fa
         "out_ptr": "*bf16",
         "num_seqs": "i32",
         **_scalars("qk_scale v_scale", "fp32"),
+        **SCALES,
         **_scalars(
             "stride_qt stride_qh stride_bt stride_cache_block stride_cache_slot stride_cache_head",
             "i32",
         ),
         **v_signature,
         **_scalars(
-            "GROUP HEAD_DIM BLOCK_SIZE BLOCK_Q BLOCK_M BLOCK_N DOT_PRECISION KV_FP8 V_SLOTS_INNER "
-            "INVARIANT",
+            "GROUP HEAD_DIM BLOCK_SIZE BLOCK_Q BLOCK_M BLOCK_N DOT_PRECISION KV_FP8 KV_INT8 "
+            "V_SLOTS_INNER INVARIANT",
             "constexpr",
         ),
     }
@@ -157,6 +176,7 @@ def prefill_source(cache: str, invariant: bool = False, v_slots_inner: bool = Fa
         "BLOCK_N": block_n,
         "DOT_PRECISION": "tf32",
         "KV_FP8": cache == "fp8",
+        "KV_INT8": cache == "int8",
         "V_SLOTS_INNER": v_slots_inner,
         "INVARIANT": invariant,
         **v_constants,
@@ -181,7 +201,7 @@ SOURCES = {
 
 
 def compile_ptx(kernel: str, cache: str) -> str:
-    """The sm_90 PTX of one kernel for one cache dtype ("bf16" or "fp8")."""
+    """The sm_90 PTX of one kernel for one cache dtype ("bf16", "fp8" or "int8")."""
     compiled = triton.compile(SOURCES[kernel](cache), target=TARGET, options={"num_warps": 4})
     return compiled.asm["ptx"]
 
@@ -191,9 +211,15 @@ def fp8_conversions(ptx: str) -> int:
     return len(re.findall(r"\bcvt\.[^;]*e4m3", ptx))
 
 
+def instructions(ptx: str) -> int:
+    """PTX instructions, without declarations (a kernel's parameter list among them)."""
+    body = [line.strip() for line in ptx.splitlines()]
+    return sum(1 for line in body if line.endswith(";") and not line.startswith((".", "//")))
+
+
 def shared_byte_reads(ptx: str) -> int:
-    """ld.shared.b8 instructions: reads of shared memory one byte at a time."""
-    return len(re.findall(r"\bld\.shared\.b8\b", ptx))
+    """ld.shared.b8 (.s8 for int8) instructions: reads of shared memory one byte at a time."""
+    return len(re.findall(r"\bld\.shared\.[bsu]8\b", ptx))
 
 
 def loops(ptx: str) -> int:
@@ -210,8 +236,11 @@ def loops(ptx: str) -> int:
 def main() -> None:
     for kernel in SOURCES:
         for cache in CACHE:
+            if cache == "int8" and kernel in ROWS_ONLY:
+                continue
             ptx = compile_ptx(kernel, cache)
-            print(f"{kernel:11s} {cache:4s}: {len(ptx):7d} chars of PTX, {loops(ptx)} loops, "
+            print(f"{kernel:15s} {cache:4s}: {len(ptx):7d} chars of PTX, "
+                  f"{instructions(ptx)} instructions, {loops(ptx)} loops, "
                   f"{shared_byte_reads(ptx)} shared byte reads, "
                   f"{fp8_conversions(ptx)} e4m3 conversions")  # fmt: skip
 

@@ -3,9 +3,10 @@ each FP8 mode against bf16 over a fixed text set.
 
     python scripts/fp8_accuracy.py [--model smollm2-135m]
 
-For each mode (FP8 weights; FP8 KV cache; both) the texts go through the engine's own model and
-KV cache as one prefill each (the attention kernels read keys and values back from the cache, so
-an FP8 cache is what they attend over), and every position's next-token distribution is compared
+For each mode (FP8 weights; FP8 KV cache; both; the int8 KV cache, alone and with FP8 weights)
+the texts go through the engine's own model and KV cache as one prefill each (the attention
+kernels read keys and values back from the cache, so an FP8 or int8 cache is what they attend
+over), and every position's next-token distribution is compared
 with bf16's: top1_agreement (same argmax), mean_kl (KL(bf16 || mode), nats, mean over
 positions) and each side's accuracy at predicting the text's actual next token. One JSON line per
 mode; a mode whose option this bulkgen does not accept yet is a line with "skipped".
@@ -26,6 +27,9 @@ MODES = {
     "fp8-weights": {"quantization": "fp8"},
     "fp8-kv": {"kv_cache_dtype": "fp8"},
     "fp8-weights+kv": {"quantization": "fp8", "kv_cache_dtype": "fp8"},
+    # The int8 cache (a scale per token and kv head, kv_int8.py): the sibling of fp8-kv.
+    "int8-kv": {"kv_cache_dtype": "int8"},
+    "fp8-weights+int8-kv": {"quantization": "fp8", "kv_cache_dtype": "int8"},
 }
 BLOCK_SIZE, MAX_TOKENS = 16, 512
 
@@ -134,7 +138,7 @@ def teacher_forced_logprobs(engine, ids: list[int]) -> torch.Tensor:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m", help="a model folder or an alias")
-    ap.add_argument("--device", default="cuda", help="cpu runs the bf16 baseline only")
+    ap.add_argument("--device", default="cuda", help="cpu runs the bf16 baseline and int8-kv only")
     args = ap.parse_args()
     from bulkgen.engine.model_files import model_dir
     from bulkgen.text.tokenizer import load_tokenizer

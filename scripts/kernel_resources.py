@@ -1,5 +1,6 @@
 """Registers, spills, shared memory and the occupancy they allow, of the decode kernel's launches
-and silu_and_mul_fp8's kernels, compiled for sm_90 without a GPU (Triton's bundled ptxas).
+(bf16, fp8 and int8 caches) and silu_and_mul_fp8's kernels, compiled for sm_90 without a GPU
+(Triton's bundled ptxas).
 
     PYTHONPATH=. python scripts/kernel_resources.py
 
@@ -52,8 +53,12 @@ def line(name: str, compiled, threads: int) -> str:
 
 
 def main() -> None:
-    for cache in ("bf16", "fp8"):
-        variants = ((False, False), (True, False), (False, True)) if cache == "fp8" else ((0, 0),)
+    for cache in ("bf16", "fp8", "int8"):
+        variants = {  # (v_in_registers, v_slots_inner); int8's values are stored in rows
+            "bf16": ((False, False),),
+            "fp8": ((False, False), (True, False), (False, True)),
+            "int8": ((False, False), (True, False)),
+        }[cache]
         for v_in_registers, v_slots_inner in variants:
             for block_n in (64, 128):
                 for stages in (2, 3):

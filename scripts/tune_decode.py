@@ -1,13 +1,15 @@
-"""Sweep the decode kernel's launch (tile, warps, stages, fp8 V conversion) at the 8B shape.
+"""Sweep the decode kernel's launch (tile, warps, stages, 8-bit V conversion) at the 8B shape.
 
     PYTHONPATH=. python scripts/tune_decode.py --kv-cache-dtype fp8 [--write-table]
+    PYTHONPATH=. python scripts/tune_decode.py --kv-cache-dtype int8 [--write-table]
 
 One JSON line per launch: its median time at each (batch, context), and the geometric mean over
 them; then a summary line with the best launch for each batch size (by the geometric mean over
 its contexts), the current ones and the bf16 kernel's time at the same shapes (an fp8 cache reads
 half the bytes, so its ideal is half the bf16 time). Splits are the engine's own choice for each
 tile size. --write-table stores the per-batch launches for the cache kind in
-bulkgen/model/attention/decode_tilings.json, which the engine reads (decode_launch).
+bulkgen/model/attention/decode_tilings.json, which the engine reads (decode_launch; an int8
+cache, values in rows only, takes fp8's launches until it has its own).
 
     python scripts/tune_decode.py --from-log tune.txt --write-table
 
@@ -49,10 +51,11 @@ LAYOUTS = ("rows", "slots_inner")
 def time_launch(inputs: dict, launch: DecodeLaunch) -> list[float] | None:
     """Median ms at each shape, or None when the compiler refuses the launch."""
     times = []
-    for q, k, v, meta in inputs.values():
+    for q, k, v, meta, (k_scale, v_scale) in inputs.values():
         args = (q, k, v, meta.seq_lens, meta.block_tables, HEAD_DIM**-0.5)
+        scales = dict(k_scale=k_scale, v_scale=v_scale)  # an int8 cache's scale tensors
         try:
-            times.append(median_ms(lambda a=args: paged_decode(*a, launch=launch)))
+            times.append(median_ms(lambda a=args, s=scales: paged_decode(*a, launch=launch, **s)))
         except Exception as e:  # e.g. out of shared memory: not a candidate
             print(json.dumps({"skip": launch._asdict(), "error": repr(e)[:200]}), flush=True)
             return None
@@ -85,8 +88,8 @@ def sweep(fp8: bool, kv_dtype: torch.dtype) -> tuple[list[float], dict[str, list
     def shapes(dtype, slots_inner: bool = False) -> dict:
         inputs = {}
         for s in SHAPES:
-            q, k, v, meta = paged_inputs([s[1]] * s[0], [1] * s[0], True, dtype)
-            inputs[s] = (q, k, to_slots_inner(v) if slots_inner else v, meta)
+            q, k, v, meta, scales = paged_inputs([s[1]] * s[0], [1] * s[0], True, dtype)
+            inputs[s] = (q, k, to_slots_inner(v) if slots_inner else v, meta, scales)
         return inputs
 
     bf16_times = time_launch(shapes(DTYPE), decode_launch(HEAD_DIM, fp8=False))
@@ -95,7 +98,10 @@ def sweep(fp8: bool, kv_dtype: torch.dtype) -> tuple[list[float], dict[str, list
         torch.cuda.empty_cache()
         inputs = shapes(kv_dtype, layout == "slots_inner")
         results[layout] = []
-        launches = itertools.product(BLOCK_NS, WARPS, STAGES, V_IN_REGISTERS if fp8 else (False,))
+        eight_bit = kv_dtype != DTYPE  # fp8 or int8: where V becomes fp16 matters
+        launches = itertools.product(
+            BLOCK_NS, WARPS, STAGES, V_IN_REGISTERS if eight_bit else (False,)
+        )
         for block_n, warps, stages, v_in_registers in launches:
             launch = DecodeLaunch(block_n, warps, stages, v_in_registers)
             times = time_launch(inputs, launch)
@@ -139,7 +145,7 @@ def from_log(path: str) -> tuple[list[float] | None, dict[str, list]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--kv-cache-dtype", default="fp8", help="fp8 (the tuned one) or auto")
+    ap.add_argument("--kv-cache-dtype", default="fp8", help="fp8, int8 (tuned ones) or auto")
     ap.add_argument("--write-table", action="store_true", help="store the best launches")
     ap.add_argument("--from-log", help="choose from an earlier sweep's lines (no GPU)")
     args = ap.parse_args()
@@ -155,7 +161,8 @@ def main() -> None:
     chosen = [launch_for_batch(table_entries, b) for b, _ in SHAPES]
     by_launch = dict(results[layout])
     times = [by_launch[launch][i] for i, launch in enumerate(chosen)]
-    current = [decode_launch(HEAD_DIM, fp8, b) for b, _ in SHAPES]
+    kind = args.kv_cache_dtype
+    current = [decode_launch(HEAD_DIM, kind != "auto", b, kind) for b, _ in SHAPES]
     current_layout = "slots_inner" if fp8 and fp8_v_slots_inner() else "rows"
     now = dict(results.get(current_layout, []))
     summary = {

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from bulkgen.model.attention import AttentionBackend
+from bulkgen.model.attention import AttentionBackend, kv_int8
 from bulkgen.model.attention.kv_fp8 import FP8_DTYPE, quantize
 from bulkgen.model.attention.metadata import AttnMetadata, DecodeGraphBuffers
 
@@ -28,7 +28,7 @@ class Shape:
     head_dim: int
     block_size: int
     dtype: torch.dtype  # the queries' and outputs'
-    cache_dtype: torch.dtype  # the dtype's own, or FP8_DTYPE
+    cache_dtype: torch.dtype  # the dtype's own, FP8_DTYPE or int8 (scales per token and head)
 
     @property
     def num_q_heads(self) -> int:
@@ -38,12 +38,18 @@ class Shape:
     def scales(self) -> tuple[float, float]:
         return (K_SCALE, V_SCALE) if self.cache_dtype == FP8_DTYPE else (1.0, 1.0)
 
+    @property
+    def int8(self) -> bool:
+        return self.cache_dtype == kv_int8.INT8_DTYPE
+
 
 @dataclass(frozen=True)
 class Sequence:
     q: torch.Tensor  # [L, Hq, D] in shape.dtype
     k: torch.Tensor  # [L, Hkv, D] in shape.cache_dtype: what the cache holds at each position
     v: torch.Tensor
+    k_scales: torch.Tensor | None = None  # [L, Hkv]: an int8 cache's scales
+    v_scales: torch.Tensor | None = None
 
 
 def make_sequence(length: int, shape: Shape, device: torch.device) -> Sequence:
@@ -52,6 +58,12 @@ def make_sequence(length: int, shape: Shape, device: torch.device) -> Sequence:
     k, v = torch.randn(kv, device=device), torch.randn(kv, device=device)
     if shape.cache_dtype == FP8_DTYPE:  # scaled to use e4m3's range, not only its top
         return Sequence(q, quantize(k * K_SCALE * 4, K_SCALE), quantize(v * V_SCALE, V_SCALE))
+    if shape.int8:  # rows of magnitudes 10**U(-2, 1): scales differ per token and head
+        (k8, k_s), (v8, v_s) = (
+            kv_int8.quantize(x * 10 ** (torch.rand(*kv[:2], 1, device=device) * 3 - 2))
+            for x in (k, v)
+        )
+        return Sequence(q, k8, v8, k_s, v_s)
     return Sequence(q, k.to(shape.cache_dtype), v.to(shape.cache_dtype))
 
 
@@ -62,6 +74,8 @@ class Step:
     v_cache: torch.Tensor
     meta: AttnMetadata
     rows: list[slice]  # each part's rows of q and of the output
+    k_scales: torch.Tensor | None = None  # an int8 cache's [num_blocks, block_size, Hkv]
+    v_scales: torch.Tensor | None = None
 
 
 def build_step(
@@ -79,6 +93,8 @@ def build_step(
     cache_shape = (num_blocks, bs, shape.num_kv_heads, shape.head_dim)
     nan = torch.full(cache_shape, float("nan"), device=device)
     k_cache, v_cache = nan.to(shape.cache_dtype), nan.to(shape.cache_dtype)
+    # An int8 cache's unwritten slots: NaN scales, as NaN values elsewhere.
+    scales = [nan[..., 0].clone() for _ in "kv"] if shape.int8 else []
     tables = torch.zeros(len(parts), width, dtype=torch.int32, device=device)
     free = torch.randperm(num_blocks, device=device)
     slots, queries = [], []
@@ -90,6 +106,9 @@ def build_step(
         for cache, values in ((k_cache, seq.k), (v_cache, seq.v)):
             flat = cache.view(-1, shape.num_kv_heads, shape.head_dim).view(torch.uint8)
             flat[seq_slots] = values[:end].view(torch.uint8)  # bytes: fp8 has no index_put
+        if shape.int8:
+            for cache, values in zip(scales, (seq.k_scales, seq.v_scales), strict=True):
+                cache.view(-1, shape.num_kv_heads)[seq_slots] = values[:end]
         slots.append(seq_slots[end - q_len :])
         queries.append(seq.q[end - q_len : end])
     q_lens = [q_len for _, _, q_len in parts]
@@ -118,11 +137,11 @@ def build_step(
         meta.seq_lens_host = seq_lens + [1] * (pad_to - len(parts))
         padding = torch.randn(pad_to - len(parts), *q.shape[1:], device=device)
         q = torch.cat([q, padding.to(q.dtype)])
-    return Step(q, k_cache, v_cache, meta, rows)
+    return Step(q, k_cache, v_cache, meta, rows, *scales)
 
 
 def attend(backend: AttentionBackend, step: Step, shape: Shape) -> torch.Tensor:
-    k_scale, v_scale = shape.scales
+    k_scale, v_scale = (step.k_scales, step.v_scales) if shape.int8 else shape.scales
     scale = shape.head_dim**-0.5
     return backend.attend(step.q, step.k_cache, step.v_cache, step.meta, scale, k_scale, v_scale)
 

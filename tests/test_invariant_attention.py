@@ -46,9 +46,11 @@ CASES = [
     pytest.param("torch", Shape(2, 2, 16, 16, f32, f32), id="torch-fp32-group2-d16"),
     pytest.param("torch", Shape(2, 4, 32, 16, bf16, bf16), id="torch-bf16"),
     pytest.param("torch", Shape(2, 4, 32, 16, f32, FP8_DTYPE), id="torch-fp8-cache"),
+    pytest.param("torch", Shape(2, 4, 32, 16, f32, torch.int8), id="torch-int8-cache"),
     pytest.param("triton", Shape(2, 4, 32, 16, f32, f32), id="triton-fp32"),
     pytest.param("triton", Shape(2, 4, 32, 16, f16, f16), id="triton-fp16"),
     pytest.param("triton", Shape(2, 4, 32, 16, f16, FP8_DTYPE), id="triton-fp8-cache"),
+    pytest.param("triton", Shape(2, 4, 32, 16, f16, torch.int8), id="triton-int8-cache"),
     pytest.param(
         "triton",
         Shape(2, 4, 32, 16, bf16, bf16),
@@ -179,7 +181,9 @@ GPU_SHAPES = [
 
 @gpu
 @needs_cuda
-@pytest.mark.parametrize("shape", GPU_SHAPES)
+@pytest.mark.parametrize(
+    "shape", [*GPU_SHAPES, pytest.param(Shape(8, 4, 128, 16, bf16, torch.int8), id="int8-cache")]
+)
 def test_gpu_every_step_kind_gives_the_same_rows_at_the_8b_shape(shape):
     backend = get_backend("triton", DEVICE, batch_invariant=True)
     length = 3000

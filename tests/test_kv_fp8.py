@@ -101,8 +101,8 @@ def test_fp8_engine_on_the_cpu_is_refused_before_the_model_is_looked_at():
 
 def test_auto_is_allowed_everywhere_and_other_names_are_refused():
     check_kv_cache_dtype("auto", CPU)
-    with pytest.raises(ValueError, match="kv_cache_dtype must be auto or fp8"):
-        EngineConfig(model="m", kv_cache_dtype="int8")
+    with pytest.raises(ValueError, match="kv_cache_dtype must be auto, fp8 or int8"):
+        EngineConfig(model="m", kv_cache_dtype="int4")
 
 
 def test_bulkgen_run_with_fp8_on_the_cpu_is_one_error_line(tmp_path, tiny_model_dir):
@@ -187,7 +187,7 @@ def test_kv_cache_dtype_is_a_flag_a_recipe_field_and_reaches_the_engine(tmp_path
     config = RunConfig(inputs=("a.jsonl",), out="o", model="m", kv_cache_dtype="fp8")
     assert config.engine_config("m").kv_cache_dtype == "fp8"
     result = CliRunner().invoke(main, ["run", "--help"])
-    assert "--kv-cache-dtype [auto|fp8]" in result.output
+    assert "--kv-cache-dtype [auto|fp8|int8]" in result.output
 
 
 def test_stats_json_records_the_kv_dtype_and_capacity(tmp_path, tiny_model_dir):

@@ -156,26 +156,35 @@ def test_scales_are_ignored_by_a_full_precision_cache():
 def test_kernels_compile_for_sm90_with_the_fp8_casts_only_in_the_fp8_variants(
     attention_compile_check,
 ):
-    """The GPU compiler accepts both variants of each kernel (the interpreter never runs it), and
-    the bf16 variants carry no fp8 code: the constexpr branch compiles away. The decode kernel with
-    v_in_registers, and decode and prefill over values stored slots inner (kv_layout.py), read no
-    fp8 tile back from shared memory one byte at a time; over the rows layout decode does."""
+    """The GPU compiler accepts every variant of each kernel (the interpreter never runs it), and
+    the bf16 and int8 variants carry no fp8 code: the constexpr branch compiles away. The decode
+    kernel with v_in_registers, and decode and prefill over values stored slots inner
+    (kv_layout.py), read no 8-bit tile back from shared memory one byte at a time; over the rows
+    layout decode does. int8 (kv_int8.py) has every kernel but the slots-inner ones, and its
+    variants load the scales that the others do not (more instructions than bf16)."""
     lines = re.findall(
-        r"^([\w-]+ +\w+) *:.* (\d+) shared byte reads, (\d+) e4m3 conversions$",
+        r"^([\w-]+ +\w+) *:.* (\d+) instructions, .* (\d+) shared byte reads, "
+        r"(\d+) e4m3 conversions$",
         attention_compile_check,
         re.M,
     )
-    counts = {" ".join(k.split()): int(n) for k, _, n in lines}
-    byte_reads = {" ".join(k.split()): int(b) for k, b, _ in lines}
+    name = {k: " ".join(k.split()) for k, *_ in lines}
+    instructions = {name[k]: int(i) for k, i, _, _ in lines}
+    byte_reads = {name[k]: int(b) for k, _, b, _ in lines}
+    counts = {name[k]: int(n) for k, _, _, n in lines}
     kernels = ("write_kv", "decode", "decode-vreg", "prefill", "invariant")
-    kernels += ("write_kv-vslots", "decode-vslots", "prefill-vslots")
-    assert set(counts) == {f"{k} {c}" for k in kernels for c in CACHES}
-    for name, n in counts.items():
-        assert (n > 0) == name.endswith("fp8"), counts
-    assert byte_reads["decode fp8"] > 0, byte_reads
-    for name in ("decode-vreg fp8", "decode-vslots fp8", "prefill-vslots fp8"):
-        assert byte_reads[name] == 0, byte_reads
-    assert all(n == 0 for name, n in byte_reads.items() if name.endswith("bf16")), byte_reads
+    slots_inner = ("write_kv-vslots", "decode-vslots", "prefill-vslots")
+    expected = {f"{k} {c}" for k in kernels for c in CACHES + ("int8",)}
+    assert set(counts) == expected | {f"{k} {c}" for k in slots_inner for c in CACHES}
+    for variant, n in counts.items():
+        assert (n > 0) == variant.endswith("fp8"), counts
+    assert byte_reads["decode fp8"] > 0 and byte_reads["decode int8"] > 0, byte_reads
+    for variant in ("decode-vreg fp8", "decode-vslots fp8", "prefill-vslots fp8"):
+        assert byte_reads[variant] == 0, byte_reads
+    assert byte_reads["decode-vreg int8"] == 0, byte_reads
+    assert all(n == 0 for v, n in byte_reads.items() if v.endswith("bf16")), byte_reads
+    for kernel in kernels:
+        assert instructions[f"{kernel} int8"] > instructions[f"{kernel} bf16"], instructions
 
 
 # ---- GPU only: real shapes and the rounding ---------------------------------------------------

@@ -31,6 +31,7 @@ from bulkgen.engine.sampler import SamplingTensors, sample, top_logprobs, unpack
 from bulkgen.engine.step import Forward, Step
 from bulkgen.engine.tables import DeviceTables
 from bulkgen.model.attention.kv_fp8 import FP8_DTYPE, resolve_kv_dtype
+from bulkgen.model.attention.kv_int8 import INT8_DTYPE, allocate_kv_scales, scale_bytes_per_token
 from bulkgen.model.attention.kv_layout import allocate_kv_cache
 from bulkgen.model.attention.metadata import AttnMetadata
 from bulkgen.model.config import ModelConfig
@@ -40,9 +41,12 @@ from bulkgen.model.parallel_layers import TensorParallel
 
 def kv_bytes_per_block(mcfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
     """Bytes of keys and values for block_size tokens in a cache of this dtype (fp8: half of
-    bf16's, so the same memory holds twice the blocks)."""
+    bf16's, so the same memory holds twice the blocks; int8: the same plus its scales)."""
     elem = dtype.itemsize
-    return 2 * mcfg.num_layers * block_size * mcfg.num_kv_heads * mcfg.head_dim * elem
+    values = 2 * mcfg.num_layers * block_size * mcfg.num_kv_heads * mcfg.head_dim * elem
+    if dtype == INT8_DTYPE:
+        return values + block_size * scale_bytes_per_token(mcfg.num_layers, mcfg.num_kv_heads)
+    return values
 
 
 class ModelRunner:
@@ -71,6 +75,13 @@ class ModelRunner:
             device,
             v_slots_inner=dtype == FP8_DTYPE and self.attention.fp8_v_slots_inner,
         )
+        # An int8 cache's scales (kv_int8.py): each layer's views become (k, v, k_s, v_s).
+        self.kv_scales: torch.Tensor | None = None
+        if dtype == INT8_DTYPE:
+            self.kv_scales, scales = allocate_kv_scales(
+                mcfg.num_layers, num_blocks, ecfg.block_size, mcfg.num_kv_heads, device
+            )
+            self.kv = [(*kv, *s) for kv, s in zip(self.kv, scales, strict=True)]
         self.max_blocks_per_seq = -(-max_model_len // ecfg.block_size)
         self.packer = InputPacker(
             device,

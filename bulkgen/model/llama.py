@@ -90,7 +90,7 @@ class Attention(nn.Module):
         positions: torch.Tensor,
         meta: AttnMetadata,
         rotary: Rotary,
-        kv: tuple[torch.Tensor, torch.Tensor],
+        kv: tuple[torch.Tensor, ...],
     ) -> torch.Tensor:
         cfg = self.cfg
         q, k, v = self.qkv_proj(x).split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
@@ -101,8 +101,9 @@ class Attention(nn.Module):
             q = self.ops.rms_norm(q, self.q_norm.weight, cfg.rms_norm_eps)
             k = self.ops.rms_norm(k, self.k_norm.weight, cfg.rms_norm_eps)
         q, k = self.ops.rotary(q, k, positions, rotary.cos, rotary.sin)
-        k_cache, v_cache = kv
-        k_scale, v_scale = self.k_scale, self.v_scale
+        # An int8 cache comes with its scale tensors (kv_int8.py), which replace the floats.
+        k_cache, v_cache, *scales = kv
+        k_scale, v_scale = scales if scales else (self.k_scale, self.v_scale)
         self.backend.write_kv(k, v, k_cache, v_cache, meta.slot_mapping, k_scale, v_scale)
         o = self.backend.attend(q, k_cache, v_cache, meta, self.scale, k_scale, v_scale)
         return self.tp.all_reduce(self.o_proj(o.reshape(-1, cfg.q_size)))
@@ -138,7 +139,7 @@ class DecoderLayer(nn.Module):
         positions: torch.Tensor,
         meta: AttnMetadata,
         rotary: Rotary,
-        kv: tuple[torch.Tensor, torch.Tensor],
+        kv: tuple[torch.Tensor, ...],
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(h, residual) -> (mlp output, residual before it); the sum is the layer's output.
 
@@ -193,9 +194,10 @@ class LlamaForCausalLM(nn.Module):
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         meta: AttnMetadata,
-        kv_cache: Sequence[tuple[torch.Tensor, torch.Tensor]],
+        kv_cache: Sequence[tuple[torch.Tensor, ...]],
     ) -> torch.Tensor:
-        """Hidden states [T, hidden] after the final norm; kv_cache holds one (k, v) per layer."""
+        """Hidden states [T, hidden] after the final norm; kv_cache holds one (k, v) per layer
+        ((k, v, k_scales, v_scales) for an int8 cache)."""
         h, residual = self.model.embed_tokens(input_ids), None
         for layer, kv in zip(self.model.layers, kv_cache, strict=True):
             h, residual = layer(h, residual, positions, meta, self.rotary, kv)

@@ -22,7 +22,8 @@ from bulkgen.model.attention.metadata import AttnMetadata
 class AttentionBackend:
     name: str
     graph_safe: bool
-    # Both take a layer's k_scale and v_scale last (an fp8 cache's scales: kv_fp8.py).
+    # Both take a layer's k_scale and v_scale last: an fp8 cache's floats (kv_fp8.py), an int8
+    # cache's [num_blocks, block_size, Hkv] scale tensors (kv_int8.py).
     write_kv: Callable[..., None]  # (k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
     attend: Callable[..., torch.Tensor]  # (q, k_cache, v_cache, meta, scale, k_s, v_s) -> out
     # An fp8 cache's values stored slots inner (kv_layout.py): the Triton kernels only.

@@ -81,13 +81,20 @@ def launch_for_batch(entries: list[dict] | dict, batch: int | None) -> DecodeLau
     return DecodeLaunch(**{k: v for k, v in entry.items() if k != "max_batch"})
 
 
-def decode_launch(head_dim: int, fp8: bool, batch: int | None = None) -> DecodeLaunch:
+def decode_launch(
+    head_dim: int, fp8: bool, batch: int | None = None, kind: str = "fp8"
+) -> DecodeLaunch:
     """The split kernel's launch for `batch` sequences over a cache of this head dim and kind:
-    bf16 tiles of decode_block_n tokens; fp8 ones as measured (TILINGS_FILE), else twice the
-    tokens (the same bytes per tile). The batch is a static shape: each CUDA graph keeps one."""
+    bf16 tiles of decode_block_n tokens; 8-bit ones (fp8 True; kind "fp8" or "int8") as
+    measured (TILINGS_FILE; int8 takes fp8's launches until it has its own: the same bytes a
+    token), else twice the tokens (the same bytes per tile). The batch is a static shape: each
+    CUDA graph keeps one."""
     if not fp8:
         return DecodeLaunch(decode_block_n(head_dim))
-    measured = measured_launches().get("fp8", {}).get(str(head_dim))
+    launches = measured_launches()
+    measured = launches.get(kind, {}).get(str(head_dim)) or launches.get("fp8", {}).get(
+        str(head_dim)
+    )
     if not measured:
         return DecodeLaunch(2 * decode_block_n(head_dim))
     return launch_for_batch(measured, batch)

@@ -31,12 +31,15 @@ FP8_MIN_CAPABILITY = (8, 9)
 
 
 def resolve_kv_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
-    """The cache's element type: the model's own for "auto", float8_e4m3fn for "fp8"."""
+    """The cache's element type: the model's own for "auto", float8_e4m3fn for "fp8", int8 for
+    "int8" (kv_int8.py: a scale per token and kv head, on any device)."""
     if kv_cache_dtype == "auto":
         return model_dtype
     if kv_cache_dtype == "fp8":
         return FP8_DTYPE
-    raise ValueError(f"kv_cache_dtype must be auto or fp8, got {kv_cache_dtype!r}")
+    if kv_cache_dtype == "int8":
+        return torch.int8
+    raise ValueError(f"kv_cache_dtype must be auto, fp8 or int8, got {kv_cache_dtype!r}")
 
 
 def is_fp8(cache: torch.Tensor) -> bool:

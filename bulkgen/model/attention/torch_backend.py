@@ -4,7 +4,9 @@ The CPU path and the correctness oracle for the Triton kernels. One-token rows (
 together over contexts padded to the longest (one SDPA call); longer rows loop per sequence,
 one causal SDPA call each.
 Lengths come from the plan's host-side lists, so it never syncs with the device.
-An fp8 cache (kv_fp8.py) is quantized on write and dequantized on read with the layer's scales.
+An fp8 cache (kv_fp8.py) is quantized on write and dequantized on read with the layer's scales;
+an int8 cache (kv_int8.py) likewise with its scale tensors, one per (slot, kv head), which then
+come where an fp8 cache's float scales do.
 """
 
 from __future__ import annotations
@@ -12,8 +14,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from bulkgen.model.attention import kv_int8
 from bulkgen.model.attention.kv_fp8 import dequantize, is_fp8, quantize
 from bulkgen.model.attention.metadata import AttnMetadata
+
+# A layer's scales: floats for an fp8 cache, [num_blocks, block_size, Hkv] tensors for int8.
+Scale = float | torch.Tensor
 
 
 def write_kv(
@@ -22,11 +28,12 @@ def write_kv(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
-    k_scale: float = 1.0,
-    v_scale: float = 1.0,
+    k_scale: Scale = 1.0,
+    v_scale: Scale = 1.0,
 ) -> None:
     """Store this step's keys/values [T, Hkv, D] at their slots of the [N, bs, Hkv, D] caches
-    (an fp8 cache stores x / scale; the scales are ignored by other caches)."""
+    (an fp8 cache stores x / scale; an int8 cache stores each row quantized and its scale in the
+    scale tensor at the same slot; the scales are ignored by other caches)."""
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     keep = slot_mapping >= 0
     slots = slot_mapping[keep]
@@ -34,11 +41,15 @@ def write_kv(
         rows = cache.view(-1, num_kv_heads, head_dim)
         if is_fp8(cache):  # index_copy_ has no float8 kernel on the CPU: copy the bytes
             rows.view(torch.uint8).index_copy_(0, slots, quantize(x[keep], scale).view(torch.uint8))
+        elif kv_int8.is_int8(cache):
+            q, row_scales = kv_int8.quantize(x[keep])
+            rows.index_copy_(0, slots, q)
+            scale.view(-1, num_kv_heads).index_copy_(0, slots, row_scales)
         else:
             rows.index_copy_(0, slots, x[keep].to(cache.dtype))
 
 
-def _read(cache: torch.Tensor, blocks: torch.Tensor, scale: float) -> torch.Tensor:
+def _read(cache: torch.Tensor, blocks: torch.Tensor, scale: Scale) -> torch.Tensor:
     """The cached rows of these blocks (any shape of block ids) in float32."""
     # index_select copies whole blocks 4x faster on the CPU than advanced indexing does; an fp8
     # cache is selected as bytes (index_select need not have a float8 kernel on every device).
@@ -46,6 +57,9 @@ def _read(cache: torch.Tensor, blocks: torch.Tensor, scale: float) -> torch.Tens
     if is_fp8(cache):
         rows = cache.view(torch.uint8).index_select(0, index).view(cache.dtype).view(shape)
         return dequantize(rows, scale)
+    if kv_int8.is_int8(cache):
+        rows = cache.index_select(0, index).view(shape)
+        return kv_int8.dequantize(rows, scale.index_select(0, index).view(shape[:-1]))
     return cache.index_select(0, index).view(shape).float()
 
 
@@ -55,12 +69,13 @@ def paged_attention(
     v_cache: torch.Tensor,
     meta: AttnMetadata,
     scale: float,
-    k_scale: float = 1.0,
-    v_scale: float = 1.0,
+    k_scale: Scale = 1.0,
+    v_scale: Scale = 1.0,
 ) -> torch.Tensor:
     """Causal attention of q [T, Hq, D] over each sequence's cached context; returns [T, Hq, D].
 
-    Computed in float32 whatever the cache dtype; k_scale/v_scale dequantize an fp8 cache.
+    Computed in float32 whatever the cache dtype; k_scale/v_scale dequantize an fp8 or int8
+    cache.
     """
     num_q_heads, head_dim = q.shape[1], q.shape[2]
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -108,8 +123,8 @@ def _decode_rows(
     block_tables: torch.Tensor,
     seq_lens: list[int],
     scale: float,
-    k_scale: float,
-    v_scale: float,
+    k_scale: Scale,
+    v_scale: Scale,
 ) -> torch.Tensor:
     """One query row per sequence, q [B, Hq, D], over contexts padded to the longest."""
     batch, num_q_heads, head_dim = q.shape

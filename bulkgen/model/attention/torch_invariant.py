@@ -14,7 +14,8 @@ The same position with the same cached K/V therefore runs the same operations on
 whether it is prefilled whole, in chunks, after a prefix-cache hit, recomputed after preemption,
 or decoded alone or beside other sequences (padded or not): bit for bit the same output.
 Slower than torch_backend (a few small matmuls per token and layer), which is fine for the tiny
-models the CPU runs. An fp8 cache is dequantized on read as in torch_backend.
+models the CPU runs. An fp8 or int8 cache is dequantized on read as in torch_backend (the whole
+context at once, elementwise: a position's values do not depend on the others).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from bulkgen.model.attention.metadata import AttnMetadata
-from bulkgen.model.attention.torch_backend import _read, write_kv
+from bulkgen.model.attention.torch_backend import Scale, _read, write_kv
 
 __all__ = ["paged_attention", "write_kv"]
 
@@ -33,8 +34,8 @@ def paged_attention(
     v_cache: torch.Tensor,
     meta: AttnMetadata,
     scale: float,
-    k_scale: float = 1.0,
-    v_scale: float = 1.0,
+    k_scale: Scale = 1.0,
+    v_scale: Scale = 1.0,
 ) -> torch.Tensor:
     """Causal attention of q [T, Hq, D] over each sequence's cached context; returns [T, Hq, D].
 

@@ -26,8 +26,10 @@ multiply in the loop, and no overflow for any |q| below 65504 / qk_scale), and a
 tiles are twice as many tokens (decode_launch) so that each step of the loop reads as many
 bytes as a bf16 tile: at the same tokens per tile the fp8 kernel was latency-bound, as slow as
 bf16 at half the bytes (H200, bulk run profile at ec92f71: 12.1 vs 12.2 ms of attention a step).
-Values may be stored slots inner (kv_layout.py, V_SLOTS_INNER: V's strides are arguments of their
-own), which keeps an fp8 V tile out of byte-wise shared-memory reads without v_in_registers.
+An int8 cache (KV_INT8) is read as in triton_prefill.py, on fp16 operands with fp8's launches.
+Values may be stored slots inner (kv_layout.py, V_SLOTS_INNER: V's strides are arguments of
+their own), which keeps an fp8 V tile out of byte-wise shared-memory reads without
+v_in_registers.
 """
 
 from __future__ import annotations
@@ -41,9 +43,12 @@ from bulkgen.model.attention.kv_fp8 import is_fp8
 from bulkgen.model.attention.kv_layout import v_slots_inner
 from bulkgen.model.attention.triton_kv import (
     check_cache,
+    int8_scale_args,
     kv_tile_blocks,
     kv_tile_offsets,
+    load_scales,
     load_v_tile,
+    scale_weights,
 )
 
 LOG2E = 1.4426950408889634
@@ -61,6 +66,10 @@ def _decode_split_kernel(
     part_lse_ptr,
     qk_scale,  # softmax scale * log2(e) (* k_scale for an fp8 cache)
     v_scale,  # an fp8 cache's value scale
+    k_scales_ptr,  # an int8 cache's scales [num_blocks, block_size, Hkv] (else unused)
+    v_scales_ptr,
+    stride_scale_block,
+    stride_scale_slot,
     stride_qt,
     stride_qh,
     stride_bt,
@@ -78,6 +87,7 @@ def _decode_split_kernel(
     BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     KV_FP8: tl.constexpr,
+    KV_INT8: tl.constexpr,
     DOT_F16: tl.constexpr,
     V_IN_REGISTERS: tl.constexpr,
     V_SLOTS_INNER: tl.constexpr,
@@ -114,23 +124,24 @@ def _decode_split_kernel(
         valid = pos < hi
         blocks = kv_tile_blocks(block_table_row, pos, hi, BLOCK_SIZE)
         rows = kv_tile_offsets(
-            blocks,
-            pos,
-            kv_head,
-            stride_cache_block,
-            stride_cache_slot,
-            stride_cache_head,
+            blocks, pos, kv_head, stride_cache_block, stride_cache_slot, stride_cache_head,
             BLOCK_SIZE,
-        )
+        )  # fmt: skip
         v_rows = kv_tile_offsets(
             blocks, pos, kv_head, stride_v_block, stride_v_slot, stride_v_head, BLOCK_SIZE
         )
         k_t = tl.load(k_cache_ptr + rows[None, :] + dims[:, None], mask=valid[None, :], other=0.0)
-        if KV_FP8:
+        if KV_FP8 or KV_INT8:
             k_t = k_t.to(q.dtype)
         s = tl.dot(q, k_t, input_precision=DOT_PRECISION)
         if not DOT_F16:
             s = s * qk_scale
+        if KV_INT8:
+            k_s, v_s = load_scales(
+                k_scales_ptr, v_scales_ptr, blocks, pos, kv_head, valid,
+                stride_scale_block, stride_scale_slot, BLOCK_SIZE,
+            )  # fmt: skip
+            s = s * k_s[None, :]
         s = tl.where(valid[None, :], s, float("-inf"))
         # Every tile has a valid position, so m_new is finite and alpha is 0 on the first tile.
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -138,22 +149,19 @@ def _decode_split_kernel(
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = load_v_tile(
-            v_cache_ptr,
-            v_rows,
-            pos,
-            valid,
-            hi,
-            stride_v_dim,
-            HEAD_DIM,
-            BLOCK_SIZE,
-            BLOCK_N,
+            v_cache_ptr, v_rows, pos, valid, hi, stride_v_dim, HEAD_DIM, BLOCK_SIZE, BLOCK_N,
             V_SLOTS_INNER,
-        )
+        )  # fmt: skip
         if V_IN_REGISTERS:  # see DecodeLaunch: the select keeps the tile out of byte reads
             v = tl.where(valid[:, None], v.to(q.dtype), 0.0).to(q.dtype)
-        elif KV_FP8:
+        elif KV_FP8 or KV_INT8:
             v = v.to(q.dtype)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        if KV_INT8:
+            p_v, v_top = scale_weights(p, v_s, valid[None, :])
+            p_v = tl.dot(p_v.to(v.dtype), v, input_precision=DOT_PRECISION) * v_top
+        else:
+            p_v = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        acc = acc * alpha[:, None] + p_v
         m_i = m_new
 
     # An empty split (or a padding row with seq_len 0) has l_i == 0: write out = 0, lse = -inf.
@@ -214,13 +222,13 @@ def paged_decode(
     scale: float,
     num_splits: int | None = None,
     launch: DecodeLaunch | None = None,
-    k_scale: float = 1.0,
-    v_scale: float = 1.0,
+    k_scale: float | torch.Tensor = 1.0,
+    v_scale: float | torch.Tensor = 1.0,
 ) -> torch.Tensor:
     """Attention of one query row per sequence, q [B, Hq, D], over its cached context.
 
     num_splits and launch override the tuned choices (for benchmarks); k_scale/v_scale
-    dequantize an fp8 cache (ignored for others).
+    dequantize an fp8 cache (floats) or an int8 one (its scale tensors; ignored for others).
     """
     batch, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -228,7 +236,8 @@ def paged_decode(
     assert num_q_heads % num_kv_heads == 0 and seq_lens.shape[0] == batch
     group = num_q_heads // num_kv_heads
     fp8 = is_fp8(k_cache)
-    launch = launch or decode_launch(head_dim, fp8, batch)
+    scale_args, int8 = int8_scale_args(k_cache, v_cache, k_scale, v_scale)
+    launch = launch or decode_launch(head_dim, fp8 or int8, batch, "int8" if int8 else "fp8")
     block_n = launch.block_n
     if num_splits is None:
         max_context = block_tables.shape[1] * block_size
@@ -251,7 +260,8 @@ def paged_decode(
         part_out,
         part_lse,
         scale * LOG2E * (k_scale if fp8 else 1.0),
-        v_scale,
+        v_scale if fp8 else 1.0,
+        *scale_args,
         q.stride(0),
         q.stride(1),
         block_tables.stride(0),
@@ -266,9 +276,10 @@ def paged_decode(
         BLOCK_N=block_n,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         KV_FP8=fp8,
+        KV_INT8=int8,
         V_SLOTS_INNER=v_slots_inner(v_cache),
-        DOT_F16=fp8 and q.dtype != torch.float32,
-        V_IN_REGISTERS=fp8 and launch.v_in_registers,
+        DOT_F16=(fp8 or int8) and q.dtype != torch.float32,
+        V_IN_REGISTERS=(fp8 or int8) and launch.v_in_registers,
         num_warps=launch.num_warps,
         **({"num_stages": launch.num_stages} if launch.num_stages else {}),
     )

@@ -4,7 +4,9 @@ write_kv: grid (T,). Program t copies token t's keys and values ([Hkv, D] each) 
 slot_mapping[t] of the caches, converting to the cache dtype; slots < 0 (the padding rows of a
 CUDA-graph batch) are skipped. Slot s lives at block s // block_size, offset s % block_size.
 An fp8 cache (kv_fp8.py) stores clamp(x * (1 / scale), -448, 448) rounded to e4m3, as
-kv_fp8.quantize does; other caches compile the plain cast only.
+kv_fp8.quantize does; an int8 cache (kv_int8.py) stores each head's row divided by its
+max|x| / 127 and rounded to even, and that scale at the slot of its scale tensor, bit for bit as
+kv_int8.quantize does; other caches compile the plain cast only.
 
 kv_tile_offsets: the gather that both attention kernels use. A tile of consecutive token positions
 of one sequence maps, token by token, to (block_tables[b, pos // block_size], pos % block_size), so
@@ -18,8 +20,24 @@ import triton
 import triton.language as tl
 
 from bulkgen.model.attention.kv_fp8 import FP8_MAX, is_fp8
+from bulkgen.model.attention.kv_int8 import INT8_MAX, is_int8
 
 _FP8_MAX = tl.constexpr(FP8_MAX)
+_INT8_MAX = tl.constexpr(INT8_MAX)
+_ROUND = tl.constexpr(12582912.0)  # 1.5 * 2**23: (y + _ROUND) - _ROUND rounds |y| < 2**22 to even
+
+
+@triton.jit
+def _quantize_int8_rows(x, scales_ptr, scale_offsets, mask):
+    """x [HEADS_PAD, HEAD_DIM] as int8 rows; each row's scale max|x| / 127 (1 for a zero row)
+    stored at scales_ptr + scale_offsets. div_rn: Triton's "/" is approximate on the GPU, and
+    torch divides with IEEE rounding."""
+    x = x.to(tl.float32)
+    amax = tl.max(tl.abs(x), axis=1)
+    scale = tl.where(amax > 0, tl.math.div_rn(amax, _INT8_MAX), 1.0)
+    tl.store(scales_ptr + scale_offsets, scale, mask=mask)
+    y = tl.math.div_rn(x, scale[:, None])
+    return tl.clamp((y + _ROUND) - _ROUND, -_INT8_MAX, _INT8_MAX)
 
 
 @triton.jit
@@ -49,6 +67,39 @@ def kv_tile_offsets(
 ):
     """Element offsets (int64) of the first head_dim entry of each position's key/value row."""
     return blocks * stride_block + (pos % BLOCK_SIZE) * stride_slot + kv_head * stride_head
+
+
+@triton.jit
+def load_scales(
+    k_scales_ptr,
+    v_scales_ptr,
+    blocks,  # [N] kv_tile_blocks of the positions
+    pos,
+    kv_head,
+    valid,
+    stride_scale_block,
+    stride_scale_slot,
+    BLOCK_SIZE: tl.constexpr,
+):
+    """An int8 cache's key and value scales [N] of the positions (0 where not valid: the weight
+    of an absent value is then 0 whatever the scale slot held)."""
+    at = kv_tile_offsets(blocks, pos, kv_head, stride_scale_block, stride_scale_slot, 1, BLOCK_SIZE)
+    k_s = tl.load(k_scales_ptr + at, mask=valid, other=0.0)
+    v_s = tl.load(v_scales_ptr + at, mask=valid, other=0.0)
+    return k_s, v_s
+
+
+@triton.jit
+def scale_weights(p, v_s, visible):
+    """(P times the value scales per column over each row's largest visible one, that scale
+    [rows, 1]): P @ V of an int8 tile is (p_v @ v) * top. Dividing keeps p_v in [0, 1], where an
+    fp16 operand has its full precision: p * v_s alone falls into fp16's subnormals when the
+    values are small (|v| ~ 1e-3: 4-9x the error of unit values in an interpreter test). Per row
+    over the keys it sees (visible: [rows or 1, N]), so that a row's arithmetic does not depend
+    on keys past its position (the batch-invariant prefill: triton_invariant.py)."""
+    top = tl.max(tl.where(visible, v_s[None, :], 0.0), axis=1)
+    top = tl.where(top > 0, top, 1.0)  # a row that sees no key of this tile: p is 0 there
+    return p * v_s[None, :] * (1.0 / top)[:, None], top[:, None]
 
 
 @triton.jit
@@ -105,10 +156,15 @@ def _write_kv_kernel(
     num_kv_heads,
     k_inv_scale,
     v_inv_scale,
+    k_scales_ptr,  # an int8 cache's scales [num_blocks, block_size, Hkv] (else unused)
+    v_scales_ptr,
+    stride_scale_block,
+    stride_scale_slot,
     BLOCK_SIZE: tl.constexpr,
     HEADS_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     QUANTIZE: tl.constexpr,  # an fp8 cache: scale and saturate before the cast
+    KV_INT8: tl.constexpr,  # an int8 cache: a scale per head row, stored beside it
 ):
     t = tl.program_id(0)
     slot = tl.load(slot_ptr + t).to(tl.int64)
@@ -126,6 +182,11 @@ def _write_kv_kernel(
     if QUANTIZE:
         k = tl.clamp(k.to(tl.float32) * k_inv_scale, -_FP8_MAX, _FP8_MAX)
         v = tl.clamp(v.to(tl.float32) * v_inv_scale, -_FP8_MAX, _FP8_MAX)
+    if KV_INT8:
+        scale_at = block * stride_scale_block + offset * stride_scale_slot + tl.arange(0, HEADS_PAD)
+        head_mask = tl.arange(0, HEADS_PAD) < num_kv_heads
+        k = _quantize_int8_rows(k, k_scales_ptr, scale_at, head_mask)
+        v = _quantize_int8_rows(v, v_scales_ptr, scale_at, head_mask)
     tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
     tl.store(v_cache_ptr + dst_v, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
@@ -136,12 +197,13 @@ def write_kv(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
-    k_scale: float = 1.0,
-    v_scale: float = 1.0,
+    k_scale: float | torch.Tensor = 1.0,
+    v_scale: float | torch.Tensor = 1.0,
 ) -> None:
     """Store this step's keys/values [T, Hkv, D] at their slots of the [N, bs, Hkv, D] caches
-    (an fp8 cache stores x / scale; the scales are ignored by other caches; V's storage may be
-    either layout of kv_layout.py)."""
+    (an fp8 cache stores x / scale; an int8 cache's scales are its [N, bs, Hkv] scale tensors,
+    written here; the scales are ignored by other caches; V's storage may be either layout of
+    kv_layout.py)."""
     num_tokens, num_kv_heads, head_dim = k.shape
     check_cache(k_cache, v_cache, head_dim)
     if num_tokens == 0:
@@ -149,6 +211,7 @@ def write_kv(
     # Rows may be strided (views into a fused QKV output); head_dim must be contiguous.
     k = k if k.stride(-1) == 1 else k.contiguous()
     v = v if v.stride(-1) == 1 else v.contiguous()
+    scale_args, int8 = int8_scale_args(k_cache, v_cache, k_scale, v_scale)
     _write_kv_kernel[(num_tokens,)](
         k,
         v,
@@ -164,12 +227,14 @@ def write_kv(
         k_cache.stride(2),
         *v_cache.stride(),
         num_kv_heads,
-        1.0 / k_scale,
-        1.0 / v_scale,
+        1.0 if int8 else 1.0 / k_scale,
+        1.0 if int8 else 1.0 / v_scale,
+        *scale_args,
         BLOCK_SIZE=k_cache.shape[1],
         HEADS_PAD=triton.next_power_of_2(num_kv_heads),
         HEAD_DIM=head_dim,
         QUANTIZE=is_fp8(k_cache),
+        KV_INT8=int8,
         num_warps=4,
     )
 
@@ -185,3 +250,22 @@ def check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor, head_dim: int) -> 
     assert k_cache.shape == v_cache.shape and k_cache.dtype == v_cache.dtype
     assert k_cache.stride(-1) == 1 and k_cache.shape[-1] == head_dim
     assert v_cache.stride(-1) == 1 or v_cache.stride(1) == 1
+
+
+def int8_scale_args(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k_scale: float | torch.Tensor,
+    v_scale: float | torch.Tensor,
+) -> tuple[tuple, bool]:
+    """((k_scales, v_scales, block stride, slot stride), whether the cache is int8): the
+    kernels' scale arguments. An int8 cache's scales are float32 [num_blocks, block_size, Hkv]
+    with K's and V's strides the same and heads contiguous; other caches pass themselves as
+    dummy pointers, never read (KV_INT8 off), so their kernels compile as before."""
+    if not is_int8(k_cache):
+        return (k_cache, v_cache, 0, 0), False
+    assert isinstance(k_scale, torch.Tensor) and isinstance(v_scale, torch.Tensor)
+    assert k_scale.shape == v_scale.shape == k_cache.shape[:3]
+    assert k_scale.dtype == v_scale.dtype == torch.float32
+    assert k_scale.stride() == v_scale.stride() and k_scale.stride(2) == 1
+    return (k_scale, v_scale, k_scale.stride(0), k_scale.stride(1)), True

@@ -17,7 +17,10 @@ softmax in base 2, fp32 accumulators): first the tiles wholly before the tile's 
 which need no mask, then the few that cross the causal diagonal.
 
 An fp8 cache (KV_FP8) is cast to the query's dtype as each tile is loaded; its layer scales are
-folded out of the loop (k_scale into qk_scale, v_scale into the final normalisation).
+folded out of the loop (k_scale into qk_scale, v_scale into the final normalisation). An int8
+cache (KV_INT8) is cast likewise (exact) and its scales per (token, kv head) loaded with each
+tile: the scores times the key scales per column, the weights times the value scales in P @ V
+only (triton_kv.scale_weights; l_i sums the unscaled weights). Tilings: prefill_tiling.py.
 """
 
 from __future__ import annotations
@@ -28,28 +31,20 @@ import triton.language as tl
 
 from bulkgen.model.attention.kv_fp8 import is_fp8
 from bulkgen.model.attention.kv_layout import v_slots_inner
+from bulkgen.model.attention.prefill_tiling import _find_seq, invariant_tiles, prefill_tiles
 from bulkgen.model.attention.triton_kv import (
     check_cache,
+    int8_scale_args,
     kv_tile_blocks,
     kv_tile_offsets,
+    load_scales,
     load_v_tile,
+    scale_weights,
 )
 
+__all__ = ["invariant_tiles", "paged_prefill", "prefill_tiles"]
+
 LOG2E = 1.4426950408889634
-
-
-@triton.jit
-def _find_seq(query_start_loc_ptr, num_seqs, tile_id, BLOCK_Q: tl.constexpr):
-    """The last sequence b whose first tile, query_start_loc[b] // BLOCK_Q + b, is <= tile_id."""
-    lo: tl.int32 = 0
-    hi: tl.int32 = num_seqs
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid <= tile_id:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo - 1
 
 
 @triton.jit
@@ -66,6 +61,10 @@ def _attend(
     lo,
     hi,
     qk_scale,
+    k_scales_ptr,
+    v_scales_ptr,
+    stride_scale_block,
+    stride_scale_slot,
     stride_cache_block,
     stride_cache_slot,
     stride_cache_head,
@@ -79,6 +78,7 @@ def _attend(
     DOT_PRECISION: tl.constexpr,
     CAUSAL: tl.constexpr,
     KV_FP8: tl.constexpr,
+    KV_INT8: tl.constexpr,
     V_SLOTS_INNER: tl.constexpr,
 ):
     """Online-softmax update of (acc, l_i, m_i) with the cached positions lo..hi-1."""
@@ -88,43 +88,43 @@ def _attend(
         valid = pos < hi
         blocks = kv_tile_blocks(block_table_row, pos, hi, BLOCK_SIZE)
         rows = kv_tile_offsets(
-            blocks,
-            pos,
-            kv_head,
-            stride_cache_block,
-            stride_cache_slot,
-            stride_cache_head,
+            blocks, pos, kv_head, stride_cache_block, stride_cache_slot, stride_cache_head,
             BLOCK_SIZE,
-        )
+        )  # fmt: skip
         v_rows = kv_tile_offsets(
             blocks, pos, kv_head, stride_v_block, stride_v_slot, stride_v_head, BLOCK_SIZE
         )
         k_t = tl.load(k_cache_ptr + rows[None, :] + dims[:, None], mask=valid[None, :], other=0.0)
-        if KV_FP8:
+        if KV_FP8 or KV_INT8:
             k_t = k_t.to(q.dtype)
         s = tl.dot(q, k_t, input_precision=DOT_PRECISION) * qk_scale
+        if KV_INT8:
+            k_s, v_s = load_scales(
+                k_scales_ptr, v_scales_ptr, blocks, pos, kv_head, valid,
+                stride_scale_block, stride_scale_slot, BLOCK_SIZE,
+            )  # fmt: skip
+            s = s * k_s[None, :]
+        visible = valid[None, :]
         if CAUSAL:
-            s = tl.where(valid[None, :] & (pos[None, :] <= q_pos[:, None]), s, float("-inf"))
+            visible = visible & (pos[None, :] <= q_pos[:, None])
+            s = tl.where(visible, s, float("-inf"))
         # Position 0 is in every row's first tile, so m_new is finite from the first tile on.
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         p = tl.exp2(s - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = load_v_tile(
-            v_cache_ptr,
-            v_rows,
-            pos,
-            valid,
-            hi,
-            stride_v_dim,
-            HEAD_DIM,
-            BLOCK_SIZE,
-            BLOCK_N,
+            v_cache_ptr, v_rows, pos, valid, hi, stride_v_dim, HEAD_DIM, BLOCK_SIZE, BLOCK_N,
             V_SLOTS_INNER,
-        )
-        if KV_FP8:
+        )  # fmt: skip
+        if KV_FP8 or KV_INT8:
             v = v.to(q.dtype)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        if KV_INT8:
+            p_v, v_top = scale_weights(p, v_s, visible)
+            p_v = tl.dot(p_v.to(v.dtype), v, input_precision=DOT_PRECISION) * v_top
+        else:
+            p_v = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        acc = acc * alpha[:, None] + p_v
         m_i = m_new
     return acc, l_i, m_i
 
@@ -144,6 +144,10 @@ def _prefill_kernel(
     num_seqs,
     qk_scale,  # softmax scale * log2(e) (* k_scale for an fp8 cache)
     v_scale,  # an fp8 cache's value scale
+    k_scales_ptr,  # an int8 cache's [num_blocks, block_size, Hkv] scales (else unused)
+    v_scales_ptr,
+    stride_scale_block,
+    stride_scale_slot,
     stride_qt,
     stride_qh,
     stride_bt,
@@ -162,6 +166,7 @@ def _prefill_kernel(
     BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     KV_FP8: tl.constexpr,
+    KV_INT8: tl.constexpr,
     V_SLOTS_INNER: tl.constexpr,  # kv_layout.py
     INVARIANT: tl.constexpr,  # every K/V tile through the one masked loop (triton_invariant.py)
 ):
@@ -202,15 +207,17 @@ def _prefill_kernel(
     # fmt: off
     acc, l_i, m_i = _attend(
         acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, block_table_row, kv_head,
-        0, unmasked_end, qk_scale, stride_cache_block, stride_cache_slot, stride_cache_head,
+        0, unmasked_end, qk_scale, k_scales_ptr, v_scales_ptr, stride_scale_block,
+        stride_scale_slot, stride_cache_block, stride_cache_slot, stride_cache_head,
         stride_v_block, stride_v_slot, stride_v_head, stride_v_dim,
-        BLOCK_SIZE, BLOCK_N, HEAD_DIM, DOT_PRECISION, False, KV_FP8, V_SLOTS_INNER,
+        BLOCK_SIZE, BLOCK_N, HEAD_DIM, DOT_PRECISION, False, KV_FP8, KV_INT8, V_SLOTS_INNER,
     )
     acc, l_i, m_i = _attend(
         acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, block_table_row, kv_head,
-        unmasked_end, end, qk_scale, stride_cache_block, stride_cache_slot, stride_cache_head,
+        unmasked_end, end, qk_scale, k_scales_ptr, v_scales_ptr, stride_scale_block,
+        stride_scale_slot, stride_cache_block, stride_cache_slot, stride_cache_head,
         stride_v_block, stride_v_slot, stride_v_head, stride_v_dim,
-        BLOCK_SIZE, BLOCK_N, HEAD_DIM, DOT_PRECISION, True, KV_FP8, V_SLOTS_INNER,
+        BLOCK_SIZE, BLOCK_N, HEAD_DIM, DOT_PRECISION, True, KV_FP8, KV_INT8, V_SLOTS_INNER,
     )
     # fmt: on
 
@@ -223,22 +230,6 @@ def _prefill_kernel(
     tl.store(out_rows + dims[None, :], out.to(out_ptr.dtype.element_ty), mask=row_mask[:, None])
 
 
-def prefill_tiles(max_query_len: int, group: int, head_dim: int) -> tuple[int, int, int]:
-    """(BLOCK_Q, BLOCK_M, BLOCK_N): query positions and rows per tile, keys per K/V tile."""
-    # 64 rows of head_dim 256 fp32 accumulators would spill with 4 warps.
-    rows = 64 if head_dim <= 128 else 32
-    if max_query_len * group <= 16:
-        rows = 16  # decode-like steps: do not pad a few rows out to 64
-    rows = max(rows, triton.next_power_of_2(group))
-    block_n = 64 if head_dim <= 128 else 32
-    return rows // group, rows, block_n
-
-
-def invariant_tiles(group: int, head_dim: int) -> tuple[int, int, int]:
-    """The one tiling of the batch-invariant mode, whatever the step: the decode-like tile."""
-    return prefill_tiles(1, group, head_dim)
-
-
 def paged_prefill(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -248,12 +239,13 @@ def paged_prefill(
     block_tables: torch.Tensor,
     max_query_len: int,
     scale: float,
-    k_scale: float = 1.0,
-    v_scale: float = 1.0,
+    k_scale: float | torch.Tensor = 1.0,
+    v_scale: float | torch.Tensor = 1.0,
     invariant: bool = False,
 ) -> torch.Tensor:
     """Causal attention of q [T, Hq, D] (rows grouped by query_start_loc) over the cache;
-    k_scale/v_scale dequantize an fp8 cache (ignored for others). invariant: the fixed tiling
+    k_scale/v_scale dequantize an fp8 cache (floats) or an int8 one (its scale tensors; ignored
+    for others). invariant: the fixed tiling
     and single masked loop of triton_invariant.py (max_query_len is then unused)."""
     num_tokens, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -266,6 +258,7 @@ def paged_prefill(
         return out
     group = num_q_heads // num_kv_heads
     fp8 = is_fp8(k_cache)
+    scale_args, int8 = int8_scale_args(k_cache, v_cache, k_scale, v_scale)
     if invariant:
         block_q, block_m, block_n = invariant_tiles(group, head_dim)
     else:
@@ -280,7 +273,8 @@ def paged_prefill(
         out,
         num_seqs,
         scale * LOG2E * (k_scale if fp8 else 1.0),
-        v_scale,
+        v_scale if fp8 else 1.0,
+        *scale_args,
         q.stride(0),
         q.stride(1),
         block_tables.stride(0),
@@ -296,6 +290,7 @@ def paged_prefill(
         BLOCK_N=block_n,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         KV_FP8=fp8,
+        KV_INT8=int8,
         V_SLOTS_INNER=v_slots_inner(v_cache),
         INVARIANT=invariant,
         num_warps=4,  # fixed: the invariant mode's reductions depend on it

@@ -1,0 +1,37 @@
+"""How the varlen prefill kernel (triton_prefill.py) tiles its work: the tile sizes of each step
+(and the one fixed tiling of the batch-invariant mode), and how a program finds its sequence."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _find_seq(query_start_loc_ptr, num_seqs, tile_id, BLOCK_Q: tl.constexpr):
+    """The last sequence b whose first tile, query_start_loc[b] // BLOCK_Q + b, is <= tile_id."""
+    lo: tl.int32 = 0
+    hi: tl.int32 = num_seqs
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid <= tile_id:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+def prefill_tiles(max_query_len: int, group: int, head_dim: int) -> tuple[int, int, int]:
+    """(BLOCK_Q, BLOCK_M, BLOCK_N): query positions and rows per tile, keys per K/V tile."""
+    # 64 rows of head_dim 256 fp32 accumulators would spill with 4 warps.
+    rows = 64 if head_dim <= 128 else 32
+    if max_query_len * group <= 16:
+        rows = 16  # decode-like steps: do not pad a few rows out to 64
+    rows = max(rows, triton.next_power_of_2(group))
+    block_n = 64 if head_dim <= 128 else 32
+    return rows // group, rows, block_n
+
+
+def invariant_tiles(group: int, head_dim: int) -> tuple[int, int, int]:
+    """The one tiling of the batch-invariant mode, whatever the step: the decode-like tile."""
+    return prefill_tiles(1, group, head_dim)
