@@ -11,11 +11,8 @@ a scale applied twice, never, or to the wrong one of K and V shows.
 
 from __future__ import annotations
 
-import functools
-import importlib
 import os
 import re
-from pathlib import Path
 
 import torch
 
@@ -251,53 +248,3 @@ def test_decode_over_fp8_cache_matches_reference_with_every_launch(
     launch = decode_tiling.DecodeLaunch(block_n, v_in_registers=v_in_registers)
     monkeypatch.setattr(triton_decode, "decode_launch", lambda *_: launch)
     check_fp8_decode([1, 2, 63, 64, 65, 300, 9], 2, 4, 32, 4, dtype, num_splits)
-
-
-def test_a_measured_table_picks_the_launch_by_batch_size(monkeypatch):
-    """decode_tilings.json lists launches by the largest batch each is for; the last (max_batch
-    null) takes every larger batch, and a batch-less call (benchmarks) the largest's."""
-    table = {
-        "fp8": {
-            "128": [
-                {"max_batch": 32, "block_n": 64, "v_in_registers": True},
-                {"max_batch": 256, "block_n": 128, "num_warps": 8},
-                {"max_batch": None, "block_n": 256},
-            ]
-        }
-    }
-    monkeypatch.setattr(decode_tiling, "measured_launches", lambda: table)
-    launch = functools.partial(decode_tiling.decode_launch, 128, True)
-    assert launch(1) == launch(32) == decode_tiling.DecodeLaunch(64, v_in_registers=True)
-    assert launch(33) == launch(256) == decode_tiling.DecodeLaunch(128, 8)
-    assert launch(257).block_n == launch(4096).block_n == launch(None).block_n == 256
-    assert decode_tiling.decode_launch(128, False, 1).block_n == 64  # bf16 is not tuned
-
-
-def test_the_tuner_keeps_each_batch_sizes_fastest_launch(monkeypatch):
-    """tune_decode.py's table: per batch the launch with the smallest geometric mean over that
-    batch's contexts; neighbours with the same launch merge, the last bucket is open-ended."""
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "scripts"))
-    tune = importlib.import_module("tune_decode")
-    a, b = decode_tiling.DecodeLaunch(64), decode_tiling.DecodeLaunch(128, v_in_registers=True)
-    # SHAPES: batches 32, 256, 512 at contexts 1024 and 2048. a wins at 32 only.
-    results = [(a, [1.0, 1.0, 5.0, 5.0, 9.0, 9.0]), (b, [2.0, 2.0, 4.0, 4.0, 8.0, 8.0])]
-    entries = tune.per_batch_best(results)
-    assert entries == [
-        {"max_batch": 32, **a._asdict()},
-        {"max_batch": None, **b._asdict()},
-    ]
-    assert tune.per_batch_best([results[1]]) == [{"max_batch": None, **b._asdict()}]
-
-
-def test_the_tuner_keeps_the_value_layout_whose_best_launches_are_fastest(monkeypatch):
-    """A layout wins on its per-batch best launches, not on any single launch's times."""
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "scripts"))
-    tune = importlib.import_module("tune_decode")
-    a, b = decode_tiling.DecodeLaunch(64), decode_tiling.DecodeLaunch(128)
-    # rows: a at 32 rows and b above, each best where it runs: 1, 1, 2, 2, 2, 2.
-    rows = [(a, [1.0, 1.0, 9.0, 9.0, 9.0, 9.0]), (b, [9.0, 9.0, 2.0, 2.0, 2.0, 2.0])]
-    # slots inner: one launch, 1.5 everywhere: no single rows launch beats it, the pair does not.
-    slots_inner = [(a, [1.5] * 6)]
-    assert tune.best_layout({"rows": rows, "slots_inner": slots_inner}) == "slots_inner"
-    slots_inner = [(a, [2.5] * 6)]
-    assert tune.best_layout({"rows": rows, "slots_inner": slots_inner}) == "rows"
