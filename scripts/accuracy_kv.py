@@ -30,7 +30,7 @@ import torch
 
 from bulkgen import LLM, SamplingParams
 from bulkgen.model.attention.kv_fp8 import FP8_MAX, resolve_kv_dtype
-from bulkgen.model.attention.kv_int8 import INT8_DTYPE, allocate_kv_scales
+from bulkgen.model.attention.kv_layout import allocate_kv_cache
 from bulkgen.model.attention.metadata import AttnMetadata
 
 BLOCK_SIZE = 16
@@ -62,8 +62,8 @@ def next_token_logprobs(
     model, mcfg = llm.engine.runner.model, llm.engine.model_config
     device, n = llm.engine.device, len(ids)
     blocks = -(-n // BLOCK_SIZE)
-    shape = (mcfg.num_layers, 2, blocks, BLOCK_SIZE, mcfg.num_kv_heads, mcfg.head_dim)
-    cache = torch.empty(shape, dtype=kv_dtype, device=device)
+    heads, dim = mcfg.num_kv_heads, mcfg.head_dim
+    cache = allocate_kv_cache(mcfg.num_layers, blocks, BLOCK_SIZE, heads, dim, kv_dtype, device)
     meta = AttnMetadata(
         slot_mapping=torch.arange(n, device=device),
         query_start_loc=torch.tensor([0, n], dtype=torch.int32, device=device),
@@ -77,15 +77,10 @@ def next_token_logprobs(
     )
     input_ids = torch.tensor(ids, device=device)
     positions = torch.arange(n, device=device)
-    kv = [(layer[0], layer[1]) for layer in cache]
-    if kv_dtype == INT8_DTYPE:  # its scales per (token, kv head) travel with each layer
-        _, scales = allocate_kv_scales(
-            mcfg.num_layers, blocks, BLOCK_SIZE, mcfg.num_kv_heads, device
-        )
-        kv = [(*layer, *s) for layer, s in zip(kv, scales, strict=True)]
-    hidden = model(input_ids, positions, meta, kv)
+    hidden = model(input_ids, positions, meta, cache.layers)
     if amax is not None:
-        seen = cache.flatten(2, 3)[:, :, :n].float().abs().amax(dim=(2, 3, 4))
+        # rows layout: the first n tokens are the first n * heads * dim elements of K and of V
+        seen = cache.values.flatten(2)[:, :, : n * heads * dim].float().abs().amax(dim=2)
         torch.maximum(amax, seen.cpu(), out=amax)
     # float32 before the softmax: bf16 log-probabilities would be rounded to ~3 digits.
     return torch.log_softmax(model.compute_logits(hidden).float(), dim=-1)

@@ -116,7 +116,7 @@ def test_the_cache_is_one_allocation_viewed_per_layer(slots_inner):
     memory), in the logical shape every backend indexes; slots inner is zeroed (the kernels
     read whole blocks) and has head_dim's stride equal to the block size."""
     layers, blocks, block_size, heads, dim = 3, 4, 8, 2, 16
-    storage, views = allocate_kv_cache(
+    storage, _, views = allocate_kv_cache(
         layers, blocks, block_size, heads, dim, FP8_DTYPE, torch.device("cpu"), slots_inner
     )
     assert storage.nbytes == layers * 2 * blocks * block_size * heads * dim

@@ -31,7 +31,7 @@ from bulkgen.engine.sampler import SamplingTensors, sample, top_logprobs, unpack
 from bulkgen.engine.step import Forward, Step
 from bulkgen.engine.tables import DeviceTables
 from bulkgen.model.attention.kv_fp8 import FP8_DTYPE, resolve_kv_dtype
-from bulkgen.model.attention.kv_int8 import INT8_DTYPE, allocate_kv_scales, scale_bytes_per_token
+from bulkgen.model.attention.kv_int8 import INT8_DTYPE, scale_bytes_per_token
 from bulkgen.model.attention.kv_layout import allocate_kv_cache
 from bulkgen.model.attention.metadata import AttnMetadata
 from bulkgen.model.config import ModelConfig
@@ -65,7 +65,8 @@ class ModelRunner:
         self.followers = None  # rank 0's channel to the other ranks (engine/tp_group.py)
         self.attention = model.attention
         dtype = resolve_kv_dtype(ecfg.kv_cache_dtype, model.model.embed_tokens.weight.dtype)
-        self.kv_cache, self.kv = allocate_kv_cache(  # kv: per layer (k, v) views
+        # kv: per layer (k, v) views, and an int8 cache's scales (k_s, v_s) after them
+        self.kv_cache, self.kv_scales, self.kv = allocate_kv_cache(
             mcfg.num_layers,
             num_blocks,
             ecfg.block_size,
@@ -75,13 +76,6 @@ class ModelRunner:
             device,
             v_slots_inner=dtype == FP8_DTYPE and self.attention.fp8_v_slots_inner,
         )
-        # An int8 cache's scales (kv_int8.py): each layer's views become (k, v, k_s, v_s).
-        self.kv_scales: torch.Tensor | None = None
-        if dtype == INT8_DTYPE:
-            self.kv_scales, scales = allocate_kv_scales(
-                mcfg.num_layers, num_blocks, ecfg.block_size, mcfg.num_kv_heads, device
-            )
-            self.kv = [(*kv, *s) for kv, s in zip(self.kv, scales, strict=True)]
         self.max_blocks_per_seq = -(-max_model_len // ecfg.block_size)
         self.packer = InputPacker(
             device,

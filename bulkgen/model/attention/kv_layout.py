@@ -1,4 +1,5 @@
-"""How the paged KV cache lies in memory: one allocation, and each layer's (k, v) views.
+"""How the paged KV cache lies in memory: one allocation, and each layer's (k, v) views (with an
+int8 cache's scales beside them).
 
 Every view has the logical shape [num_blocks, block_size, num_kv_heads, head_dim]. Keys are always
 stored that way (head_dim contiguous: the q @ K^T product reduces along it). Values come in two
@@ -20,7 +21,21 @@ Which layout the engine allocates for an fp8 cache is measured (decode_tiling.fp
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
+
+from bulkgen.model.attention.kv_int8 import INT8_DTYPE, allocate_kv_scales
+
+
+class KVCache(NamedTuple):
+    """One run's cache: the values' storage [num_layers, 2, num_blocks, block elements], an int8
+    cache's scales (kv_int8.allocate_kv_scales; None for other dtypes), and each layer's views:
+    (k, v), or (k, v, k_scales, v_scales) for int8, as the attention layers take them."""
+
+    values: torch.Tensor
+    scales: torch.Tensor | None
+    layers: list[tuple[torch.Tensor, ...]]
 
 
 def allocate_kv_cache(
@@ -32,8 +47,8 @@ def allocate_kv_cache(
     dtype: torch.dtype,
     device: torch.device,
     v_slots_inner: bool = False,
-) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
-    """(storage [num_layers, 2, num_blocks, block elements], per-layer (k, v) views)."""
+) -> KVCache:
+    """The cache of this shape and dtype, values in the rows layout or slots inner."""
     elements = block_size * num_kv_heads * head_dim
     make = torch.zeros if v_slots_inner else torch.empty
     storage = make((num_layers, 2, num_blocks, elements), dtype=dtype, device=device)
@@ -45,7 +60,12 @@ def allocate_kv_cache(
         else:
             v = layer[1].view(num_blocks, block_size, num_kv_heads, head_dim)
         views.append((k, v))
-    return storage, views
+    if dtype != INT8_DTYPE:
+        return KVCache(storage, None, views)
+    scales, scale_views = allocate_kv_scales(
+        num_layers, num_blocks, block_size, num_kv_heads, device
+    )
+    return KVCache(storage, scales, [(*kv, *s) for kv, s in zip(views, scale_views, strict=True)])
 
 
 def v_slots_inner(v_cache: torch.Tensor) -> bool:
