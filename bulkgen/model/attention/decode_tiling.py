@@ -51,22 +51,23 @@ TILINGS_FILE = Path(__file__).with_name("decode_tilings.json")
 
 
 @functools.cache
-def measured_launches() -> dict[str, dict]:
-    """{cache kind: {head dim: [launch fields with max_batch, ...]}} from TILINGS_FILE ({}
-    without it)."""
+def measured_table() -> dict:
+    """TILINGS_FILE's contents ({} without it), read once."""
     try:
-        return json.loads(TILINGS_FILE.read_text())["launches"]
+        return json.loads(TILINGS_FILE.read_text())
     except FileNotFoundError:
         return {}
+
+
+def measured_launches() -> dict[str, dict]:
+    """{cache kind: {head dim: [launch fields with max_batch, ...]}} from TILINGS_FILE."""
+    return measured_table().get("launches", {})
 
 
 def fp8_v_slots_inner() -> bool:
     """Whether an fp8 cache's values are allocated slots inner (kv_layout.py): as measured by
     scripts/tune_decode.py (TILINGS_FILE's "fp8_v_layout"), rows until it is."""
-    try:
-        return json.loads(TILINGS_FILE.read_text()).get("fp8_v_layout") == "slots_inner"
-    except FileNotFoundError:
-        return False
+    return measured_table().get("fp8_v_layout") == "slots_inner"
 
 
 def launch_for_batch(entries: list[dict] | dict, batch: int | None) -> DecodeLaunch:
