@@ -139,12 +139,49 @@ def compile_check() -> None:
                           "byte_smem_reads": len(re.findall(r"\bld\.shared\.[bsu]8\b", ptx))}))
 
 
+def heads_outer(cache: torch.Tensor) -> torch.Tensor:
+    """A copy with each block stored [heads, slots, dim] (one head's rows of a block contiguous),
+    viewed in the logical [blocks, slots, heads, dim] shape the kernels index by strides."""
+    blocks, bs, heads, dim = cache.shape
+    out = torch.empty(blocks, heads, bs, dim, dtype=cache.dtype, device=cache.device)
+    return out.permute(0, 2, 1, 3).copy_(cache)
+
+
+def layouts() -> None:
+    """The engine's decode kernel over K (and bf16 V) stored heads outer within each block."""
+    from bench_attention import HEAD_DIM, median_ms, paged_inputs
+
+    from bulkgen.model.attention.kv_layout import to_slots_inner
+    from bulkgen.model.attention.triton_decode import paged_decode
+
+    for dtype in (torch.float8_e4m3fn, torch.bfloat16):
+        for batch, context in [(32, 2048), (256, 1024), (256, 2048), (512, 2048)]:
+            q, k, v, meta, _ = paged_inputs([context] * batch, [1] * batch, True, dtype)
+            fp8 = dtype != torch.bfloat16
+            v_now = to_slots_inner(v) if fp8 else v
+            sl, bt, sc = meta.seq_lens, meta.block_tables, HEAD_DIM**-0.5
+            want = paged_decode(q, k, v_now, sl, bt, sc)
+            k_ho = heads_outer(k)
+            v_ho = v_now if fp8 else heads_outer(v)
+            got = paged_decode(q, k_ho, v_ho, sl, bt, sc)
+            row = {"kv": str(dtype), "batch": batch, "context": context,
+                   "now_ms": round(median_ms(lambda: paged_decode(q, k, v_now, sl, bt, sc)), 4),
+                   "heads_outer_ms": round(median_ms(lambda: paged_decode(q, k_ho, v_ho, sl, bt, sc)), 4),
+                   "same": bool(torch.equal(want, got))}  # fmt: skip
+            print(json.dumps(row), flush=True)
+            del q, k, v, k_ho, v_ho, v_now
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--layouts", action="store_true")
     args = ap.parse_args()
     if args.compile:
         compile_check()
+        return
+    if args.layouts:
+        layouts()
         return
     from bench_attention import HEAD_DIM, median_ms, paged_inputs
     from bench_measure import git_commit
