@@ -172,8 +172,35 @@ def layouts() -> None:
             del q, k, v, k_ho, v_ho, v_now
 
 
+def block_sizes() -> None:
+    """The engine's decode kernel (tuned launch, fp8 values slots inner) over caches of 16- and
+    32-token blocks: a slots-inner block holds each dim's values of its tokens contiguous, 16
+    bytes at 16 fp8 tokens (half an L2 sector), a whole 32-byte sector at 32."""
+    import bench_attention
+    from bench_attention import HEAD_DIM, median_ms, paged_inputs
+
+    from bulkgen.model.attention.kv_layout import to_slots_inner
+    from bulkgen.model.attention.triton_decode import paged_decode
+
+    for dtype in (torch.float8_e4m3fn, torch.bfloat16):
+        for batch, context in [(32, 2048), (256, 1024), (256, 2048), (512, 2048)]:
+            row = {"kv": str(dtype), "batch": batch, "context": context}
+            for bs in (16, 32, 64):
+                bench_attention.BLOCK_SIZE = bs
+                q, k, v, meta, _ = paged_inputs([context] * batch, [1] * batch, True, dtype)
+                if dtype != torch.bfloat16:
+                    v = to_slots_inner(v)
+                sl, bt, sc = meta.seq_lens, meta.block_tables, HEAD_DIM**-0.5
+                paged_decode(q, k, v, sl, bt, sc)
+                row[f"bs{bs}_ms"] = round(median_ms(lambda: paged_decode(q, k, v, sl, bt, sc)), 4)
+                del q, k, v, meta
+            print(json.dumps(row), flush=True)
+    bench_attention.BLOCK_SIZE = 16
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--block-sizes", action="store_true")
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--layouts", action="store_true")
     args = ap.parse_args()
@@ -182,6 +209,9 @@ def main() -> None:
         return
     if args.layouts:
         layouts()
+        return
+    if args.block_sizes:
+        block_sizes()
         return
     from bench_attention import HEAD_DIM, median_ms, paged_inputs
     from bench_measure import git_commit
