@@ -9,10 +9,12 @@ For each kernel and cache dtype it prints the PTX size and the fp8 conversion in
 branches): the batch-invariant prefill ("invariant", triton_invariant.py) streams K/V in one loop,
 and its byte-wise reads of shared memory (`ld.shared.b8`, `.s8`): "decode-vreg" is the decode
 kernel with DecodeLaunch.v_in_registers, whose 8-bit V tile must not be read back one byte at a
-time. The
-decode and prefill kernels are compiled as the JIT specializes them at run time: pointers and the
-q, cache and scale strides divisible by 16 (the block-table stride is the table's width, which
-need not be); without that, prefill's loads compiled byte by byte and without cp.async, which the
+time. For the int8 write kernel: its round-half-even pairs (y + 1.5 * 2**23) - 1.5 * 2**23 left as
+two adds by the compiler, and approximate divisions (div.approx, div.full, rcp.approx), of which it
+must have none (it stores what kv_int8.quantize stores, bit for bit). The decode and prefill
+kernels are compiled as the JIT specializes them at run time: pointers and the q, cache and scale
+strides divisible by 16 (the block-table stride is the table's width, which need not be); without
+that, prefill's loads compiled byte by byte and without cp.async, which the
 JIT never builds (before 2026-12-01 prefill was compiled so: 4,251 bf16 instructions, now 2,309).
 An int8 cache (kv_int8.py) adds its scale tensors' pointers and strides, which the other caches'
 launches pass too (dummies, never read): "instructions" counts the PTX's instructions without
@@ -234,6 +236,23 @@ def shared_byte_reads(ptx: str) -> int:
     return len(re.findall(r"\bld\.shared\.[bsu]8\b", ptx))
 
 
+_ROUND = "0f4B400000"  # 1.5 * 2**23 as PTX writes a float32 immediate
+
+
+def round_half_even_pairs(ptx: str) -> int:
+    """Adds of +1.5 * 2**23 matched by an add of -1.5 * 2**23 (or a sub of +): the rounding of
+    triton_kv._quantize_int8_rows, not folded away by the compiler."""
+    up = len(re.findall(rf"\badd(?:\.rn)?\.f32\s[^;]*, {_ROUND};", ptx))
+    down = len(re.findall(r"\badd(?:\.rn)?\.f32\s[^;]*, 0fCB400000;", ptx))
+    down += len(re.findall(rf"\bsub(?:\.rn)?\.f32\s[^;]*, {_ROUND};", ptx))
+    return min(up, down)
+
+
+def approximate_divisions(ptx: str) -> int:
+    """float32 divisions or reciprocals that are not IEEE-rounded (Triton's "/" on the GPU)."""
+    return len(re.findall(r"\b(?:div\.(?:approx|full)|rcp\.approx)[.\w]*\.f32\b", ptx))
+
+
 def loops(ptx: str) -> int:
     """Backward branches in the PTX: one per loop the compiler kept."""
     labels, count = set(), 0
@@ -253,6 +272,8 @@ def main() -> None:
             ptx = compile_ptx(kernel, cache)
             print(f"{kernel:15s} {cache:4s}: {len(ptx):7d} chars of PTX, "
                   f"{instructions(ptx)} instructions, {loops(ptx)} loops, "
+                  f"{round_half_even_pairs(ptx)} round-half-even pairs, "
+                  f"{approximate_divisions(ptx)} approximate divisions, "
                   f"{shared_byte_reads(ptx)} shared byte reads, "
                   f"{fp8_conversions(ptx)} e4m3 conversions")  # fmt: skip
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 
 import torch
 
@@ -201,6 +202,19 @@ def test_the_invariant_kernel_gives_a_row_the_same_bits_in_a_prefill_and_decoded
     100's output from a whole prefill (where the later positions of its K/V tile are cached and
     read) equals, bit for bit, its output decoded alone over the first 101 positions."""
     check_invariant_row(150, 100, 2, 4, 32, 16, torch.float16)
+
+
+def test_the_write_kernel_divides_and_rounds_exactly_when_compiled_for_sm90(
+    attention_compile_check,
+):
+    """What the interpreter cannot show: the GPU compiler keeps the int8 write kernel's arithmetic
+    that of kv_int8.quantize. Only IEEE divisions (Triton's "/" compiles to an approximate one),
+    and (y + 1.5 * 2**23) - 1.5 * 2**23 kept as two adds, which round to even (folded, nothing
+    would round): a pair per element a thread stores, 2 x [8 heads, 128] over 128 threads."""
+    line = re.search(r"^write_kv +int8 *:.*$", attention_compile_check, re.M)[0]
+    pairs = int(re.search(r"(\d+) round-half-even pairs", line)[1])
+    approximate = int(re.search(r"(\d+) approximate divisions", line)[1])
+    assert (pairs, approximate) == (2 * 8 * 128 // 128, 0), line
 
 
 # ---- GPU only: the 8B attention shape ---------------------------------------------------------
