@@ -178,7 +178,9 @@ class EngineConfig:
     device: str = "auto"
     load_format: str = "auto"  # auto | safetensors | dummy
     quantization: str | None = None  # fp8: FP8 weights, quantized at load (model/fp8.py)
-    block_size: int = 16
+    # Tokens per KV block; None: 16, or SLOTS_INNER_BLOCK_SIZE for an fp8 cache whose values the
+    # engine stores slots inner (model/attention/kv_layout.py).
+    block_size: int | None = None
     num_blocks: int | None = None
     kv_memory: float = 0.9  # fraction of free device memory for the KV cache
     max_batch_tokens: int = 2048
@@ -201,7 +203,11 @@ class EngineConfig:
             raise ValueError(f"tensor_parallel must be an integer, got {self.tensor_parallel!r}")
         if self.tensor_parallel < 1:
             raise ValueError(f"tensor_parallel must be >= 1, got {self.tensor_parallel}")
-        if self.block_size < 1 or self.block_size & (self.block_size - 1):
+        if self.block_size is not None and (
+            not _is_int(self.block_size)
+            or self.block_size < 1
+            or self.block_size & (self.block_size - 1)
+        ):
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")
         if self.num_blocks is not None and self.num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1 or None, got {self.num_blocks}")

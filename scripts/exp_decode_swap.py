@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+from functools import partial
 
 import torch
 import triton
@@ -68,7 +69,9 @@ def _decode_swap_kernel(
         slot = pos % BLOCK_SIZE
         k_off = blocks * stride_k_block + slot * stride_k_slot + kv_head * stride_k_head
         k = tl.load(k_cache_ptr + k_off[:, None] + dims[None, :], mask=valid[:, None], other=0.0)
-        v_off = blocks * stride_v_block + slot + kv_head * stride_v_head  # slots inner: slot stride 1
+        v_off = (
+            blocks * stride_v_block + slot + kv_head * stride_v_head
+        )  # slots inner: slot stride 1
         v_off = tl.max_contiguous(tl.multiple_of(v_off, BLOCK_SIZE), BLOCK_SIZE)
         v_t = tl.load(v_cache_ptr + v_off[None, :] + dims[:, None] * stride_v_dim,
                       mask=in_table[None, :], other=0.0)  # [D, N]  # fmt: skip
@@ -96,13 +99,15 @@ def _decode_swap_kernel(
 
 def decode_swap(q, k_cache, v_si, seq_lens, block_tables, scale, fp8_mma, block_n=128, warps=4,
                 stages=None, k_scale=1.0, v_scale=1.0):  # fmt: skip
-    """q [B, Hq, D] bf16; k_cache [blocks, bs, Hkv, D] fp8; v_si: to_slots_inner (logical shape [blocks, bs, Hkv, D], slot stride 1)."""
+    """q [B, Hq, D] bf16; k_cache [blocks, bs, Hkv, D] fp8; v_si: to_slots_inner (the logical
+    shape [blocks, bs, Hkv, D], slot stride 1)."""
     batch, hq, d = q.shape
     _, bs, hkv, _ = k_cache.shape
     out = torch.empty_like(q)
     group = hq // hkv
     _decode_swap_kernel[(batch, hkv)](
-        q, k_cache, v_si, seq_lens, block_tables, out, scale * 1.4426950408889634 * k_scale, v_scale,
+        q, k_cache, v_si, seq_lens, block_tables, out, scale * 1.4426950408889634 * k_scale,
+        v_scale,
         q.stride(0), q.stride(1), block_tables.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_si.stride(0), v_si.stride(2), v_si.stride(3),
@@ -132,11 +137,20 @@ def compile_check() -> None:
                      FP8_MMA=fp8_mma)  # fmt: skip
         attrs = {(i,): [["tt.divisibility", 16]] for i in aligned}
         src = ASTSource(_decode_swap_kernel, sig, constexprs=const, attrs=attrs)
-        ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["ptx"]
+        ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm[
+            "ptx"
+        ]
         ops = sorted(set(re.findall(r"\b(wgmma\.mma_async[^ ]*|mma\.sync[^ ]*)", ptx)))
-        print(json.dumps({"fp8_mma": fp8_mma, "mma": ops,
-                          "e4m3_cvt": len(re.findall(r"\bcvt\.[^;]*e4m3", ptx)),
-                          "byte_smem_reads": len(re.findall(r"\bld\.shared\.[bsu]8\b", ptx))}))
+        print(
+            json.dumps(
+                {
+                    "fp8_mma": fp8_mma,
+                    "mma": ops,
+                    "e4m3_cvt": len(re.findall(r"\bcvt\.[^;]*e4m3", ptx)),
+                    "byte_smem_reads": len(re.findall(r"\bld\.shared\.[bsu]8\b", ptx)),
+                }
+            )
+        )
 
 
 def heads_outer(cache: torch.Tensor) -> torch.Tensor:
@@ -165,11 +179,12 @@ def layouts() -> None:
             v_ho = v_now if fp8 else heads_outer(v)
             got = paged_decode(q, k_ho, v_ho, sl, bt, sc)
             row = {"kv": str(dtype), "batch": batch, "context": context,
-                   "now_ms": round(median_ms(lambda: paged_decode(q, k, v_now, sl, bt, sc)), 4),
-                   "heads_outer_ms": round(median_ms(lambda: paged_decode(q, k_ho, v_ho, sl, bt, sc)), 4),
+                   "now_ms": round(median_ms(partial(paged_decode, q, k, v_now, sl, bt, sc)), 4),
+                   "heads_outer_ms": round(
+                       median_ms(partial(paged_decode, q, k_ho, v_ho, sl, bt, sc)), 4
+                   ),
                    "same": bool(torch.equal(want, got))}  # fmt: skip
             print(json.dumps(row), flush=True)
-            del q, k, v, k_ho, v_ho, v_now
 
 
 def block_sizes() -> None:
@@ -192,8 +207,8 @@ def block_sizes() -> None:
                     v = to_slots_inner(v)
                 sl, bt, sc = meta.seq_lens, meta.block_tables, HEAD_DIM**-0.5
                 paged_decode(q, k, v, sl, bt, sc)
-                row[f"bs{bs}_ms"] = round(median_ms(lambda: paged_decode(q, k, v, sl, bt, sc)), 4)
-                del q, k, v, meta
+                run = partial(paged_decode, q, k, v, sl, bt, sc)
+                row[f"bs{bs}_ms"] = round(median_ms(run), 4)
             print(json.dumps(row), flush=True)
     bench_attention.BLOCK_SIZE = 16
 
@@ -226,13 +241,13 @@ def main() -> None:
         sl, bt, sc = meta.seq_lens, meta.block_tables, HEAD_DIM**-0.5
         ref = paged_decode(q.float(), k.float(), v.float(), sl, bt, sc)
         row = {"batch": batch, "context": context, "git_commit": git_commit()}
-        row["engine_ms"] = round(median_ms(lambda: paged_decode(q, k, v_si, sl, bt, sc)), 4)
+        row["engine_ms"] = round(median_ms(partial(paged_decode, q, k, v_si, sl, bt, sc)), 4)
         row["engine_err"] = (paged_decode(q, k, v_si, sl, bt, sc).float() - ref).abs().max().item()
         for fp8_mma in (False, True):
             for warps, stages in ((4, None), (4, 2), (8, None)):
                 name = f"swap_{'fp8' if fp8_mma else 'f16'}_w{warps}_s{stages}"
                 try:
-                    run = lambda: decode_swap(q, k, v_si, sl, bt, sc, fp8_mma, 128, warps, stages)  # noqa: E731
+                    run = partial(decode_swap, q, k, v_si, sl, bt, sc, fp8_mma, 128, warps, stages)
                     row[name + "_ms"] = round(median_ms(run), 4)
                     row[name + "_err"] = (run().float() - ref).abs().max().item()
                 except Exception as e:  # noqa: BLE001

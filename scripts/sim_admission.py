@@ -23,6 +23,7 @@ from bulkgen.engine.blocks import BlockManager
 from bulkgen.engine.request import Request
 from bulkgen.engine.scheduler import Scheduler
 from bulkgen.engine.step import StepResult
+from bulkgen.model.attention.kv_layout import DEFAULT_BLOCK_SIZE
 
 EOS = 2
 
@@ -53,7 +54,7 @@ def simulate(work, max_num_seqs, output_reserve, num_blocks: int) -> dict:
     cfg = EngineConfig(
         model="-", max_num_seqs=max_num_seqs, output_reserve=output_reserve, prefix_cache=False
     )
-    sched = Scheduler(cfg, BlockManager(num_blocks, cfg.block_size), 16384, eos_ids=[EOS])
+    sched = Scheduler(cfg, BlockManager(num_blocks, DEFAULT_BLOCK_SIZE), 16384, eos_ids=[EOS])
     ends = {}
     for i, (prompt, max_tokens, eos_at) in enumerate(work):
         params = SamplingParams(max_tokens=max_tokens, ignore_eos=eos_at is None)

@@ -11,6 +11,7 @@ cache kind: the fastest split count at each shape against the engine's own choic
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 
 import torch
@@ -42,27 +43,42 @@ def main() -> None:
                 batch, NUM_KV_HEADS, ENGINE_MAX_CONTEXT, launch.block_n, torch.device("cuda")
             )
             for context in CONTEXTS:
-                q, k, v, meta, (ks, vs) = paged_inputs([context] * batch, [1] * batch, True, kv_dtype)
+                q, k, v, meta, (ks, vs) = paged_inputs(
+                    [context] * batch, [1] * batch, True, kv_dtype
+                )
                 if eight_bit and fp8_v_slots_inner():
                     v = to_slots_inner(v)
                 times = {}
                 for splits in SPLITS:
-                    times[splits] = median_ms(
-                        lambda s=splits: paged_decode(
-                            q, k, v, meta.seq_lens, meta.block_tables, HEAD_DIM**-0.5,
-                            num_splits=s, launch=launch, k_scale=ks, v_scale=vs,
-                        )
-                    )
+                    run = functools.partial(
+                        paged_decode, q, k, v, meta.seq_lens, meta.block_tables,
+                        HEAD_DIM**-0.5, num_splits=splits, launch=launch, k_scale=ks, v_scale=vs,
+                    )  # fmt: skip
+                    times[splits] = median_ms(run)
                 best = min(times, key=times.get)
-                row = {"kv": name, "batch": batch, "context": context, "current": current,
-                       "ms": {str(s): round(t, 4) for s, t in times.items()}, "best": best,
-                       "current_vs_best": round(times[current] / times[best], 3)
-                       if current in times else None}
+                row = {
+                    "kv": name,
+                    "batch": batch,
+                    "context": context,
+                    "current": current,
+                    "ms": {str(s): round(t, 4) for s, t in times.items()},
+                    "best": best,
+                    "current_vs_best": round(times[current] / times[best], 3)
+                    if current in times
+                    else None,
+                }
                 print(json.dumps(row), flush=True)
                 summary.append(row)
-                del q, k, v, meta
-        print(json.dumps({"summary": "decode splits", "kv": name, "git_commit": git_commit(),
-                          "best": {f"{r['batch']}x{r['context']}": r["best"] for r in summary}}))
+        print(
+            json.dumps(
+                {
+                    "summary": "decode splits",
+                    "kv": name,
+                    "git_commit": git_commit(),
+                    "best": {f"{r['batch']}x{r['context']}": r["best"] for r in summary},
+                }
+            )
+        )
 
 
 if __name__ == "__main__":

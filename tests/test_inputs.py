@@ -8,16 +8,15 @@ import dataclasses
 import pytest
 import torch
 
-from bulkgen.config import EngineConfig
 from bulkgen.engine.inputs import InputPacker
 from bulkgen.engine.warmup import _plan
 
 
 @pytest.mark.parametrize("lengths", [[1], [1, 1, 1], [3, 1], [17, 1, 1, 5, 333], [2, 2, 2, 2, 2]])
 def test_every_field_is_16_byte_aligned_whatever_the_step_sizes(lengths):
-    cfg = EngineConfig(model="-")
-    plan = _plan(lengths, cfg.block_size)
-    packer = InputPacker(torch.device("cpu"), cfg.block_size, 2048, 8, 64)
+    block_size = 16
+    plan = _plan(lengths, block_size)
+    packer = InputPacker(torch.device("cpu"), block_size, 2048, 8, 64)
     packed = packer.pack(plan, None)
     inp = packed.unpack()
     for field in dataclasses.fields(inp):

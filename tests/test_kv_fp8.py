@@ -240,6 +240,7 @@ def test_gpu_fp8_engine_matches_the_cpu_fp8_reference(
     kw = dict(dtype="float32", kv_cache_dtype="fp8", num_blocks=64, max_num_seqs=8)
     llm = LLM(str(tiny_model_dir), device="cuda", **kw)
     assert is_slots_inner(llm.engine.runner.kv[0][1]) == v_slots_inner
+    assert llm.engine.cfg.block_size == (64 if v_slots_inner else 16)
     gpu = llm.generate(ids, greedy(16))
     cpu = LLM(str(tiny_model_dir), device="cpu", **kw).generate(ids, greedy(16))
     same = sum(a.token_ids == b.token_ids for a, b in zip(gpu, cpu, strict=True))

@@ -20,6 +20,7 @@ from bulkgen.model.attention import decode_tiling, get_backend, triton_backend  
 from bulkgen.model.attention.kv_fp8 import FP8_DTYPE, FP8_MAX, quantize  # noqa: E402
 from bulkgen.model.attention.kv_layout import (  # noqa: E402
     allocate_kv_cache,
+    block_size_for,
     to_slots_inner,
     v_slots_inner,
 )
@@ -164,3 +165,31 @@ def test_gpu_decode_and_prefill_read_slots_inner_values_as_rows(batch, context):
     rows = triton_backend.paged_attention(q, k, v, *args)
     inner = triton_backend.paged_attention(q, k, slots_inner_copy(v), *args)
     assert rel_err(inner, rows) < 1e-2
+
+
+@pytest.mark.parametrize("slots_inner", [False, True])
+def test_an_fp8_cache_stored_slots_inner_takes_64_token_blocks_unless_one_is_set(
+    tiny_model_dir, allow_fp8, monkeypatch, slots_inner
+):
+    """Such a block keeps each dim's 64 values in two 32-byte sectors (16 tokens: half of one,
+    read twice by the decode kernel); other caches and an explicit block_size are unchanged."""
+    from bulkgen.config import EngineConfig
+    from bulkgen.engine.engine import Engine
+
+    monkeypatch.setattr(decode_tiling, "fp8_v_slots_inner", lambda: slots_inner)
+    kw = dict(model=str(tiny_model_dir), device="cpu", attention="triton", num_blocks=8)
+    fp8 = Engine(EngineConfig(kv_cache_dtype="fp8", dtype="float32", **kw))
+    assert fp8.cfg.block_size == (64 if slots_inner else 16) == block_size_for(slots_inner)
+    assert v_slots_inner(fp8.runner.kv[0][1]) == slots_inner
+    assert fp8.runner.kv[0][1].shape[1] == fp8.scheduler.blocks.block_size == fp8.cfg.block_size
+    assert Engine(EngineConfig(**kw)).cfg.block_size == 16  # a bf16/fp32 cache: rows
+    explicit = Engine(EngineConfig(kv_cache_dtype="fp8", block_size=16, **kw))
+    assert explicit.cfg.block_size == 16
+
+
+@pytest.mark.parametrize("bad", [0, 24, -16, True, 16.0])
+def test_block_size_must_be_a_power_of_two(bad):
+    from bulkgen.config import EngineConfig
+
+    with pytest.raises(ValueError, match="block_size must be a power of two"):
+        EngineConfig(model="-", block_size=bad)

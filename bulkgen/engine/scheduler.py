@@ -126,7 +126,7 @@ class Scheduler:
         return generated >= req.params.max_tokens or req.num_tokens >= self.max_model_len
 
     def _reserve(self, req: Request, end: int) -> bool:
-        if end <= len(req.block_ids) * self.cfg.block_size:
+        if end <= len(req.block_ids) * self.blocks.block_size:
             return True  # the common decode case: the token fits in the last block
         need = self.blocks.blocks_for(end) - len(req.block_ids)
         if need <= 0:
@@ -234,7 +234,7 @@ class Scheduler:
         req.max_computed = max(req.max_computed, req.num_computed)
         if sample:
             req.num_pending += 1
-        if (start + n) // self.cfg.block_size > req.num_hashed_blocks:  # a block may be full
+        if (start + n) // self.blocks.block_size > req.num_hashed_blocks:  # a block may be full
             self._register_full_blocks(req)
         return ScheduledSeq(req, start, n, sample, from_prev)
 
@@ -248,7 +248,7 @@ class Scheduler:
     # ---- applying a step's results ---------------------------------------------------------
 
     def update(self, plan: Plan, result: StepResult) -> None:
-        bs = self.cfg.block_size
+        bs = self.blocks.block_size
         for row, (seq, token) in enumerate(zip(plan.sampled, result.ids, strict=True)):
             req = seq.request
             req.num_pending -= 1

@@ -17,6 +17,12 @@ layouts:
 
 The Triton kernels take V's strides separately and handle both; the torch backends need rows.
 Which layout the engine allocates for an fp8 cache is measured (decode_tiling.fp8_v_slots_inner).
+
+A slots-inner block stores each dim's values of its tokens contiguous: block_size bytes for fp8.
+At 16 tokens that is half a 32-byte L2 sector, and the decode kernel's V loads fetched twice their
+ideal sectors (Nsight Compute on the H200, 256 rows x 2K: 2x for every V load, L2 83% busy with
+DRAM at 66%), so such a cache takes blocks of SLOTS_INNER_BLOCK_SIZE tokens by default
+(block_size_for).
 """
 
 from __future__ import annotations
@@ -26,6 +32,18 @@ from typing import NamedTuple
 import torch
 
 from bulkgen.model.attention.kv_int8 import INT8_DTYPE, allocate_kv_scales
+
+# scripts/exp_decode_swap.py --block-sizes on the H200 (8B shape, fp8 values slots inner, the
+# tuned launch): 256 rows x 2K 0.355 / 0.308 / 0.288 ms at 16 / 32 / 64-token blocks, 512 x 2K
+# 0.704 / 0.615 / 0.568, 32 x 2K 0.065 / 0.056 / 0.054 (the bf16 kernel: 0.523, 1.035, 0.085 at
+# 16, no faster at 32 or 64). 64 tokens is 4 sectors per dim, the prefix cache's unit then.
+SLOTS_INNER_BLOCK_SIZE = 64
+DEFAULT_BLOCK_SIZE = 16
+
+
+def block_size_for(v_slots_inner: bool) -> int:
+    """The engine's tokens per KV block when EngineConfig.block_size is None."""
+    return SLOTS_INNER_BLOCK_SIZE if v_slots_inner else DEFAULT_BLOCK_SIZE
 
 
 class KVCache(NamedTuple):
