@@ -40,12 +40,15 @@ def random_cache(shape: tuple[int, ...], kv_dtype) -> tuple[torch.Tensor, float 
     return quantize(x) if kv_dtype == INT8_DTYPE else (x.to(kv_dtype), 1.0)
 
 
-def paged_inputs(seq_lens: list[int], query_lens: list[int], decode_only: bool, kv_dtype):
+def paged_inputs(
+    seq_lens: list[int], query_lens: list[int], decode_only: bool, kv_dtype, block_size: int = 0
+):
     """q, caches, metadata (every sequence's blocks scattered over the cache) and the caches'
-    (k_scale, v_scale)."""
-    blocks_per_seq = [-(-n // BLOCK_SIZE) for n in seq_lens]
+    (k_scale, v_scale); blocks of block_size tokens (0: BLOCK_SIZE)."""
+    block_size = block_size or BLOCK_SIZE
+    blocks_per_seq = [-(-n // block_size) for n in seq_lens]
     num_blocks, width = sum(blocks_per_seq), max(blocks_per_seq)
-    shape = (num_blocks, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)
+    shape = (num_blocks, block_size, NUM_KV_HEADS, HEAD_DIM)
     k_cache, k_scale = random_cache(shape, kv_dtype)
     v_cache, v_scale = random_cache(shape, kv_dtype)
     block_ids = torch.randperm(num_blocks, device=DEVICE).int()

@@ -35,7 +35,7 @@ from bulkgen.model.attention.decode_tiling import (
     launch_for_batch,
 )
 from bulkgen.model.attention.kv_fp8 import resolve_kv_dtype
-from bulkgen.model.attention.kv_layout import to_slots_inner
+from bulkgen.model.attention.kv_layout import block_size_for, to_slots_inner
 from bulkgen.model.attention.triton_decode import paged_decode
 
 SHAPES = [(batch, context) for batch in (32, 256, 512) for context in (1024, 2048)]
@@ -43,8 +43,9 @@ SHAPES = [(batch, context) for batch in (32, 256, 512) for context in (1024, 204
 # v_in_registers changes the registers a thread needs (scripts/kernel_resources.py), so both
 # warp counts stay in; it matters for fp8 only. 24 fp8 launches, about 2 minutes on the H200.
 BLOCK_NS, WARPS, STAGES, V_IN_REGISTERS = (64, 128, 256), (4, 8), (None, 2), (False, True)
-# An fp8 cache's value layouts (kv_layout.py): the engine allocates the faster one. 48 launches
-# in all, about 3 minutes on the H200.
+# An fp8 cache's value layouts (kv_layout.py): the engine allocates the faster one, each timed at
+# its own block size (16 tokens in rows, 64 slots inner: kv_layout.SLOTS_INNER_BLOCK_SIZE).
+# 48 launches in all, about 3 minutes on the H200.
 LAYOUTS = ("rows", "slots_inner")
 
 
@@ -86,9 +87,10 @@ def sweep(fp8: bool, kv_dtype: torch.dtype) -> tuple[list[float], dict[str, list
     as it ends. An fp8 cache is timed with its values in both layouts of kv_layout.py."""
 
     def shapes(dtype, slots_inner: bool = False) -> dict:
-        inputs = {}
+        # Each layout at the engine's block size for it (kv_layout.block_size_for).
+        inputs, block_size = {}, block_size_for(slots_inner)
         for s in SHAPES:
-            q, k, v, meta, scales = paged_inputs([s[1]] * s[0], [1] * s[0], True, dtype)
+            q, k, v, meta, scales = paged_inputs([s[1]] * s[0], [1] * s[0], True, dtype, block_size)
             inputs[s] = (q, k, to_slots_inner(v) if slots_inner else v, meta, scales)
         return inputs
 
