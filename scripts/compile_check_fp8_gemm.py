@@ -9,7 +9,8 @@ divisible by 16, K a multiple of BLOCK_K) and one line printed: its MMA instruct
 e4m3 operands, or mma.sync on f16 ones that Triton widened the e4m3 tiles to) and its e4m3
 conversions (cvt ... e4m3: the widening, in registers), and its cp.async copies (the weight
 tiles pipelined into shared memory) and float32 adds (how fp8 MMA sums reach the float32
-accumulator). The split-K reduction is compiled too.
+accumulator), and its acquire-release atomics at GPU scope (the tile count of a launch that adds
+its own K splits: fixup, names ending in "f"). The split-K reduction is compiled too.
 """
 
 from __future__ import annotations
@@ -43,7 +44,9 @@ def gemm_ptx(cfg: Fp8GemmConfig) -> str:
         "w_ptr": "*fp8e4nv",
         "x_scale_ptr": "*fp32",
         "w_scale_ptr": "*fp32",
-        "out_ptr": "*bf16" if cfg.split_k == 1 else "*fp32",
+        "out_ptr": "*bf16",
+        "part_ptr": "*fp32",
+        "count_ptr": "*i32" if cfg.fixup else "*fp32",
         **{name: "i32" for name in ("M", "N", "K", "stride_xm", "stride_wn", "stride_om")},
     }
     constexprs = {
@@ -54,9 +57,10 @@ def gemm_ptx(cfg: Fp8GemmConfig) -> str:
         "SWAP_AB": cfg.swap_ab,
         "DOT": cfg.dot,
         "EVEN_K": True,
+        "FIXUP": cfg.fixup,
     }
     signature |= {name: "constexpr" for name in constexprs}
-    aligned = ("x_ptr", "w_ptr", "x_scale_ptr", "w_scale_ptr", "out_ptr", "N", "K")
+    aligned = ("x_ptr", "w_ptr", "x_scale_ptr", "w_scale_ptr", "out_ptr", "part_ptr", "N", "K")
     aligned += ("stride_xm", "stride_wn", "stride_om")
     source = ASTSource(
         _fp8_gemm_kernel, signature, constexprs=constexprs, attrs=_aligned(signature, aligned)
@@ -98,11 +102,18 @@ def float32_adds(ptx: str) -> int:
     return len(re.findall(r"\badd\.f32\b", ptx))
 
 
+def gpu_atomics(ptx: str) -> int:
+    """atom instructions at GPU scope with acquire-release order: the tile count of a launch
+    adding its own K splits (the partials stored before it are visible to whoever counts last)."""
+    atomics = re.findall(r"\batom\.[\w.:]+", ptx)
+    return sum(".gpu." in a and ".acq_rel." in a for a in atomics)
+
+
 def main() -> None:
     for name, cfg in CANDIDATES.items():
         ptx = gemm_ptx(cfg)
         counts = f"{e4m3_conversions(ptx)} e4m3 conversions, {async_copies(ptx)} async copies, "
-        counts += f"{float32_adds(ptx)} f32 adds"
+        counts += f"{float32_adds(ptx)} f32 adds, {gpu_atomics(ptx)} acq_rel atomics"
         print(f"{name:16s}: {len(ptx):6d} chars of PTX, mma {mma_kind(ptx)}, {counts}")
     print(f"{'reduce':16s}: {len(reduce_ptx()):6d} chars of PTX")
 

@@ -23,7 +23,12 @@ from bulkgen.model.fp8 import (  # noqa: E402
     quantize_weight,
     scaled_mm_reference,
 )
-from bulkgen.model.fp8_gemm import CANDIDATES, Fp8GemmConfig, fp8_gemm  # noqa: E402
+from bulkgen.model.fp8_gemm import (  # noqa: E402
+    CANDIDATES,
+    Fp8GemmConfig,
+    fp8_gemm,
+    tile_counters_for,
+)
 
 # bf16 keeps 8 significant bits: a value's step is at most 2**-7 of it. The GPU rounds to nearest
 # (within half a step); the interpreter's cast to bf16 truncates (within one step).
@@ -36,6 +41,12 @@ SUM_ORDER = 1e-4
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+def gemm(xq, x_scale, wq, w_scale, config):
+    """fp8_gemm with fresh tile counters where the launch adds its own K splits."""
+    counters = tile_counters_for(xq.shape[0], wq.shape[0], config, xq.device)
+    return fp8_gemm(xq, x_scale, wq, w_scale, config, tile_counters=counters)
 
 
 def operands(m: int, n: int, k: int, device=DEVICE):
@@ -57,19 +68,38 @@ def test_every_candidate_equals_the_reference_on_ragged_shapes(name):
     """M, N and K that fill no tile (masked rows, modulo columns, zeros past K), and split-K
     over a K of several tiles: 300 = 2 * 128 + 44."""
     xq, x_scale, wq, w_scale = operands(37, 80, 300)
-    out = fp8_gemm(xq, x_scale, wq, w_scale, CANDIDATES[name])
+    out = gemm(xq, x_scale, wq, w_scale, CANDIDATES[name])
     assert_rounds_like_the_reference(out, scaled_mm_reference(xq, x_scale, wq, w_scale))
 
 
 @pytest.mark.parametrize("split_k", [1, 2, 4, 8])
 @pytest.mark.parametrize("swap_ab", [False, True])
+@pytest.mark.parametrize("fixup", [False, True])
 @pytest.mark.parametrize("m, n, k", [(1, 16, 16), (3, 48, 112), (16, 64, 64), (20, 33, 176)])
-def test_small_tiles_split_k_ways_equal_the_reference(split_k, swap_ab, m, n, k):
+def test_small_tiles_split_k_ways_equal_the_reference(split_k, swap_ab, fixup, m, n, k):
     """More splits than K tiles leave some splits empty; each still writes its zeros."""
-    config = Fp8GemmConfig(16, 16, 32, split_k, swap_ab=swap_ab)
+    config = Fp8GemmConfig(16, 16, 32, split_k, swap_ab=swap_ab, fixup=fixup)
     xq, x_scale, wq, w_scale = operands(m, n, k)
-    out = fp8_gemm(xq, x_scale, wq, w_scale, config)
+    out = gemm(xq, x_scale, wq, w_scale, config)
     assert_rounds_like_the_reference(out, scaled_mm_reference(xq, x_scale, wq, w_scale))
+
+
+def test_a_launch_adding_its_own_splits_leaves_its_counters_zero_for_the_next():
+    """The last split of each output tile adds the partials in split order and zeroes the
+    tile's count: the same counters serve call after call, with the same bits as a first call,
+    and the sums agree with the two-launch reduction up to the order of four float32 adds."""
+    xq, x_scale, wq, w_scale = operands(37, 80, 300)
+    config = Fp8GemmConfig(16, 16, 32, 4, swap_ab=True, fixup=True)
+    counters = tile_counters_for(37, 80, config, DEVICE)
+    assert counters.numel() == 3 * 5  # row tiles x column tiles
+    first = fp8_gemm(xq, x_scale, wq, w_scale, config, tile_counters=counters)
+    assert not counters.any()
+    again = fp8_gemm(xq, x_scale, wq, w_scale, config, tile_counters=counters)
+    assert torch.equal(first, again) and not counters.any()
+    two_launches = gemm(xq, x_scale, wq, w_scale, Fp8GemmConfig(16, 16, 32, 4, swap_ab=True))
+    assert_rounds_like_the_reference(first, two_launches.float())
+    with pytest.raises(ValueError, match="needs 15 tile counters"):
+        fp8_gemm(xq, x_scale, wq, w_scale, config, tile_counters=counters[:14])
 
 
 def test_the_reference_check_fails_a_kernel_that_drops_a_split():
@@ -93,7 +123,7 @@ def test_operands_of_any_strides_give_the_same_product():
 
 def test_no_rows_give_an_empty_output():
     xq, x_scale, wq, w_scale = operands(2, 32, 64)
-    out = fp8_gemm(xq[:0], x_scale[:0], wq, w_scale, CANDIDATES["m16n64k128s4t"])
+    out = gemm(xq[:0], x_scale[:0], wq, w_scale, CANDIDATES["m16n64k128s4t"])
     assert out.shape == (0, 32) and out.dtype == torch.bfloat16
 
 
@@ -127,16 +157,17 @@ def test_every_candidate_compiles_for_hopper_with_fp8_mma_where_intended():
     done = subprocess.run([sys.executable, script], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     lines = re.findall(
-        r"^(\w+) *:.* mma (\S+), (\d+) e4m3 conversions, (\d+) async copies, (\d+) f32 adds$",
+        r"^(\w+) *:.* mma (\S+), (\d+) e4m3 conversions, (\d+) async copies, (\d+) f32 adds, "
+        r"(\d+) acq_rel atomics$",
         done.stdout,
         re.M,
     )
-    found = {
-        name: (mma, int(cvt), int(copies), int(adds)) for name, mma, cvt, copies, adds in lines
-    }
+    found = {name: (mma, *map(int, counts)) for name, mma, *counts in lines}
     assert set(found) == set(CANDIDATES) and "reduce" in done.stdout
-    for name, (mma, conversions, copies, adds) in found.items():
+    for name, (mma, conversions, copies, adds, atomics) in found.items():
         config = CANDIDATES[name]
+        # One tile count a program, where it adds its own splits; none otherwise.
+        assert atomics == (1 if config.fixup else 0), (name, atomics)
         if config.dot == "fp16" or (config.block_m < 64 and not config.swap_ab):
             assert mma.endswith("f16.f16") and conversions > 0, (name, mma)
         else:
@@ -168,7 +199,7 @@ def test_gpu_every_candidate_equals_scaled_mm_on_the_8b_shapes(m, shape):
     )
     assert_rounds_like_the_reference(cublas, ref)  # the yardstick holds for cuBLASLt itself
     for name, config in CANDIDATES.items():
-        out = fp8_gemm(xq, x_scale, wq, w_scale, config)
+        out = gemm(xq, x_scale, wq, w_scale, config)
         assert_rounds_like_the_reference(out, ref)
         # Two roundings of float32 sums taken in different orders: a step apart at most.
         tol = BF16_STEP * cublas.float().abs() + SUM_ORDER * cublas.float().abs().max()
@@ -177,18 +208,24 @@ def test_gpu_every_candidate_equals_scaled_mm_on_the_8b_shapes(m, shape):
 
 @pytest.mark.gpu
 @needs_fp8_gpu
-@pytest.mark.parametrize("name", ["m16n64k128s1t", "m16n64k128s4t", "m64n64k128s2"])
+@pytest.mark.parametrize(
+    "name", ["m16n64k128s1t", "m16n64k128s4t", "m64n64k128s2", "m16n64k128s4tf", "m64n64k128s2f"]
+)
 def test_gpu_fp8_gemm_replays_in_a_cuda_graph_with_new_inputs(name):
     """Split-K's partial buffer is allocated inside the capture (the graph's pool) and both
     launches replay; nothing reads data on the host."""
     xq, x_scale, wq, w_scale = operands(32, 4096, 4096)
     config = CANDIDATES[name]
-    fp8_gemm(xq, x_scale, wq, w_scale, config)  # compile outside the capture
+    # Counters (for a launch adding its own splits) outlive the capture, as a layer's do.
+    counters = tile_counters_for(32, 4096, config, xq.device)
+    fp8_gemm(xq, x_scale, wq, w_scale, config, tile_counters=counters)  # compile outside
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = fp8_gemm(xq, x_scale, wq, w_scale, config)
-    new_xq, new_scale, _, _ = operands(32, 4096, 4096)
-    xq.copy_(new_xq)
-    x_scale.copy_(new_scale)
-    graph.replay()
-    assert torch.equal(out, fp8_gemm(xq, x_scale, wq, w_scale, config))
+        out = fp8_gemm(xq, x_scale, wq, w_scale, config, tile_counters=counters)
+    for _ in range(3):
+        new_xq, new_scale, _, _ = operands(32, 4096, 4096)
+        xq.copy_(new_xq)
+        x_scale.copy_(new_scale)
+        graph.replay()
+        assert torch.equal(out, fp8_gemm(xq, x_scale, wq, w_scale, config, tile_counters=counters))
+        assert counters is None or not counters.any()

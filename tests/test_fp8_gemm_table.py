@@ -45,10 +45,12 @@ def table(tmp_path, monkeypatch):
         monkeypatch.setattr(fp8_gemm_table, "TABLE_FILE", path)
         fp8_gemm_table.measured_choices.cache_clear()
         gemm_choice.cache_clear()
+        fp8_gemm_table.tile_counters_needed.cache_clear()
 
     yield write
     fp8_gemm_table.measured_choices.cache_clear()
     gemm_choice.cache_clear()
+    fp8_gemm_table.tile_counters_needed.cache_clear()
 
 
 BUCKETS = [
@@ -135,6 +137,23 @@ def test_fp8_linear_takes_scaled_mm_at_rows_the_table_gives_it(table, monkeypatc
     assert calls.cublas == 1 and calls.triton == [CANDIDATES["m64n64k128s2"]]
 
 
+def test_fp8_linear_keeps_zeroed_tile_counters_for_launches_that_add_their_own_splits(table):
+    """Sized at its first call for the largest rows of any such bucket (so warm-up allocates
+    them, before a graph is captured), and zero again after each call."""
+    table({"48x64": [{"max_m": 16, "kernel": "m16n64k128s4tf"}, *BUCKETS[1:]]})
+    assert fp8_gemm_table.tile_counters_needed(48, 64) == 1  # 16 rows x 48 columns: one tile
+    fp8 = Fp8Linear.from_linear(nn.Linear(64, 48, bias=False, device=DEVICE))
+    x = torch.randn(9, 64, device=DEVICE)
+    with torch.no_grad():
+        first = fp8(x)
+        counters = fp8.tile_counters
+        assert counters.numel() == 1 and not counters.any()
+        assert torch.equal(fp8(x), first) and fp8.tile_counters is counters and not counters.any()
+        fp8(torch.randn(40, 64, device=DEVICE))  # the m64n64k128s2 bucket: two launches
+    table({"48x64": BUCKETS})
+    assert fp8_gemm_table.tile_counters_needed(48, 64) == 0
+
+
 def test_the_table_keeps_the_fastest_kernel_per_m_and_merges_neighbours():
     timings = {
         "4096x4096": {
@@ -188,8 +207,8 @@ def test_the_tuner_skips_wrong_kernels_and_tables_the_fastest(table, monkeypatch
 
     real_gemm = tune_fp8_mm.fp8_gemm
 
-    def gemm(xq, x_scale, wq, w_scale, config):
-        out = real_gemm(xq, x_scale, wq, w_scale, config)
+    def gemm(xq, x_scale, wq, w_scale, config, tile_counters=None):
+        out = real_gemm(xq, x_scale, wq, w_scale, config, tile_counters=tile_counters)
         return out * 2 if config == CANDIDATES[broken] else out
 
     names = {config: name for name, config in CANDIDATES.items()}
@@ -211,8 +230,11 @@ def test_the_tuner_skips_wrong_kernels_and_tables_the_fastest(table, monkeypatch
 
 @pytest.mark.gpu
 @needs_fp8_gpu
-def test_gpu_fp8_linear_with_a_table_replays_the_chosen_kernel_in_a_graph(table, monkeypatch):
-    table({"4096x4096": [{"max_m": 32, "kernel": "m16n64k128s4t"}]})
+@pytest.mark.parametrize("kernel", ["m16n64k128s4t", "m16n64k128s4tf"])
+def test_gpu_fp8_linear_with_a_table_replays_the_chosen_kernel_in_a_graph(
+    table, monkeypatch, kernel
+):
+    table({"4096x4096": [{"max_m": 32, "kernel": kernel}]})
     linear = nn.Linear(4096, 4096, bias=False, device="cuda", dtype=torch.bfloat16)
     fp8 = Fp8Linear.from_linear(linear)
     x = torch.randn(32, 4096, device="cuda", dtype=torch.bfloat16)

@@ -121,6 +121,10 @@ class Fp8Linear(nn.Module):
         self.input_scale = static
         # cuBLASLt's FP8 GEMM wants K and N divisible by 16; other shapes take the reference.
         self.use_scaled_mm = in_features % 16 == 0 and out_features % 16 == 0
+        # Zeros that Triton GEMM launches adding their own K splits count in (fp8_gemm.py):
+        # allocated at the first forward (the engine's eager warm-up, before any CUDA graph is
+        # captured) and left zero by every launch.
+        self.tile_counters: torch.Tensor | None = None
 
     @classmethod
     def like(cls, linear: nn.Linear, static_input_scale: bool = False) -> Fp8Linear:
@@ -153,9 +157,12 @@ class Fp8Linear(nn.Module):
             xq, x_scale = quantize_rows(x.reshape(-1, self.in_features), self.input_scale)
         if self.use_scaled_mm:
             # cuBLASLt, or the Triton kernel where fp8_gemm_table.json measured it faster.
-            from bulkgen.model.fp8_gemm_table import fp8_matmul
+            from bulkgen.model.fp8_gemm_table import fp8_matmul, tile_counters_needed
 
-            out = fp8_matmul(xq, x_scale, self.weight, self.weight_scale)
+            if self.tile_counters is None:
+                needed = tile_counters_needed(self.out_features, self.in_features)
+                self.tile_counters = torch.zeros(needed, dtype=torch.int32, device=xq.device)
+            out = fp8_matmul(xq, x_scale, self.weight, self.weight_scale, self.tile_counters)
         else:
             out = scaled_mm_reference(xq, x_scale, self.weight, self.weight_scale)
         out = out.to(self.out_dtype)

@@ -9,7 +9,12 @@ gives each program a thin row tile (BLOCK_M 16) and a slice of the weight, and s
 SPLIT_K programs when N / BLOCK_N alone would leave SMs idle (N = 4096 at BLOCK_N 64 is 64
 programs for 132 SMs): each split writes float32 partial sums and a second launch adds them,
 applies the scales and rounds once to bf16. Nothing depends on data: the grid and the partial
-buffer follow from the shapes, so CUDA graphs capture both launches.
+buffer follow from the shapes, so CUDA graphs capture both launches. A fixup launch
+(Fp8GemmConfig.fixup) needs no second one: each split counts itself in at its output tile (an
+acquire-release atomic at GPU scope, after a barrier), and the last to arrive adds the partials
+in split order, rounds, and zeroes the count for the next launch. In a blog FP8 profile on the
+H200 (aa3e041, 32 rows) the second launches were 128 a step at 2.2 us each plus their launch
+gaps, about 6% of the step; whether fixup launches are faster is for tune_fp8_mm.py to measure.
 
 The operands meet the tensor cores in one of two ways (Fp8GemmConfig.dot): "fp8" hands the e4m3
 tiles to tl.dot as they are (wgmma on e4m3 on sm_90, but for a 16-row tile that is not swapped,
@@ -24,71 +29,14 @@ Which kernel serves a projection at M rows is measured, not guessed: fp8_gemm_ta
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
 
+# The launches (tiles, splits, operand handling) and the candidates the tuner times.
+from bulkgen.model.fp8_gemm_configs import CANDIDATES, Fp8GemmConfig
 
-@dataclass(frozen=True)
-class Fp8GemmConfig:
-    """One launch of the kernel: tiles, K splits, warps, pipeline stages, operand handling."""
-
-    block_m: int
-    block_n: int
-    block_k: int
-    split_k: int = 1
-    num_warps: int = 4
-    num_stages: int = 4
-    swap_ab: bool = False
-    dot: str = "fp8"  # "fp8" or "fp16" (see the module docstring)
-
-    def __post_init__(self) -> None:
-        for name in ("block_m", "block_n", "block_k", "split_k"):
-            value = getattr(self, name)
-            if value < 1 or value & (value - 1):
-                raise ValueError(f"Fp8GemmConfig.{name} must be a power of two, got {value}")
-        if min(self.block_m, self.block_n) < 16 or self.block_k < 32:
-            raise ValueError(f"Fp8GemmConfig tiles must be >= 16, block_k >= 32 (tl.dot): {self}")
-        if self.dot not in ("fp8", "fp16"):
-            raise ValueError(f"Fp8GemmConfig.dot must be fp8 or fp16, got {self.dot!r}")
-
-
-def _candidates() -> dict[str, Fp8GemmConfig]:
-    """Launches scripts/tune_fp8_mm.py times, named like m16n64k128s4t (s: K splits, t: swap_ab,
-    h: fp16 operands). In the sm_90 PTX (scripts/compile_check_fp8_gemm.py) a 16-row tile that
-    is not swapped becomes mma.sync on fp16 (Triton widens the e4m3 tiles), a swapped one or one
-    of 64 rows wgmma on e4m3. Enough programs for 132 SMs at N = 4096 needs split_k * 4096 /
-    block_n >= 128 or so."""
-    out = {}
-    for block_m, block_n, block_k, split_k, swap, dot in [
-        (16, 64, 128, 1, True, "fp8"),
-        (16, 64, 128, 2, True, "fp8"),
-        (16, 64, 128, 4, True, "fp8"),
-        (16, 64, 256, 2, True, "fp8"),
-        (16, 64, 256, 4, True, "fp8"),
-        (16, 128, 128, 1, True, "fp8"),
-        (16, 128, 128, 2, True, "fp8"),
-        (16, 128, 256, 4, True, "fp8"),
-        (16, 64, 128, 4, True, "fp16"),
-        (16, 64, 128, 4, False, "fp8"),
-        (32, 64, 128, 2, True, "fp8"),
-        (32, 64, 128, 4, True, "fp8"),
-        (64, 64, 128, 1, True, "fp8"),
-        (64, 64, 128, 2, True, "fp8"),
-        (64, 128, 128, 1, True, "fp8"),
-        (64, 64, 128, 2, False, "fp8"),
-        (64, 128, 128, 1, False, "fp8"),
-        (128, 64, 128, 1, True, "fp8"),
-        (128, 128, 128, 1, False, "fp8"),
-    ]:
-        name = f"m{block_m}n{block_n}k{block_k}s{split_k}" + "t" * swap + "h" * (dot == "fp16")
-        out[name] = Fp8GemmConfig(block_m, block_n, block_k, split_k, swap_ab=swap, dot=dot)
-    return out
-
-
-CANDIDATES: dict[str, Fp8GemmConfig] = _candidates()
+__all__ = ["CANDIDATES", "Fp8GemmConfig", "fp8_gemm", "output_tiles", "tile_counters_for"]
 
 
 # Hopper's fp8 MMA keeps fewer bits than float32 while it sums (about 14, DeepSeek-V3 measured);
@@ -115,6 +63,8 @@ def _fp8_gemm_kernel(
     x_scale_ptr,
     w_scale_ptr,
     out_ptr,
+    part_ptr,  # float32 partial sums [SPLIT_K, M, N] (SPLIT_K > 1)
+    count_ptr,  # int32 per output tile, zero between launches (FIXUP)
     M,
     N,
     K,
@@ -128,6 +78,7 @@ def _fp8_gemm_kernel(
     SWAP_AB: tl.constexpr,
     DOT: tl.constexpr,
     EVEN_K: tl.constexpr,
+    FIXUP: tl.constexpr,
 ):
     # Row tiles vary fastest: the programs that share a weight slice run together, and those
     # after the first find it in L2 (a 28672-row weight is larger than the H200's L2).
@@ -172,12 +123,39 @@ def _fp8_gemm_kernel(
     mask = row_ok[:, None] & (cols[None, :] < N)
     offsets = rows.to(tl.int64)[:, None] * stride_om + cols[None, :]
     if SPLIT_K == 1:
-        x_scale = tl.load(x_scale_ptr + rows, mask=row_ok, other=0.0)
-        w_scale = tl.load(w_scale_ptr + cols, mask=cols < N, other=0.0)
-        out = acc * x_scale[:, None] * w_scale[None, :]  # in _scaled_mm's order
-        tl.store(out_ptr + offsets, out.to(out_ptr.dtype.element_ty), mask=mask)
-    else:  # float32 partial sums [SPLIT_K, M, N], added by _reduce_splits_kernel
-        tl.store(out_ptr + pid_k.to(tl.int64) * M * N + offsets, acc, mask=mask)
+        _store_scaled(acc, rows, cols, row_ok, x_scale_ptr, w_scale_ptr, out_ptr, offsets, mask, N)
+    else:  # float32 partial sums [SPLIT_K, M, N], added by _reduce_splits_kernel or below
+        tl.store(part_ptr + pid_k.to(tl.int64) * M * N + offsets, acc, mask=mask)
+        if FIXUP:
+            # Every thread's partial is stored before the count (the barrier), and released to
+            # the GPU with it; the split that counts last acquires the others' and adds all of
+            # them in split order (the same bits whichever finishes last), then zeroes the
+            # count for the next launch (a CUDA graph replays this one).
+            tile = pid_m * tl.num_programs(1) + pid_n
+            tl.debug_barrier()
+            arrived = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")
+            if arrived == SPLIT_K - 1:
+                total = tl.zeros_like(acc)
+                for split in range(SPLIT_K):
+                    total += tl.load(
+                        part_ptr + split * M * N + offsets,
+                        mask=mask,
+                        other=0.0,
+                        cache_modifier=".cg",
+                    )
+                _store_scaled(
+                    total, rows, cols, row_ok, x_scale_ptr, w_scale_ptr, out_ptr, offsets, mask, N
+                )
+                tl.atomic_xchg(count_ptr + tile, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit
+def _store_scaled(acc, rows, cols, row_ok, x_scale_ptr, w_scale_ptr, out_ptr, offsets, mask, N):
+    """out = acc * x_scale[m] * w_scale[n] (in _scaled_mm's order), rounded once."""
+    x_scale = tl.load(x_scale_ptr + rows, mask=row_ok, other=0.0)
+    w_scale = tl.load(w_scale_ptr + cols, mask=cols < N, other=0.0)
+    out = acc * x_scale[:, None] * w_scale[None, :]
+    tl.store(out_ptr + offsets, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -208,9 +186,13 @@ def fp8_gemm(
     w_scale: torch.Tensor,
     config: Fp8GemmConfig,
     out_dtype: torch.dtype = torch.bfloat16,
+    tile_counters: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """xq [M, K] fp8, x_scale [M, 1] float32, wq [N, K] fp8, w_scale [N] float32 -> [M, N] of
-    out_dtype: (xq @ wq.T) * x_scale * w_scale with float32 sums, rounded once."""
+    out_dtype: (xq @ wq.T) * x_scale * w_scale with float32 sums, rounded once.
+
+    A fixup config with K split needs tile_counters: int32 zeros, at least output_tiles(M, N,
+    config) of them, kept by the caller across calls (each launch leaves them zero again)."""
     if xq.dim() != 2 or wq.dim() != 2 or xq.shape[1] != wq.shape[1]:
         raise ValueError(f"fp8_gemm needs xq [M, K] and wq [N, K]: {xq.shape}, {wq.shape}")
     (M, K), N = xq.shape, wq.shape[0]
@@ -222,15 +204,20 @@ def fp8_gemm(
     wq = wq if wq.stride(1) == 1 else wq.contiguous()
     x_scale, w_scale = x_scale.reshape(M).contiguous(), w_scale.reshape(N).contiguous()
     cfg = config
-    split_k = min(cfg.split_k, triton.next_power_of_2(triton.cdiv(K, cfg.block_k)))
-    target = out if split_k == 1 else torch.empty((split_k, M, N), device=xq.device)
+    split_k = effective_split_k(K, cfg)
+    fixup = cfg.fixup and split_k > 1
+    if fixup and (tile_counters is None or tile_counters.numel() < output_tiles(M, N, cfg)):
+        raise ValueError(f"{cfg} at {M}x{N} needs {output_tiles(M, N, cfg)} tile counters")
+    part = out if split_k == 1 else torch.empty((split_k, M, N), device=xq.device)
     grid = (triton.cdiv(M, cfg.block_m), triton.cdiv(N, cfg.block_n), split_k)
     _fp8_gemm_kernel[grid](
         xq,
         wq,
         x_scale,
         w_scale,
-        target,
+        out,
+        part,
+        tile_counters if fixup else x_scale,  # a dummy pointer when unused
         M,
         N,
         K,
@@ -244,12 +231,34 @@ def fp8_gemm(
         SWAP_AB=cfg.swap_ab,
         DOT=cfg.dot,
         EVEN_K=K % cfg.block_k == 0,
+        FIXUP=fixup,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
-    if split_k > 1:
+    if split_k > 1 and not fixup:
         grid = (M, triton.cdiv(N, REDUCE_BLOCK))
         _reduce_splits_kernel[grid](
-            target, x_scale, w_scale, out, M, N, SPLIT_K=split_k, BLOCK=REDUCE_BLOCK
+            part, x_scale, w_scale, out, M, N, SPLIT_K=split_k, BLOCK=REDUCE_BLOCK
         )
     return out
+
+
+def effective_split_k(k: int, config: Fp8GemmConfig) -> int:
+    """K splits of a launch: no more than K has tiles (rounded up to a power of two)."""
+    return min(config.split_k, triton.next_power_of_2(triton.cdiv(k, config.block_k)))
+
+
+def tile_counters_for(
+    m: int, n: int, config: Fp8GemmConfig, device: torch.device
+) -> torch.Tensor | None:
+    """Zeroed tile counters for launches of config up to m rows (None where it needs none)."""
+    return (
+        torch.zeros(output_tiles(m, n, config), dtype=torch.int32, device=device)
+        if config.fixup
+        else None
+    )
+
+
+def output_tiles(m: int, n: int, config: Fp8GemmConfig) -> int:
+    """Programs per K split: the tile counters a fixup launch at m rows uses."""
+    return triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from bulkgen.model.fp8_gemm import CANDIDATES, Fp8GemmConfig, fp8_gemm
+from bulkgen.model.fp8_gemm import CANDIDATES, Fp8GemmConfig, fp8_gemm, output_tiles
 
 SCALED_MM = "scaled_mm"  # the table's name for torch._scaled_mm
 TABLE_FILE = Path(__file__).with_name("fp8_gemm_table.json")
@@ -60,15 +60,32 @@ def _triton_runs_on(device: torch.device) -> bool:
     return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
 
 
+@functools.cache
+def tile_counters_needed(n: int, k: int) -> int:
+    """The most tile counters a fixup launch the table chose for a weight [n, k] uses (at the
+    largest rows of its bucket); 0 when it chose none."""
+    needed = 0
+    for bucket in measured_choices().get(f"{n}x{k}", []):
+        config = CANDIDATES.get(bucket["kernel"])
+        if config is not None and config.fixup:
+            needed = max(needed, output_tiles(bucket["max_m"], n, config))
+    return needed
+
+
 def fp8_matmul(
-    xq: torch.Tensor, x_scale: torch.Tensor, wq: torch.Tensor, w_scale: torch.Tensor
+    xq: torch.Tensor,
+    x_scale: torch.Tensor,
+    wq: torch.Tensor,
+    w_scale: torch.Tensor,
+    tile_counters: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """(xq [M, K] @ wq [N, K].T) * x_scale [M, 1] * w_scale [N] -> bf16 [M, N], by the kernel the
-    table chose for (N, K, M). K and N must be multiples of 16 (cuBLASLt's FP8 GEMM wants it)."""
+    table chose for (N, K, M). K and N must be multiples of 16 (cuBLASLt's FP8 GEMM wants it).
+    tile_counters: the weight's own (tile_counters_needed of them, zeros), for fixup launches."""
     (m, k), n = xq.shape, wq.shape[0]
     config = gemm_choice(n, k, m) if _triton_runs_on(xq.device) else None
     if config is not None:
-        return fp8_gemm(xq, x_scale, wq, w_scale, config)
+        return fp8_gemm(xq, x_scale, wq, w_scale, config, tile_counters=tile_counters)
     return torch._scaled_mm(
         xq,
         wq.t(),  # column-major [K, N], as cuBLASLt's FP8 GEMM requires

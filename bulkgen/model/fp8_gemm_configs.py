@@ -1,0 +1,73 @@
+"""The launches of the Triton FP8 GEMM (fp8_gemm.py): tiles, K splits, warps, stages and how the
+operands meet the tensor cores (Fp8GemmConfig), and the candidates scripts/tune_fp8_mm.py times
+at each projection and row count (CANDIDATES, by name)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Fp8GemmConfig:
+    """One launch of the kernel: tiles, K splits, warps, pipeline stages, operand handling."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 4
+    swap_ab: bool = False
+    dot: str = "fp8"  # "fp8" or "fp16" (see the module docstring)
+    # Split K's partial sums added by the last split of each output tile to finish, in the same
+    # launch (tile counters, see fp8_gemm), instead of by a second kernel.
+    fixup: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("block_m", "block_n", "block_k", "split_k"):
+            value = getattr(self, name)
+            if value < 1 or value & (value - 1):
+                raise ValueError(f"Fp8GemmConfig.{name} must be a power of two, got {value}")
+        if min(self.block_m, self.block_n) < 16 or self.block_k < 32:
+            raise ValueError(f"Fp8GemmConfig tiles must be >= 16, block_k >= 32 (tl.dot): {self}")
+        if self.dot not in ("fp8", "fp16"):
+            raise ValueError(f"Fp8GemmConfig.dot must be fp8 or fp16, got {self.dot!r}")
+
+
+def _candidates() -> dict[str, Fp8GemmConfig]:
+    """Launches scripts/tune_fp8_mm.py times, named like m16n64k128s4t (s: K splits, t: swap_ab,
+    h: fp16 operands). In the sm_90 PTX (scripts/compile_check_fp8_gemm.py) a 16-row tile that
+    is not swapped becomes mma.sync on fp16 (Triton widens the e4m3 tiles), a swapped one or one
+    of 64 rows wgmma on e4m3. Enough programs for 132 SMs at N = 4096 needs split_k * 4096 /
+    block_n >= 128 or so."""
+    out = {}
+    for block_m, block_n, block_k, split_k, swap, dot in [
+        (16, 64, 128, 1, True, "fp8"),
+        (16, 64, 128, 2, True, "fp8"),
+        (16, 64, 128, 4, True, "fp8"),
+        (16, 64, 256, 2, True, "fp8"),
+        (16, 64, 256, 4, True, "fp8"),
+        (16, 128, 128, 1, True, "fp8"),
+        (16, 128, 128, 2, True, "fp8"),
+        (16, 128, 256, 4, True, "fp8"),
+        (16, 64, 128, 4, True, "fp16"),
+        (16, 64, 128, 4, False, "fp8"),
+        (32, 64, 128, 2, True, "fp8"),
+        (32, 64, 128, 4, True, "fp8"),
+        (64, 64, 128, 1, True, "fp8"),
+        (64, 64, 128, 2, True, "fp8"),
+        (64, 128, 128, 1, True, "fp8"),
+        (64, 64, 128, 2, False, "fp8"),
+        (64, 128, 128, 1, False, "fp8"),
+        (128, 64, 128, 1, True, "fp8"),
+        (128, 128, 128, 1, False, "fp8"),
+    ]:
+        name = f"m{block_m}n{block_n}k{block_k}s{split_k}" + "t" * swap + "h" * (dot == "fp16")
+        out[name] = Fp8GemmConfig(block_m, block_n, block_k, split_k, swap_ab=swap, dot=dot)
+        if split_k > 1:  # the same launch adding its splits itself: name + "f"
+            out[name + "f"] = dataclasses.replace(out[name], fixup=True)
+    return out
+
+
+CANDIDATES: dict[str, Fp8GemmConfig] = _candidates()
