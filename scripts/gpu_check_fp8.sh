@@ -8,6 +8,8 @@
 #   trt (TRT_PROMPTS requests, default 500; TRT_TIMEOUT_S, default 230, for all three): bf16
 #      auto, FP8 KV auto, FP8 weights+KV auto (600 requests took about 60 s a run at 019f465);
 #   bulk (512 prompts) bf16 against FP8; blog bf16 against FP8;
+#   sweep (issue 16, bf16): trt with TRT_PROMPTS requests at --max-num-seqs SWEEP_SEQS (default
+#      256,512,1024,auto; TRT_TIMEOUT_S for all; about 105 s a run at 1,000 requests);
 #   diag: host time per step at 256 rows x 2K (bench_host.py), FP8 GEMMs against bf16 by batch
 #      size (bench_fp8_mm.py), the FP8 activation kernels' one- and two-pass forms
 #      (bench_fp8_fused.py), a kernel profile of blog FP8 (its wall_s is no measurement).
@@ -56,6 +58,8 @@ bench() {  # bench <folder> <timeout> <bench.py args...>
 }
 want trt && bench trt "${TRT_TIMEOUT_S:-230}" --workloads trt --engines bulkgen,bulkgen-fp8kv,bulkgen-fp8 \
   --num-prompts "$TRT_PROMPTS"
+want sweep && bench trt "${TRT_TIMEOUT_S:-480}" --workloads trt --engines bulkgen \
+  --num-prompts "$TRT_PROMPTS" --max-num-seqs "${SWEEP_SEQS:-256,512,1024,auto}"
 want bulk && bench bulk 150 --workloads bulk --engines bulkgen,bulkgen-fp8 --num-prompts 512
 want blog && bench blog 100 --workloads blog --engines bulkgen,bulkgen-fp8
 if want diag; then
