@@ -18,13 +18,14 @@ computes for t) attends to keys 0..t read back from the cache, as
   against the stored e4m3 values; earlier tiles' sums are rescaled by exp2(m_old - m_new) in
   float32, as the kernel rescales its accumulator;
 - the row sum l from the float32 p (FA3) or, in "l from fp8 P", from the rounded p.
-Products accumulate in float32 (Hopper's FP8 MMA keeps fewer accumulator bits: not modelled).
+Products accumulate in float32: an FP8 MMA's narrower accumulator (reported for Hopper) is
+not modelled.
 "fp8 KV" runs this emulation with no rounding and "fp8 KV (study's SDPA)" the backend's own
 attention: both must reproduce accuracy_kv_schemes.py's "fp8 scale 1.0 (today)". They are not
-equal to each other: float32 noise (summation order, ~1e-7) in one layer's output flips some of
-the next layers' e4m3 roundings of K and V, a full step of 1/16, so "fp8 KV" against "fp8_kv"
-is the noise floor of any change to the arithmetic over an fp8 cache. The "bf16 KV" schemes run
-the same arithmetic over a bf16 cache, where no such flips amplify it.
+equal to each other: float32 noise (summation order, ~1e-7) in one layer's output flips some
+of the next layers' e4m3 roundings of K and V (one step: 1/16 to 1/8 of the value), so "fp8 KV"
+against "fp8_kv" is the noise floor of any change to the arithmetic over an fp8 cache. The
+"bf16 KV" schemes run the same arithmetic over a bf16 cache, where no such flips amplify it.
 Per reference, per scheme: top1, mean_kl, clear_top1 (Tally in accuracy_kv_schemes.py).
 """
 
