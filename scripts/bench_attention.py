@@ -91,8 +91,10 @@ def bench_decode(batch: int, context: int, copy_bw: float, kv_dtype, invariant: 
     row_bytes = HEAD_DIM * k_cache.element_size() + (4 if is_int8(k_cache) else 0)
     kv_bytes = 2 * batch * context * NUM_KV_HEADS * row_bytes
     max_context = meta.block_tables.shape[1] * BLOCK_SIZE
-    block_n = decode_launch(HEAD_DIM, is_fp8(k_cache) or is_int8(k_cache)).block_n
-    splits = num_kv_splits(batch, NUM_KV_HEADS, max_context, block_n, DEVICE)
+    launch = decode_launch(HEAD_DIM, is_fp8(k_cache) or is_int8(k_cache), batch)
+    splits = launch.splits or num_kv_splits(
+        batch, NUM_KV_HEADS, max_context, launch.block_n, DEVICE
+    )
     gb_per_s = kv_bytes / ms / 1e6
     return {
         "kernel": "decode-invariant" if invariant else "decode",

@@ -7,13 +7,16 @@ One JSON line per launch: its median time at each (batch, context), and the geom
 them; then a summary line with the best launch for each batch size (by the geometric mean over
 its contexts), the current ones and the bf16 kernel's time at the same shapes (an fp8 cache reads
 half the bytes, so its ideal is half the bf16 time). Splits are the engine's own choice for each
-tile size. --write-table stores the per-batch launches for the cache kind in
+tile size (num_kv_splits) in that sweep; then each chosen launch is timed at 1-16 splits over the
+shapes it serves, a "splits_for" line each, and keeps a count that beat the heuristic's (the
+entry's "splits"). --write-table stores the per-batch launches for the cache kind in
 bulkgen/model/attention/decode_tilings.json, which the engine reads (decode_launch; an int8
 cache, values in rows only, takes fp8's launches until it has its own).
 
     python scripts/tune_decode.py --from-log tune.txt --write-table
 
-chooses from the lines of an earlier sweep instead (no GPU: the table from a device run's log).
+chooses from the lines of an earlier sweep instead (no GPU: the table from a device run's log;
+split counts are then left to the heuristic).
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ SHAPES = [(batch, context) for batch in (32, 256, 512) for context in (1024, 204
 # v_in_registers changes the registers a thread needs (scripts/kernel_resources.py), so both
 # warp counts stay in; it matters for fp8 only. 24 fp8 launches, about 2 minutes on the H200.
 BLOCK_NS, WARPS, STAGES, V_IN_REGISTERS = (64, 128, 256), (4, 8), (None, 2), (False, True)
+# Split counts timed for each table entry's launch once the launches are chosen (sweep_splits).
+SPLITS = (1, 2, 4, 8, 16)
 # An fp8 cache's value layouts (kv_layout.py): the engine allocates the faster one, each timed at
 # its own block size (16 tokens in rows, 64 slots inner: kv_layout.SLOTS_INNER_BLOCK_SIZE).
 # 48 launches in all, about 3 minutes on the H200.
@@ -82,18 +87,56 @@ def per_batch_best(results: list[tuple[DecodeLaunch, list[float]]]) -> list[dict
     return [{"max_batch": e["max_batch"], **e["launch"]._asdict()} for e in entries]
 
 
+def shapes(dtype, slots_inner: bool = False) -> dict:
+    """Decode inputs at each of SHAPES, with the layout's own block size (block_size_for)."""
+    inputs, block_size = {}, block_size_for(slots_inner)
+    for s in SHAPES:
+        q, k, v, meta, scales = paged_inputs([s[1]] * s[0], [1] * s[0], True, dtype, block_size)
+        inputs[s] = (q, k, to_slots_inner(v) if slots_inner else v, meta, scales)
+    return inputs
+
+
+def entry_of(entries: list[dict], batch: int) -> int:
+    """Which table entry serves `batch` rows (launch_for_batch's choice, by index)."""
+    return next(
+        j for j, e in enumerate(entries) if e["max_batch"] is None or batch <= e["max_batch"]
+    )
+
+
+def with_best_splits(entries: list[dict], split_times: list[dict]) -> list[dict]:
+    """split_times[j]: {split count, or None for num_kv_splits' choice: [ms at the shapes entry j
+    serves]}; each entry takes the count with the smallest geometric mean (None when the
+    heuristic's own is as fast: the table then says nothing)."""
+    out = []
+    for entry, times in zip(entries, split_times, strict=True):
+        best = min(times, key=lambda n: (geomean(times[n]), n is not None))
+        out.append({**entry, "splits": best})
+    return out
+
+
+def sweep_splits(kv_dtype: torch.dtype, layout: str, entries: list[dict]) -> list[dict]:
+    """Each entry's launch timed at SPLITS (and num_kv_splits' choice) over the shapes it serves,
+    a line each; the entries with their fastest split counts."""
+    inputs = shapes(kv_dtype, layout == "slots_inner")
+    split_times = []
+    for j, entry in enumerate(entries):
+        served = {s: inputs[s] for s in SHAPES if entry_of(entries, s[0]) == j}
+        launch = launch_for_batch({k: v for k, v in entry.items() if k != "max_batch"}, None)
+        times = {None: time_launch(served, launch)}
+        for n in SPLITS:
+            if (t := time_launch(served, launch._replace(splits=n))) is not None:
+                times[n] = t
+        row = {"splits_for": entry["max_batch"], "launch": launch._asdict()}
+        print(
+            json.dumps({**row, "ms": {str(n): [round(x, 4) for x in t] for n, t in times.items()}})
+        )
+        split_times.append(times)
+    return with_best_splits(entries, split_times)
+
+
 def sweep(fp8: bool, kv_dtype: torch.dtype) -> tuple[list[float], dict[str, list]]:
     """(bf16 kernel's times, {value layout: [(launch, times)]}) measured now, each launch printed
     as it ends. An fp8 cache is timed with its values in both layouts of kv_layout.py."""
-
-    def shapes(dtype, slots_inner: bool = False) -> dict:
-        # Each layout at the engine's block size for it (kv_layout.block_size_for).
-        inputs, block_size = {}, block_size_for(slots_inner)
-        for s in SHAPES:
-            q, k, v, meta, scales = paged_inputs([s[1]] * s[0], [1] * s[0], True, dtype, block_size)
-            inputs[s] = (q, k, to_slots_inner(v) if slots_inner else v, meta, scales)
-        return inputs
-
     bf16_times = time_launch(shapes(DTYPE), decode_launch(HEAD_DIM, fp8=False))
     results = {}
     for layout in LAYOUTS if fp8 else LAYOUTS[:1]:
@@ -163,8 +206,14 @@ def main() -> None:
     chosen = [launch_for_batch(table_entries, b) for b, _ in SHAPES]
     by_launch = dict(results[layout])
     times = [by_launch[launch][i] for i, launch in enumerate(chosen)]
+    if not args.from_log:  # an earlier log's split lines are not read back: the heuristic's
+        kv_dtype = resolve_kv_dtype(args.kv_cache_dtype, DTYPE)
+        table_entries = sweep_splits(kv_dtype, layout, table_entries)
     kind = args.kv_cache_dtype
-    current = [decode_launch(HEAD_DIM, kind != "auto", b, kind) for b, _ in SHAPES]
+    # The sweep's launches leave splits to the heuristic: the current ones are compared so.
+    current = [
+        decode_launch(HEAD_DIM, kind != "auto", b, kind)._replace(splits=None) for b, _ in SHAPES
+    ]
     current_layout = "slots_inner" if fp8 and fp8_v_slots_inner() else "rows"
     now = dict(results.get(current_layout, []))
     summary = {

@@ -67,3 +67,54 @@ def test_the_tuner_keeps_the_value_layout_whose_best_launches_are_fastest(monkey
     assert tune.best_layout({"rows": rows, "slots_inner": slots_inner}) == "slots_inner"
     slots_inner = [(a, [2.5] * 6)]
     assert tune.best_layout({"rows": rows, "slots_inner": slots_inner}) == "rows"
+
+
+def test_a_measured_split_count_is_what_the_kernel_launches_with(monkeypatch):
+    """An entry's "splits" replaces num_kv_splits' choice for its batches (the same outputs as
+    that count passed explicitly, and the kernel's grid has that many splits); an entry without
+    one leaves the count to num_kv_splits."""
+    from test_triton_kernels import DEVICE, paged_kv
+
+    from bulkgen.model.attention import triton_decode
+
+    table = {
+        "fp8": {
+            "32": [{"max_batch": 2, "block_n": 16, "splits": 3}, {"max_batch": None, "block_n": 16}]
+        }
+    }
+    monkeypatch.setattr(decode_tiling, "measured_launches", lambda: table)
+    seq_lens = [40, 70]
+    k, v, tables = paged_kv(seq_lens, 8, 2, 32, torch.float32)
+    k, v = k.to(torch.float8_e4m3fn), v.to(torch.float8_e4m3fn)
+    q = torch.randn(len(seq_lens), 4, 32, device=DEVICE)
+    lens = torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE)
+    grids = []
+    real = triton_decode._decode_split_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            grids.append(grid)
+            return real[grid]
+
+    monkeypatch.setattr(triton_decode, "_decode_split_kernel", Spy())
+    measured = triton_decode.paged_decode(q, k, v, lens, tables, 32**-0.5)
+    assert grids[-1] == (2, 2, 3)
+    explicit = triton_decode.paged_decode(q, k, v, lens, tables, 32**-0.5, num_splits=3)
+    assert torch.equal(measured, explicit)
+    monkeypatch.setattr(triton_decode, "num_kv_splits", lambda *args: 5)
+    triton_decode.paged_decode(q.repeat(2, 1, 1), k, v, lens.repeat(2), tables.repeat(2, 1), 1.0)
+    assert grids[-1] == (4, 2, 5)  # 4 rows: the second entry, no splits of its own
+
+
+def test_the_tuner_keeps_a_split_count_only_where_it_beats_the_heuristic(monkeypatch):
+    tune = tune_decode(monkeypatch)
+    a = decode_tiling.DecodeLaunch(64)._asdict()
+    entries = [{"max_batch": 32, **a}, {"max_batch": None, **a}]
+    assert [tune.entry_of(entries, b) for b in (1, 32, 33, 512)] == [0, 0, 1, 1]
+    split_times = [
+        {None: [2.0, 2.0], 1: [1.0, 1.5], 2: [1.9, 2.1]},  # 1 split beats the heuristic
+        {None: [3.0, 3.0], 1: [3.0, 3.0], 4: [3.5, 3.1]},  # a tie: the heuristic stays
+    ]
+    chosen = tune.with_best_splits(entries, split_times)
+    assert [e["splits"] for e in chosen] == [1, None]
+    assert decode_tiling.launch_for_batch(chosen, 8).splits == 1

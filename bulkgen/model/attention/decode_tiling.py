@@ -41,6 +41,8 @@ class DecodeLaunch(NamedTuple):
     num_warps: int = 4
     num_stages: int | None = None
     v_in_registers: bool = False
+    # Splits per (sequence, kv head) as measured for this batch bucket; None: num_kv_splits.
+    splits: int | None = None
 
 
 # scripts/tune_decode.py --kv-cache-dtype fp8 --write-table: the fastest launch for an fp8 cache

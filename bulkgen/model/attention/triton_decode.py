@@ -239,6 +239,8 @@ def paged_decode(
     scale_args, int8 = int8_scale_args(k_cache, v_cache, k_scale, v_scale)
     launch = launch or decode_launch(head_dim, fp8 or int8, batch, "int8" if int8 else "fp8")
     block_n = launch.block_n
+    if num_splits is None and launch.splits is not None:
+        num_splits = launch.splits  # measured for this batch (decode_tilings.json)
     if num_splits is None:
         max_context = block_tables.shape[1] * block_size
         num_splits = num_kv_splits(batch, num_kv_heads, max_context, block_n, q.device)
