@@ -100,11 +100,15 @@ class Attention(nn.Module):
         if cfg.qk_norm:  # per head, over head_dim
             q = self.ops.rms_norm(q, self.q_norm.weight, cfg.rms_norm_eps)
             k = self.ops.rms_norm(k, self.k_norm.weight, cfg.rms_norm_eps)
-        q, k = self.ops.rotary(q, k, positions, rotary.cos, rotary.sin)
         # An int8 cache comes with its scale tensors (kv_int8.py), which replace the floats.
         k_cache, v_cache, *scales = kv
         k_scale, v_scale = scales if scales else (self.k_scale, self.v_scale)
-        self.backend.write_kv(k, v, k_cache, v_cache, meta.slot_mapping, k_scale, v_scale)
+        cache = (k_cache, v_cache, meta.slot_mapping, k_scale, v_scale)
+        if self.backend.rotary_write_kv is not None:  # one launch, the same bits
+            q, k = self.backend.rotary_write_kv(q, k, v, positions, rotary.cos, rotary.sin, *cache)
+        else:
+            q, k = self.ops.rotary(q, k, positions, rotary.cos, rotary.sin)
+            self.backend.write_kv(k, v, *cache)
         o = self.backend.attend(q, k_cache, v_cache, meta, self.scale, k_scale, v_scale)
         return self.tp.all_reduce(self.o_proj(o.reshape(-1, cfg.q_size)))
 

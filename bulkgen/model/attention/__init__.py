@@ -28,6 +28,10 @@ class AttentionBackend:
     attend: Callable[..., torch.Tensor]  # (q, k_cache, v_cache, meta, scale, k_s, v_s) -> out
     # An fp8 cache's values stored slots inner (kv_layout.py): the Triton kernels only.
     fp8_v_slots_inner: bool = False
+    # (q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping, k_scale, v_scale) -> the
+    # rotated (q, k): fused_rotary's rotary and write_kv in one launch (rotary_write.py), where
+    # the model's rotary is fused_rotary's (CUDA); None: the two apart.
+    rotary_write_kv: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
 
     def metadata(
         self,
@@ -74,5 +78,10 @@ def get_backend(name: str, device: torch.device, batch_invariant: bool = False) 
         else:
             from bulkgen.model.attention import triton_backend as m
         slots_inner = not batch_invariant and fp8_v_slots_inner()
-        return AttentionBackend(name + suffix, True, m.write_kv, m.paged_attention, slots_inner)
+        fused = None
+        if device.type == "cuda" and not batch_invariant:
+            from bulkgen.model.attention.rotary_write import rotary_write_kv as fused
+        return AttentionBackend(
+            name + suffix, True, m.write_kv, m.paged_attention, slots_inner, fused
+        )
     raise ValueError(f"attention backend {name!r} is not one of auto, torch, triton")

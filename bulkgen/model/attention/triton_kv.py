@@ -166,29 +166,73 @@ def _write_kv_kernel(
     QUANTIZE: tl.constexpr,  # an fp8 cache: scale and saturate before the cast
     KV_INT8: tl.constexpr,  # an int8 cache: a scale per head row, stored beside it
 ):
-    t = tl.program_id(0)
+    write_token(
+        tl.program_id(0), k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
+        stride_kt, stride_kh, stride_vt, stride_vh,
+        stride_cache_block, stride_cache_slot, stride_cache_head,
+        stride_v_block, stride_v_slot, stride_v_head, stride_v_dim,
+        num_kv_heads, k_inv_scale, v_inv_scale,
+        k_scales_ptr, v_scales_ptr, stride_scale_block, stride_scale_slot,
+        BLOCK_SIZE, HEADS_PAD, HEAD_DIM, QUANTIZE, KV_INT8,
+    )  # fmt: skip
+
+
+@triton.jit
+def write_token(
+    t,
+    k_ptr,
+    v_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    slot_ptr,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_cache_block,
+    stride_cache_slot,
+    stride_cache_head,
+    stride_v_block,
+    stride_v_slot,
+    stride_v_head,
+    stride_v_dim,
+    num_kv_heads,
+    k_inv_scale,
+    v_inv_scale,
+    k_scales_ptr,
+    v_scales_ptr,
+    stride_scale_block,
+    stride_scale_slot,
+    BLOCK_SIZE: tl.constexpr,
+    HEADS_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    QUANTIZE: tl.constexpr,
+    KV_INT8: tl.constexpr,
+):
+    """Token t's keys and values into the caches (_write_kv_kernel's arguments)."""
     slot = tl.load(slot_ptr + t).to(tl.int64)
-    if slot < 0:
-        return
-    heads = tl.arange(0, HEADS_PAD)[:, None]
-    dims = tl.arange(0, HEAD_DIM)[None, :]
-    mask = heads < num_kv_heads
-    block, offset = slot // BLOCK_SIZE, slot % BLOCK_SIZE
-    dst = block * stride_cache_block + offset * stride_cache_slot + heads * stride_cache_head + dims
-    dst_v = block * stride_v_block + offset * stride_v_slot + heads * stride_v_head
-    dst_v += dims * stride_v_dim
-    k = tl.load(k_ptr + t * stride_kt + heads * stride_kh + dims, mask=mask)
-    v = tl.load(v_ptr + t * stride_vt + heads * stride_vh + dims, mask=mask)
-    if QUANTIZE:
-        k = tl.clamp(k.to(tl.float32) * k_inv_scale, -_FP8_MAX, _FP8_MAX)
-        v = tl.clamp(v.to(tl.float32) * v_inv_scale, -_FP8_MAX, _FP8_MAX)
-    if KV_INT8:
-        scale_at = block * stride_scale_block + offset * stride_scale_slot + tl.arange(0, HEADS_PAD)
-        head_mask = tl.arange(0, HEADS_PAD) < num_kv_heads
-        k = _quantize_int8_rows(k, k_scales_ptr, scale_at, head_mask)
-        v = _quantize_int8_rows(v, v_scales_ptr, scale_at, head_mask)
-    tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
-    tl.store(v_cache_ptr + dst_v, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+    if slot >= 0:  # a padding row of a CUDA-graph batch has slot -1
+        heads = tl.arange(0, HEADS_PAD)[:, None]
+        dims = tl.arange(0, HEAD_DIM)[None, :]
+        mask = heads < num_kv_heads
+        block, offset = slot // BLOCK_SIZE, slot % BLOCK_SIZE
+        dst = block * stride_cache_block + offset * stride_cache_slot
+        dst += heads * stride_cache_head + dims
+        dst_v = block * stride_v_block + offset * stride_v_slot + heads * stride_v_head
+        dst_v += dims * stride_v_dim
+        k = tl.load(k_ptr + t * stride_kt + heads * stride_kh + dims, mask=mask)
+        v = tl.load(v_ptr + t * stride_vt + heads * stride_vh + dims, mask=mask)
+        if QUANTIZE:
+            k = tl.clamp(k.to(tl.float32) * k_inv_scale, -_FP8_MAX, _FP8_MAX)
+            v = tl.clamp(v.to(tl.float32) * v_inv_scale, -_FP8_MAX, _FP8_MAX)
+        if KV_INT8:
+            scale_at = block * stride_scale_block + offset * stride_scale_slot
+            scale_at += tl.arange(0, HEADS_PAD)
+            head_mask = tl.arange(0, HEADS_PAD) < num_kv_heads
+            k = _quantize_int8_rows(k, k_scales_ptr, scale_at, head_mask)
+            v = _quantize_int8_rows(v, v_scales_ptr, scale_at, head_mask)
+        tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+        tl.store(v_cache_ptr + dst_v, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
 
 def write_kv(

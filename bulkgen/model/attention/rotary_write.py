@@ -1,0 +1,139 @@
+"""Rotary embedding of q and k and the KV-cache write in one Triton launch (the Triton backend on
+CUDA, where the model's rotary is fused_rotary's).
+
+Program t rotates token t's query and key heads exactly as fused_rotary._rotary_kernel does (the
+same function, the same roundings: FP fusion off for the launch), stores them as new contiguous
+tensors, and after a barrier (its threads read back what others wrote) writes the rotated keys
+and the values into the caches as triton_kv._write_kv_kernel does (the same function: fp8
+scaling, int8 quantization, either value layout). One launch a layer instead of two: in the blog
+FP8 profile on the H200 (aa3e041, 32 rows) the rotary and write launches took 2.2 and 1.9 us
+each, plus the gap between every two kernels of a graph. Outputs are bit-identical to the two
+launches (tests/test_rotary_write.py).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from bulkgen.model.attention.kv_fp8 import is_fp8
+from bulkgen.model.attention.triton_kv import check_cache, int8_scale_args, write_token
+from bulkgen.model.fused_rotary import _rotate_heads
+
+
+@triton.jit
+def _rotary_write_kv_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    positions_ptr,
+    cos_ptr,
+    sin_ptr,
+    q_out_ptr,
+    k_out_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    slot_ptr,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_cos,
+    stride_sin,
+    stride_cache_block,
+    stride_cache_slot,
+    stride_cache_head,
+    stride_v_block,
+    stride_v_slot,
+    stride_v_head,
+    stride_v_dim,
+    k_inv_scale,
+    v_inv_scale,
+    k_scales_ptr,
+    v_scales_ptr,
+    stride_scale_block,
+    stride_scale_slot,
+    Q_HEADS: tl.constexpr,
+    Q_HEADS_PAD: tl.constexpr,
+    K_HEADS: tl.constexpr,
+    K_HEADS_PAD: tl.constexpr,
+    HALF: tl.constexpr,
+    HALF_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    QUANTIZE: tl.constexpr,
+    KV_INT8: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    pos = tl.load(positions_ptr + t).to(tl.int64)
+    dims = tl.arange(0, HALF_PAD)
+    dim_mask = dims < HALF
+    dtype = q_out_ptr.dtype.element_ty
+    c = tl.load(cos_ptr + pos * stride_cos + dims, mask=dim_mask, other=0.0)
+    s = tl.load(sin_ptr + pos * stride_sin + dims, mask=dim_mask, other=0.0)
+    c = c.to(dtype).to(tl.float32)  # the tables are float32; torch rounds them to q's dtype
+    s = s.to(dtype).to(tl.float32)
+    q_out_row = q_out_ptr + t * (Q_HEADS * 2 * HALF)
+    k_out_row = k_out_ptr + t * (K_HEADS * 2 * HALF)
+    _rotate_heads(q_ptr + t * stride_qt, q_out_row, stride_qh, c, s, Q_HEADS, Q_HEADS_PAD, HALF,
+                  HALF_PAD)  # fmt: skip
+    _rotate_heads(k_ptr + t * stride_kt, k_out_row, stride_kh, c, s, K_HEADS, K_HEADS_PAD, HALF,
+                  HALF_PAD)  # fmt: skip
+    tl.debug_barrier()  # the rotated keys, stored by every thread, are read back below
+    write_token(
+        t, k_out_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
+        K_HEADS * 2 * HALF, 2 * HALF, stride_vt, stride_vh,
+        stride_cache_block, stride_cache_slot, stride_cache_head,
+        stride_v_block, stride_v_slot, stride_v_head, stride_v_dim,
+        K_HEADS, k_inv_scale, v_inv_scale,
+        k_scales_ptr, v_scales_ptr, stride_scale_block, stride_scale_slot,
+        BLOCK_SIZE, K_HEADS_PAD, 2 * HALF, QUANTIZE, KV_INT8,
+    )  # fmt: skip
+
+
+def rotary_write_kv(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    k_scale: float | torch.Tensor = 1.0,
+    v_scale: float | torch.Tensor = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """fused_rotary.rotary(q, k, ...) and triton_kv.write_kv(rotated k, v, ...) in one launch;
+    the rotated (q, k) as new contiguous tensors."""
+    T, q_heads, head_dim = q.shape
+    k_heads, half = k.shape[1], head_dim // 2
+    assert k.shape == v.shape == (T, k_heads, head_dim) and k.dtype == q.dtype == v.dtype
+    assert q.stride(-1) == k.stride(-1) == v.stride(-1) == 1, "head_dim must be contiguous"
+    assert cos.shape[-1] == half and sin.shape == cos.shape and positions.shape == (T,)
+    check_cache(k_cache, v_cache, head_dim)
+    q_out = torch.empty((T, q_heads, head_dim), dtype=q.dtype, device=q.device)
+    k_out = torch.empty((T, k_heads, head_dim), dtype=k.dtype, device=k.device)
+    if T == 0:
+        return q_out, k_out
+    scale_args, int8 = int8_scale_args(k_cache, v_cache, k_scale, v_scale)
+    q_heads_pad, k_heads_pad = triton.next_power_of_2(q_heads), triton.next_power_of_2(k_heads)
+    half_pad = triton.next_power_of_2(half)
+    tile = (q_heads_pad + k_heads_pad) * half_pad * 2  # elements a program rotates
+    _rotary_write_kv_kernel[(T,)](
+        q, k, v, positions, cos, sin, q_out, k_out, k_cache, v_cache, slot_mapping,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        cos.stride(0), sin.stride(0),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), *v_cache.stride(),
+        1.0 if int8 else 1.0 / k_scale,
+        1.0 if int8 else 1.0 / v_scale,
+        *scale_args,
+        Q_HEADS=q_heads, Q_HEADS_PAD=q_heads_pad, K_HEADS=k_heads, K_HEADS_PAD=k_heads_pad,
+        HALF=half, HALF_PAD=half_pad, BLOCK_SIZE=k_cache.shape[1],
+        QUANTIZE=is_fp8(k_cache), KV_INT8=int8,
+        num_warps=min(8, triton.next_power_of_2(max(1, tile // 1024))),  # the rotary's
+        enable_fp_fusion=False,  # fused_rotary._rotate_heads' roundings
+    )  # fmt: skip
+    return q_out, k_out
