@@ -92,11 +92,17 @@ def test_no_tokens_write_nothing():
     assert q_out.shape == (0, Q_HEADS, DIM) and torch.equal(k_cache, before)
 
 
-def test_the_backend_fuses_on_cuda_only():
-    """Elsewhere the model's rotary is torch's, whose bits the fused launch does not promise."""
+def test_the_backend_fuses_on_cuda_only_and_once_enabled(monkeypatch):
+    """Elsewhere the model's rotary is torch's, whose bits the fused launch does not promise;
+    on CUDA it waits for ENABLED (off until measured on a GPU)."""
+    from bulkgen.model.attention import rotary_write
+
     cpu = torch.device("cpu")
+    monkeypatch.setattr(rotary_write, "ENABLED", True)
     assert get_backend("triton", cpu).rotary_write_kv is None
     assert get_backend("torch", cpu).rotary_write_kv is None
+    monkeypatch.undo()
+    assert not rotary_write.ENABLED  # as shipped
 
 
 COMPILE = """
@@ -142,3 +148,29 @@ def test_it_compiles_for_sm_90():
     assert done.returncode == 0, done.stderr[-2000:]
     barriers, casts, fmas = map(int, re.findall(r"=(\d+)", done.stdout.splitlines()[-1]))
     assert barriers >= 1 and casts > 0 and fmas == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+def test_gpu_engine_generates_the_same_tokens_with_the_fused_launch(
+    tiny_model_dir, monkeypatch, kv_cache_dtype
+):
+    """The same greedy tokens, CUDA graphs and all, with rotary_write.ENABLED on and off."""
+    from test_engine import PROMPTS, encode_all
+
+    from bulkgen import LLM, SamplingParams
+    from bulkgen.model.attention import rotary_write
+
+    ids = encode_all(tiny_model_dir, PROMPTS)
+    kw = dict(device="cuda", kv_cache_dtype=kv_cache_dtype, num_blocks=64, max_num_seqs=8)
+    outs = {}
+    for enabled in (False, True):
+        monkeypatch.setattr(rotary_write, "ENABLED", enabled)
+        llm = LLM(str(tiny_model_dir), **kw)
+        assert (llm.engine.runner.model.model.layers[0].self_attn.backend.rotary_write_kv
+                is not None) == enabled  # fmt: skip
+        greedy = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+        outs[enabled] = [o.token_ids for o in llm.generate(ids, greedy)]
+        llm.close()
+    assert outs[True] == outs[False]

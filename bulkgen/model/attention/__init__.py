@@ -78,9 +78,11 @@ def get_backend(name: str, device: torch.device, batch_invariant: bool = False) 
         else:
             from bulkgen.model.attention import triton_backend as m
         slots_inner = not batch_invariant and fp8_v_slots_inner()
+        from bulkgen.model.attention import rotary_write
+
         fused = None
-        if device.type == "cuda" and not batch_invariant:
-            from bulkgen.model.attention.rotary_write import rotary_write_kv as fused
+        if device.type == "cuda" and not batch_invariant and rotary_write.ENABLED:
+            fused = rotary_write.rotary_write_kv
         return AttentionBackend(
             name + suffix, True, m.write_kv, m.paged_attention, slots_inner, fused
         )

@@ -1,5 +1,5 @@
 """Rotary embedding of q and k and the KV-cache write in one Triton launch (the Triton backend on
-CUDA, where the model's rotary is fused_rotary's).
+CUDA, where the model's rotary is fused_rotary's; off until it has run on a GPU: ENABLED).
 
 Program t rotates token t's query and key heads exactly as fused_rotary._rotary_kernel does (the
 same function, the same roundings: FP fusion off for the launch), stores them as new contiguous
@@ -20,6 +20,10 @@ import triton.language as tl
 from bulkgen.model.attention.kv_fp8 import is_fp8
 from bulkgen.model.attention.triton_kv import check_cache, int8_scale_args, write_token
 from bulkgen.model.fused_rotary import _rotate_heads
+
+# Off until it has run on a GPU: tests/test_rotary_write.py's GPU test (the engine's tokens with
+# and without it) and a blog run on the H200 (scripts/gpu_check_fp8.sh) decide.
+ENABLED = False
 
 
 @triton.jit
