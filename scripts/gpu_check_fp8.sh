@@ -3,7 +3,7 @@
 #   tune: scripts/tune_decode.py --kv-cache-dtype fp8 --write-table (the per-batch launches and the
 #      value layout, rows or slots inner, the engine then uses; 48 launches, about 4 minutes);
 #   mm: scripts/tune_fp8_mm.py --write-table (cuBLASLt or the Triton FP8 GEMM per shape and
-#      rows, bulkgen/model/fp8_gemm_table.json; about 1-2 minutes), before the benches use it;
+#      rows, bulkgen/model/fp8_gemm_table.json, fixup candidates included: about 2-3 minutes), before the benches;
 #   tests: the GPU tests but the long batch-invariant ones (about 2 minutes);
 #   trt (TRT_PROMPTS requests, default 500; TRT_TIMEOUT_S, default 230, for all three): bf16
 #      auto, FP8 KV auto, FP8 weights+KV auto (600 requests took about 60 s a run at 019f465);
@@ -35,7 +35,7 @@ if want tune; then
 fi
 
 if want mm; then
-  timeout 120 python3 scripts/tune_fp8_mm.py --write-table 2>&1 | grep -v -i warn \
+  timeout 240 python3 scripts/tune_fp8_mm.py --write-table 2>&1 | grep -v -i warn \
     | tee "$OUT/tune_mm.jsonl" | tail -8
   cp bulkgen/model/fp8_gemm_table.json "$OUT/" 2> /dev/null
 fi
