@@ -3,7 +3,8 @@
 #   tune: scripts/tune_decode.py --kv-cache-dtype fp8 --write-table (the per-batch launches and the
 #      value layout, rows or slots inner, the engine then uses; 48 launches, about 4 minutes);
 #   mm: scripts/tune_fp8_mm.py --write-table (cuBLASLt or the Triton FP8 GEMM per shape and
-#      rows, bulkgen/model/fp8_gemm_table.json, fixup candidates included: about 2-3 minutes), before the benches;
+#      rows, bulkgen/model/fp8_gemm_table.json, fixup candidates included: about 2-3
+#      minutes), before the benches use it;
 #   tests: the GPU tests but the long batch-invariant ones (about 2 minutes);
 #   trt (TRT_PROMPTS requests, default 500; TRT_TIMEOUT_S, default 230, for all three): bf16
 #      auto, FP8 KV auto, FP8 weights+KV auto (600 requests took about 60 s a run at 019f465);
