@@ -31,7 +31,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from bulkgen.model.attention import triton_decode, triton_kv, triton_prefill
+from bulkgen.model.attention import triton_decode, triton_kv_write, triton_prefill
 
 TARGET = GPUTarget("cuda", 90, 32)
 # The Llama-3-8B shape: head_dim 128, 16-token blocks, 4 query heads per kv-head.
@@ -99,7 +99,7 @@ def write_kv_source(cache: str, v_slots_inner: bool = False) -> ASTSource:
         "KV_INT8": cache == "int8",
         **v_constants,
     }
-    return ASTSource(triton_kv._write_kv_kernel, signature, constexprs=constexprs)
+    return ASTSource(triton_kv_write._write_kv_kernel, signature, constexprs=constexprs)
 
 
 def decode_source(
@@ -241,7 +241,7 @@ _ROUND = "0f4B400000"  # 1.5 * 2**23 as PTX writes a float32 immediate
 
 def round_half_even_pairs(ptx: str) -> int:
     """Adds of +1.5 * 2**23 matched by an add of -1.5 * 2**23 (or a sub of +): the rounding of
-    triton_kv._quantize_int8_rows, not folded away by the compiler."""
+    triton_kv_write._quantize_int8_rows, not folded away by the compiler."""
     up = len(re.findall(rf"\badd(?:\.rn)?\.f32\s[^;]*, {_ROUND};", ptx))
     down = len(re.findall(r"\badd(?:\.rn)?\.f32\s[^;]*, 0fCB400000;", ptx))
     down += len(re.findall(rf"\bsub(?:\.rn)?\.f32\s[^;]*, {_ROUND};", ptx))

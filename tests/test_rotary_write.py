@@ -1,6 +1,6 @@
 """Rotary and the KV-cache write in one launch (rotary_write.py) give the same bits as the two
-launches they replace (fused_rotary.rotary, then triton_kv.write_kv), for every cache the Triton
-backend writes; the backend offers it on CUDA only. Under the Triton interpreter without CUDA
+launches they replace (fused_rotary.rotary, then triton_kv_write.write_kv), for every cache the
+Triton backend writes; the backend offers it on CUDA only. Under the Triton interpreter without CUDA
 (TRITON_INTERPRET set before any kernel is defined), and compiled for sm_90.
 """
 
@@ -21,7 +21,7 @@ from bulkgen.model.attention.kv_fp8 import FP8_DTYPE  # noqa: E402
 from bulkgen.model.attention.kv_int8 import allocate_kv_scales  # noqa: E402
 from bulkgen.model.attention.kv_layout import to_slots_inner  # noqa: E402
 from bulkgen.model.attention.rotary_write import rotary_write_kv  # noqa: E402
-from bulkgen.model.attention.triton_kv import write_kv  # noqa: E402
+from bulkgen.model.attention.triton_kv_write import write_kv  # noqa: E402
 from bulkgen.model.fused_rotary import rotary  # noqa: E402
 
 Q_HEADS, KV_HEADS, DIM, BLOCK, NUM_BLOCKS = 8, 2, 32, 4, 6

@@ -68,7 +68,38 @@ def _rotary_kernel(
     HALF: tl.constexpr,
     HALF_PAD: tl.constexpr,
 ):
-    t = tl.program_id(0).to(tl.int64)
+    rotate_token(
+        tl.program_id(0).to(tl.int64), q_ptr, k_ptr, positions_ptr, cos_ptr, sin_ptr,
+        q_out_ptr, k_out_ptr, stride_qt, stride_qh, stride_kt, stride_kh, stride_cos, stride_sin,
+        Q_HEADS, Q_HEADS_PAD, K_HEADS, K_HEADS_PAD, HALF, HALF_PAD,
+    )  # fmt: skip
+
+
+@triton.jit
+def rotate_token(
+    t,
+    q_ptr,
+    k_ptr,
+    positions_ptr,
+    cos_ptr,
+    sin_ptr,
+    q_out_ptr,
+    k_out_ptr,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_cos,
+    stride_sin,
+    Q_HEADS: tl.constexpr,
+    Q_HEADS_PAD: tl.constexpr,
+    K_HEADS: tl.constexpr,
+    K_HEADS_PAD: tl.constexpr,
+    HALF: tl.constexpr,
+    HALF_PAD: tl.constexpr,
+):
+    """Token t's query and key heads rotated into rows t of q_out and k_out (contiguous): one
+    program's work (_rotary_kernel's arguments), which rotary_write.py's fused launch runs too."""
     pos = tl.load(positions_ptr + t).to(tl.int64)
     dims = tl.arange(0, HALF_PAD)
     dim_mask = dims < HALF

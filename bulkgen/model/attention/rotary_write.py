@@ -1,14 +1,14 @@
 """Rotary embedding of q and k and the KV-cache write in one Triton launch (the Triton backend on
 CUDA, where the model's rotary is fused_rotary's; off until it has run on a GPU: ENABLED).
 
-Program t rotates token t's query and key heads exactly as fused_rotary._rotary_kernel does (the
-same function, the same roundings: FP fusion off for the launch), stores them as new contiguous
-tensors, and after a barrier (its threads read back what others wrote) writes the rotated keys
-and the values into the caches as triton_kv._write_kv_kernel does (the same function: fp8
-scaling, int8 quantization, either value layout). One launch a layer instead of two: in the blog
-FP8 profile on the H200 (aa3e041, 32 rows) the rotary and write launches took 2.2 and 1.9 us
-each, plus the gap between every two kernels of a graph. Outputs are bit-identical to the two
-launches (tests/test_rotary_write.py).
+Program t rotates token t's query and key heads as fused_rotary._rotary_kernel does (the same
+function, rotate_token, with the same roundings: FP fusion off for the launch), stores them as new
+contiguous tensors, and after a barrier (its threads read back what others wrote) writes the
+rotated keys and the values into the caches as triton_kv_write._write_kv_kernel does (the same
+function, write_token: fp8 scaling, int8 quantization, either value layout). One launch a layer
+instead of two: in the blog FP8 profile on the H200 (aa3e041, 32 rows) the rotary and write
+launches took 2.2 and 1.9 us each, plus the gap between every two kernels of a graph. Outputs
+are bit-identical to the two launches (tests/test_rotary_write.py).
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ import triton
 import triton.language as tl
 
 from bulkgen.model.attention.kv_fp8 import is_fp8
-from bulkgen.model.attention.triton_kv import check_cache, int8_scale_args, write_token
-from bulkgen.model.fused_rotary import _rotate_heads
+from bulkgen.model.attention.triton_kv import check_cache, int8_scale_args
+from bulkgen.model.attention.triton_kv_write import write_token
+from bulkgen.model.fused_rotary import rotate_token
 
 # Off until it has run on a GPU: tests/test_rotary_write.py's GPU test (the engine's tokens with
 # and without it) and a blog run on the H200 (scripts/gpu_check_fp8.sh) decide.
@@ -71,20 +72,11 @@ def _rotary_write_kv_kernel(
     KV_INT8: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
-    pos = tl.load(positions_ptr + t).to(tl.int64)
-    dims = tl.arange(0, HALF_PAD)
-    dim_mask = dims < HALF
-    dtype = q_out_ptr.dtype.element_ty
-    c = tl.load(cos_ptr + pos * stride_cos + dims, mask=dim_mask, other=0.0)
-    s = tl.load(sin_ptr + pos * stride_sin + dims, mask=dim_mask, other=0.0)
-    c = c.to(dtype).to(tl.float32)  # the tables are float32; torch rounds them to q's dtype
-    s = s.to(dtype).to(tl.float32)
-    q_out_row = q_out_ptr + t * (Q_HEADS * 2 * HALF)
-    k_out_row = k_out_ptr + t * (K_HEADS * 2 * HALF)
-    _rotate_heads(q_ptr + t * stride_qt, q_out_row, stride_qh, c, s, Q_HEADS, Q_HEADS_PAD, HALF,
-                  HALF_PAD)  # fmt: skip
-    _rotate_heads(k_ptr + t * stride_kt, k_out_row, stride_kh, c, s, K_HEADS, K_HEADS_PAD, HALF,
-                  HALF_PAD)  # fmt: skip
+    rotate_token(
+        t, q_ptr, k_ptr, positions_ptr, cos_ptr, sin_ptr, q_out_ptr, k_out_ptr,
+        stride_qt, stride_qh, stride_kt, stride_kh, stride_cos, stride_sin,
+        Q_HEADS, Q_HEADS_PAD, K_HEADS, K_HEADS_PAD, HALF, HALF_PAD,
+    )  # fmt: skip
     tl.debug_barrier()  # the rotated keys, stored by every thread, are read back below
     write_token(
         t, k_out_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
@@ -110,7 +102,7 @@ def rotary_write_kv(
     k_scale: float | torch.Tensor = 1.0,
     v_scale: float | torch.Tensor = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """fused_rotary.rotary(q, k, ...) and triton_kv.write_kv(rotated k, v, ...) in one launch;
+    """fused_rotary.rotary(q, k, ...) and triton_kv_write.write_kv(rotated k, v, ...) in one launch;
     the rotated (q, k) as new contiguous tensors."""
     T, q_heads, head_dim = q.shape
     k_heads, half = k.shape[1], head_dim // 2

@@ -2,7 +2,7 @@
 
 Graph-safe. Same two functions, same shapes and semantics as the torch
 reference:
-- write_kv: one program per token stores its K/V rows at their cache slots (triton_kv.py).
+- write_kv: one program per token stores its K/V rows at their cache slots (triton_kv_write.py).
 - paged_attention: decode-only steps (the CUDA-graph path) run the split-KV GQA decode kernel
   (triton_decode.py), whose launch depends on static shapes only; prefill and mixed steps run the
   causal varlen kernel over the paged cache (triton_prefill.py).
@@ -16,7 +16,7 @@ import torch
 
 from bulkgen.model.attention.metadata import AttnMetadata
 from bulkgen.model.attention.triton_decode import paged_decode
-from bulkgen.model.attention.triton_kv import write_kv
+from bulkgen.model.attention.triton_kv_write import write_kv
 from bulkgen.model.attention.triton_prefill import paged_prefill
 
 __all__ = ["paged_attention", "write_kv"]

@@ -63,7 +63,7 @@ from __future__ import annotations
 import torch
 
 from bulkgen.model.attention.metadata import AttnMetadata
-from bulkgen.model.attention.triton_kv import write_kv
+from bulkgen.model.attention.triton_kv_write import write_kv
 from bulkgen.model.attention.triton_prefill import paged_prefill
 
 __all__ = ["paged_attention", "write_kv"]
