@@ -42,6 +42,7 @@ STATS_KEYS = (
     "eager_decode_steps",
     "max_num_seqs_chosen",
     "max_num_seqs_chosen_max",
+    "max_num_seqs_ceiling",
     "max_running_seqs",
     "graph_max_batch",
 )

@@ -37,15 +37,19 @@ Costs: O(1) per admission attempt, per block allocated and per request finished;
 running request per step.
 
 max_num_seqs="auto" takes the batch-size cap from the same projection: the cache's blocks over
-the mean projected blocks of the requests that have arrived, bounded by AUTO_MAX_NUM_SEQS and
-max_batch_tokens (EngineConfig.seq_rows), the widest decode graph.
+the mean projected blocks of the requests that have arrived, bounded by its ceiling and
+max_batch_tokens (EngineConfig.seq_rows), the widest decode graph. The ceiling (auto_ceiling)
+is where more rows stop raising throughput: on CUDA, AUTO_KNEE_ROWS for a model whose GEMMs run
+in 16 bits (compute-bound past it), AUTO_MAX_NUM_SEQS for FP8 GEMMs and on the CPU.
 """
 
 from __future__ import annotations
 
 import math
 
-from bulkgen.config import EngineConfig, SamplingParams
+import torch
+
+from bulkgen.config import AUTO_KNEE_ROWS, AUTO_MAX_NUM_SEQS, EngineConfig, SamplingParams
 from bulkgen.engine.blocks import BlockManager
 from bulkgen.engine.request import Request
 
@@ -54,6 +58,15 @@ def known_length(params: SamplingParams) -> bool:
     """The request runs to max_tokens (or the context): nothing can end it earlier."""
     p = params
     return p.ignore_eos and not p.stop_token_ids and not p.stop and not p.constrained
+
+
+def auto_ceiling(model: torch.nn.Module, device: torch.device) -> int:
+    """The most rows max_num_seqs="auto" runs for this model on this device (see
+    config.AUTO_KNEE_ROWS for the measurements)."""
+    from bulkgen.model.fp8 import Fp8Linear
+
+    fp8_gemms = any(isinstance(m, Fp8Linear) for m in model.modules())
+    return AUTO_KNEE_ROWS if device.type == "cuda" and not fp8_gemms else AUTO_MAX_NUM_SEQS
 
 
 class OutputShare:
@@ -191,5 +204,6 @@ class Admission:
         return {
             "max_num_seqs_chosen": self.cap,
             "max_num_seqs_chosen_max": self.cap_max,
+            "max_num_seqs_ceiling": self.ceiling,
             "output_reserve_share": share,
         }
