@@ -35,6 +35,13 @@ JSON_SCHEMA = {
 STATS_KEYS = (
     "host_ms_per_step_median",
     "host_ms_per_step_p99",
+    "host_decode_ms_per_step_median",
+    "host_decode_ms_per_step_p99",
+    "host_mixed_ms_per_step_median",
+    "host_mixed_ms_per_step_p99",
+    "host_schedule_ms_per_step_median",
+    "host_launch_ms_per_step_median",
+    "host_update_ms_per_step_median",
     "mask_ms_per_step_median",
     "mask_ms_per_step_p99",
     "preemptions",

@@ -143,8 +143,13 @@ class Engine:
         self.mask_s = array.array("d")  # host seconds filling masks, per constrained step
         self.async_loop = cfg.async_loop  # settable, so one loaded engine can run both loops
         self.num_steps = 0
-        # Host time of each step (everything but the wait for the device), for stats.json.
+        # Host time of each step (everything but the wait for the device), for stats.json; and
+        # the same split by the step's kind (decode only: a graph replay; with prefill: eager)
+        # and by phase (scheduling; building inputs and launching; applying the previous step's
+        # ids and collecting finished requests), to say where a slow step's time goes.
         self.host_s = array.array("d")
+        self.host_kind_s = {"decode": array.array("d"), "mixed": array.array("d")}
+        self.host_phase_s = {p: array.array("d") for p in ("schedule", "launch", "update")}
         self.startup_s = time.perf_counter() - t0
         # Everything allocated so far (torch, transformers, the model's Python objects) lives
         # for the whole run: moved out of the collector's generations, a full collection no
@@ -226,6 +231,7 @@ class Engine:
     def _step(self) -> list[RequestOutput]:
         t0 = time.perf_counter()
         plan = self.scheduler.schedule()
+        t_scheduled = time.perf_counter()
         launched = forward = None
         if plan:
             self.num_steps += 1
@@ -237,6 +243,7 @@ class Engine:
                 self.monitor.step(plan.decode_only, sum(s.end for s in plan.seqs))
         if not self.async_loop:
             self._prev, launched = launched, None
+        t_launched = time.perf_counter()
         waited = self._apply_prev()
         if forward is not None:
             t_mask = time.perf_counter()  # N applied (matchers advanced); N+1's forward runs
@@ -254,7 +261,13 @@ class Engine:
             self._watched.pop(out.request_id, None)
             self.num_constrained -= req is not None and req.matcher is not None
         if plan:
-            self.host_s.append(time.perf_counter() - t0 - waited)
+            t_end = time.perf_counter()
+            self.host_s.append(t_end - t0 - waited)
+            self.host_kind_s["decode" if plan.decode_only else "mixed"].append(t_end - t0 - waited)
+            phases = self.host_phase_s
+            phases["schedule"].append(t_scheduled - t0)
+            phases["launch"].append(t_launched - t_scheduled)
+            phases["update"].append(t_end - t_launched - waited)
         return done
 
     def _apply_prev(self) -> float:

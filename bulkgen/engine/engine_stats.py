@@ -30,6 +30,8 @@ def engine_stats(engine: Engine) -> dict:
         "generated_tokens": engine.scheduler.num_generated,
         "cached_prompt_tokens": engine.scheduler.num_cached_tokens,
         **step_time_stats(host=engine.host_s, mask=engine.mask_s),
+        **step_time_stats(**{f"host_{k}": v for k, v in engine.host_kind_s.items()}),
+        **step_time_stats(**{f"host_{p}": v for p, v in engine.host_phase_s.items()}),
         "max_num_seqs": engine.cfg.max_num_seqs,
         **engine.scheduler.admission.stats,
         "max_running_seqs": engine.scheduler.max_running,
