@@ -54,14 +54,27 @@ SPLITS = (1, 2, 4, 8, 16)
 LAYOUTS = ("rows", "slots_inner")
 
 
+def graph_ms(fn) -> float:
+    """Median ms of fn captured in a CUDA graph and replayed (do_bench clears the L2 before each
+    replay, as 32 layers' caches would): the kernels' time without the host's. Timed eagerly, the
+    Python of a launch outlasted the L2 clear at 32 rows (~50 us kernels), and one launch measured
+    anywhere from 0.04 to 0.16 ms at 49fbb99."""
+    fn()  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return median_ms(graph.replay)
+
+
 def time_launch(inputs: dict, launch: DecodeLaunch) -> list[float] | None:
-    """Median ms at each shape, or None when the compiler refuses the launch."""
+    """Median ms at each shape (graph_ms), or None when the compiler refuses the launch."""
     times = []
     for q, k, v, meta, (k_scale, v_scale) in inputs.values():
         args = (q, k, v, meta.seq_lens, meta.block_tables, HEAD_DIM**-0.5)
         scales = dict(k_scale=k_scale, v_scale=v_scale)  # an int8 cache's scale tensors
         try:
-            times.append(median_ms(lambda a=args, s=scales: paged_decode(*a, launch=launch, **s)))
+            times.append(graph_ms(lambda a=args, s=scales: paged_decode(*a, launch=launch, **s)))
         except Exception as e:  # e.g. out of shared memory: not a candidate
             print(json.dumps({"skip": launch._asdict(), "error": repr(e)[:200]}), flush=True)
             return None
