@@ -12,14 +12,6 @@ _INT32 = 2**31
 # The most requests `max_num_seqs="auto"` ever runs at once: decode on an H200 is compute-bound
 # well before it (the 8B's GEMMs at 256 rows already are), so more rows only add KV reads.
 AUTO_MAX_NUM_SEQS = 1024
-# auto's ceiling on CUDA for a model whose GEMMs run in 16 (or 32) bits: the rows past which its
-# decode GEMMs are compute-bound, so a row more costs its GEMM share and its KV read and saves
-# nothing (Hopper: ~989 dense bf16 TFLOPS over 3.35-4.8 TB/s puts the ridge at 206-295 rows).
-# Measured on one H200 (issue 16's trt workload, 1,000 x 1,000 tokens, bf16, 191156c): 256 rows
-# 9,516 tok/s, auto at 441 rows 9,154, 512 rows 9,137. FP8 GEMMs (cuBLASLt) still gain per row up
-# to 512 (gate_up: 0.31, 0.22, 0.19 us a row at 128, 256, 512), so FP8 models keep the full
-# ceiling. engine/admission.py's auto_ceiling applies it.
-AUTO_KNEE_ROWS = 256
 
 
 @dataclass(frozen=True)
@@ -175,8 +167,7 @@ class EngineConfig:
 
     max_num_seqs: the most requests running at once, or "auto": the engine picks it from the KV
     cache's size and the lengths of the requests as they arrive, up to auto_max_num_seqs (and
-    max_batch_tokens). auto_max_num_seqs: auto's ceiling; None: the engine sets it from the
-    model and device (AUTO_KNEE_ROWS for 16-bit GEMMs on CUDA, else AUTO_MAX_NUM_SEQS). output_reserve: the share of each request's remaining output that
+    max_batch_tokens). auto_max_num_seqs: auto's ceiling (None: AUTO_MAX_NUM_SEQS). output_reserve: the share of each request's remaining output that
     admission keeps cache room for (engine/admission.py); None learns it from finished requests
     (1 for requests whose length is known); 0 promises nothing: a request is admitted when its
     first chunk fits and preemption makes room, as engines without a horizon (vLLM) do.

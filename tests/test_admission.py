@@ -13,7 +13,7 @@ import torch
 from click.testing import CliRunner
 
 from bulkgen import LLM, SamplingParams
-from bulkgen.config import AUTO_KNEE_ROWS, AUTO_MAX_NUM_SEQS, EngineConfig
+from bulkgen.config import AUTO_MAX_NUM_SEQS, EngineConfig
 from bulkgen.engine.blocks import BlockManager
 from bulkgen.engine.request import Request
 from bulkgen.engine.scheduler import Scheduler
@@ -191,23 +191,8 @@ def test_max_num_seqs_takes_a_number_or_auto():
             EngineConfig(model="-", auto_max_num_seqs=bad)
 
 
-def test_auto_s_ceiling_is_the_compute_knee_for_16_bit_gemms_on_cuda_only():
-    from torch import nn
-
-    from bulkgen.engine.admission import auto_ceiling
-    from bulkgen.model.fp8 import Fp8Linear
-
-    cuda, cpu = torch.device("cuda"), torch.device("cpu")
-    bf16 = nn.Sequential(nn.Linear(64, 64, bias=False).to(torch.bfloat16))
-    assert auto_ceiling(bf16, cuda) == AUTO_KNEE_ROWS == 256
-    assert auto_ceiling(bf16, cpu) == AUTO_MAX_NUM_SEQS, "the CPU has no ridge to stop at"
-    fp8 = nn.Sequential(Fp8Linear.like(nn.Linear(64, 64, bias=False, device="meta")))
-    assert auto_ceiling(fp8, cuda) == AUTO_MAX_NUM_SEQS, "FP8 GEMMs still gain per row to 512"
-
-
-def test_the_engine_resolves_auto_s_ceiling_and_reports_it(tiny_model_dir):
+def test_auto_s_ceiling_is_a_setting_and_reported(tiny_model_dir):
     llm = LLM(str(tiny_model_dir), dtype="float32", device="cpu")
-    assert llm.engine.cfg.auto_max_num_seqs == AUTO_MAX_NUM_SEQS  # the CPU's
     assert llm.engine.stats["max_num_seqs_ceiling"] == AUTO_MAX_NUM_SEQS
     fixed = LLM(str(tiny_model_dir), dtype="float32", device="cpu", auto_max_num_seqs=3)
     fixed.generate(long_prompts(5), SamplingParams(max_tokens=4, temperature=0.0))
@@ -263,17 +248,16 @@ def test_graph_buckets_cover_every_decode_step_up_to_auto_s_ceiling():
 @pytest.mark.gpu
 def test_auto_decodes_every_batch_size_from_graphs_on_cuda(tiny_model_dir):
     params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
-    wide = LLM(str(tiny_model_dir), dtype="float32", device="cuda",
-               auto_max_num_seqs=AUTO_MAX_NUM_SEQS)  # fmt: skip
-    wide.generate(long_prompts(300), params)
-    stats = wide.engine.stats
-    assert stats["graph_max_batch"] == AUTO_MAX_NUM_SEQS
-    assert stats["max_running_seqs"] == 300 and stats["eager_decode_steps"] == 0
-    llm = LLM(str(tiny_model_dir), dtype="float32", device="cuda")  # 16-bit or wider GEMMs
+    llm = LLM(str(tiny_model_dir), dtype="float32", device="cuda")
     llm.generate(long_prompts(300), params)
     stats = llm.engine.stats
-    assert stats["max_num_seqs_ceiling"] == AUTO_KNEE_ROWS == stats["graph_max_batch"]
-    assert stats["max_running_seqs"] == AUTO_KNEE_ROWS and stats["eager_decode_steps"] == 0
+    assert stats["graph_max_batch"] == AUTO_MAX_NUM_SEQS == stats["max_num_seqs_ceiling"]
+    assert stats["max_running_seqs"] == 300 and stats["eager_decode_steps"] == 0
+    low = LLM(str(tiny_model_dir), dtype="float32", device="cuda", auto_max_num_seqs=256)
+    low.generate(long_prompts(300), params)
+    stats = low.engine.stats
+    assert stats["max_num_seqs_ceiling"] == 256 == stats["graph_max_batch"]
+    assert stats["max_running_seqs"] == 256 and stats["eager_decode_steps"] == 0
 
 
 def test_stats_json_reports_the_batch_choice_and_what_preemption_cost(tmp_path, tiny_model_dir):

@@ -27,7 +27,6 @@ import random
 import time
 
 from bulkgen.config import EngineConfig, SamplingParams
-from bulkgen.engine.admission import auto_ceiling
 from bulkgen.engine.blocks import BlockManager
 from bulkgen.engine.engine_stats import engine_stats
 from bulkgen.engine.grammar import GrammarCompiler, load_tokenizer
@@ -111,9 +110,6 @@ class Engine:
             cfg.batch_invariant,
         )
         mcfg = model.cfg  # this rank's shape: its KV heads size its cache
-        if cfg.auto_num_seqs and cfg.auto_max_num_seqs is None:  # before anything sized by it
-            ceiling = auto_ceiling(model, self.device)
-            cfg = self.cfg = dataclasses.replace(cfg, auto_max_num_seqs=ceiling)
         # The monitor measures copy bandwidth with buffers of its own: before the cache takes
         # the memory.
         cuda0 = self.device.type == "cuda" and self.tp.rank == 0
