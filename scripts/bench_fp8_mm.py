@@ -1,17 +1,19 @@
 """FP8 GEMMs against bf16 at the 8B decoder's shapes, by batch size (GPU).
 
-    PYTHONPATH=. python scripts/bench_fp8_mm.py
+    PYTHONPATH=. python scripts/bench_fp8_mm.py [--rows 256,288,320,384,416,448,480,512]
 
 For each projection (qkv, o, gate_up, down) and M rows: cuBLAS bf16 (x @ W.T), cuBLASLt's FP8
 GEMM (torch._scaled_mm with rowwise scales) and the same with use_fast_accum, and the FP8 GEMM
 Fp8Linear dispatches to ("fp8_table": _scaled_mm, or the Triton kernel where
 bulkgen/model/fp8_gemm_table.json says so), median ms of each, and the per-step sum over the 32
 layers. One JSON line per M: where FP8 loses to bf16 (small M, where a GEMM only streams the
-weights) shows here.
+weights) shows here, and with --rows at the decode graphs' batch sizes past 256, what a row
+costs where the GEMMs are compute-bound (whether 441 rows, run as 448, cost as much as 512).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 
 import torch
@@ -36,12 +38,15 @@ def median_ms(fn) -> float:
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--rows", default="1,8,32,64,128,256,512,1024,2048", help="M values, commas")
+    args = ap.parse_args()
     dev = torch.device("cuda")
     weights = {}
     for name, (n, k) in projections().items():
         w = torch.randn(n, k, device=dev, dtype=torch.bfloat16) / k**0.5
         weights[name] = (w, *quantize_weight(w))
-    for m in (1, 8, 32, 64, 128, 256, 512, 1024, 2048):
+    for m in [int(r) for r in args.rows.split(",")]:
         row = {"M": m}
         totals = {"bf16": 0.0, "fp8": 0.0, "fp8_fast_accum": 0.0, "fp8_table": 0.0}
         for name, (w, wq, w_scale) in weights.items():
@@ -63,6 +68,7 @@ def main() -> None:
             for k, v in times.items():
                 totals[k] += LAYERS * v
         row["step_ms"] = {k: round(v, 3) for k, v in totals.items()}
+        row["step_us_per_row"] = {k: round(1000 * v / m, 2) for k, v in totals.items()}
         row["fp8_vs_bf16"] = round(totals["bf16"] / totals["fp8"], 3)
         row["fast_accum_vs_bf16"] = round(totals["bf16"] / totals["fp8_fast_accum"], 3)
         row["table_vs_bf16"] = round(totals["bf16"] / totals["fp8_table"], 3)

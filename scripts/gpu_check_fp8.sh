@@ -6,25 +6,31 @@
 #      rows, bulkgen/model/fp8_gemm_table.json, fixup candidates included: about 2-3
 #      minutes), before the benches use it;
 #   tests: the GPU tests but the long batch-invariant ones (about 2 minutes);
-#   trt (TRT_PROMPTS requests, default 500; TRT_TIMEOUT_S, default 230, for all three): bf16
-#      auto, FP8 KV auto, FP8 weights+KV auto (600 requests took about 60 s a run at 019f465);
+#   trt (TRT_PROMPTS requests, default 1000; TRT_TIMEOUT_S, default 420, for all three): bf16
+#      auto, FP8 KV auto, FP8 weights+KV auto (1,000 requests: wall_s 103-109 s in bf16 at
+#      191156c; each run also spends 15-40 s starting: process, dummy weights, warm-up, graphs);
 #   bulk (512 prompts) bf16 against FP8; blog bf16 against FP8;
 #   sweep (issue 16, bf16): trt with TRT_PROMPTS requests at --max-num-seqs SWEEP_SEQS (default
 #      256,512,1024,auto; TRT_TIMEOUT_S for all; about 105 s a run at 1,000 requests);
+#   rows: bf16 and FP8 GEMM time per row at the decode graphs' sizes past 256 (bench_fp8_mm.py
+#      --rows; does a batch of 441, run as 448, cost what 512 does?), about a minute;
 #   diag: host time per step at 256 rows x 2K (bench_host.py), FP8 GEMMs against bf16 by batch
 #      size (bench_fp8_mm.py), the FP8 activation kernels' one- and two-pass forms
 #      (bench_fp8_fused.py), a kernel profile of blog FP8 (its wall_s is no measurement).
 # Every step has its own timeout; bench lines are appended to $OUT/bench.jsonl as each finishes
 # (at most 8 files come back). All steps take more than one call (600 s): STEPS picks. A fresh
 # machine costs about a minute of device time before the command starts.
-#   GIT_COMMIT=abc1234 STEPS="tune tests" scripts/gpu_check_fp8.sh      # about 7 minutes
-#   GIT_COMMIT=abc1234 STEPS="bulk blog trt" scripts/gpu_check_fp8.sh
+# Measured calls at 49fbb99-5ba166a (2026-12-01): "tune mm" 224 s, "tests bulk blog" 441 s
+# (tests 184 s), "sweep" of 3 settings at 1,000 requests 540 s (a fourth was cut).
+#   GIT_COMMIT=abc1234 STEPS="tune mm" scripts/gpu_check_fp8.sh         # about 4 minutes
+#   GIT_COMMIT=abc1234 STEPS="tests bulk blog" scripts/gpu_check_fp8.sh # about 7.5 minutes
+#   GIT_COMMIT=abc1234 STEPS="trt rows" scripts/gpu_check_fp8.sh        # about 8 minutes
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 OUT="${OUT:-/tmp/gpu_check_fp8}"
 WORK=/tmp/fp8check
-TRT_PROMPTS="${TRT_PROMPTS:-500}"
+TRT_PROMPTS="${TRT_PROMPTS:-1000}"
 STEPS="${STEPS:-tune tests trt}"
 mkdir -p "$OUT" "$WORK"/{tests,trt,bulk,blog,prof}
 want() { [[ " $STEPS " == *" $1 "* ]]; }
@@ -57,12 +63,16 @@ bench() {  # bench <folder> <timeout> <bench.py args...>
   rm -f "$dir/bench.jsonl"
   grep -h '"error"' "$dir/out.txt" | cut -c1-1500 | tee -a "$OUT/log.txt"
 }
-want trt && bench trt "${TRT_TIMEOUT_S:-230}" --workloads trt --engines bulkgen,bulkgen-fp8kv,bulkgen-fp8 \
+want trt && bench trt "${TRT_TIMEOUT_S:-420}" --workloads trt --engines bulkgen,bulkgen-fp8kv,bulkgen-fp8 \
   --num-prompts "$TRT_PROMPTS"
 want sweep && bench trt "${TRT_TIMEOUT_S:-480}" --workloads trt --engines bulkgen \
   --num-prompts "$TRT_PROMPTS" --max-num-seqs "${SWEEP_SEQS:-256,512,1024,auto}"
 want bulk && bench bulk 150 --workloads bulk --engines bulkgen,bulkgen-fp8 --num-prompts 512
 want blog && bench blog 100 --workloads blog --engines bulkgen,bulkgen-fp8
+if want rows; then
+  timeout 90 python3 scripts/bench_fp8_mm.py --rows 128,256,288,320,384,416,448,480,512,640,768 \
+    2>&1 | grep -v -i warn | tee "$OUT/gemm_rows.jsonl" | tail -2
+fi
 if want diag; then
   timeout 30 python3 scripts/bench_host.py --rows 256 --context 2048 --steps 200 2>&1 | tail -3 \
     | tee "$OUT/host.txt"
