@@ -178,6 +178,9 @@ class EngineConfig:
     device: str = "auto"
     load_format: str = "auto"  # auto | safetensors | dummy
     quantization: str | None = None  # fp8: FP8 weights, quantized at load (model/fp8.py)
+    # FP8 GEMMs sum K in the tensor cores' own accumulator (cuBLASLt's use_fast_accum), as vLLM's
+    # and TensorRT-LLM's do: faster where the GEMMs are compute-bound; off until measured.
+    fp8_fast_accum: bool = False
     # Tokens per KV block; None: 16, or SLOTS_INNER_BLOCK_SIZE for an fp8 cache whose values the
     # engine stores slots inner (model/attention/kv_layout.py).
     block_size: int | None = None

@@ -47,6 +47,7 @@ class RunConfig:
     load_format: str = "auto"  # dummy: random weights of the model's shape (benchmarks)
     quantization: str | None = None  # fp8: quantize the weights at load
     kv_cache_dtype: str = "auto"  # fp8 (e4m3, Ada/Hopper GPUs) or int8: about twice the tokens
+    fp8_fast_accum: bool = False  # FP8 GEMMs sum in the tensor cores' own accumulator
     sync: bool = False
     quiet: bool = False
     overwrite: bool = False
@@ -100,6 +101,7 @@ class RunConfig:
             load_format=self.load_format,
             quantization=self.quantization,
             kv_cache_dtype=self.kv_cache_dtype,
+            fp8_fast_accum=self.fp8_fast_accum,
             async_loop=not self.sync,
             prefix_cache=self.prefix_cache,
             tensor_parallel=self.tensor_parallel,

@@ -235,6 +235,13 @@ _OPTIONS = [
         "Hopper GPU. FP8 checkpoints (compressed-tensors, fp8) load as FP8 without it.",
     ),
     click.option(
+        "--fp8-fast-accum",
+        is_flag=True,
+        help="Let FP8 GEMMs sum in the tensor cores' own narrower accumulator (cuBLASLt's "
+        "use_fast_accum, as vLLM's and TensorRT-LLM's FP8 GEMMs do): faster at large batches, "
+        "its accuracy not yet measured on a GPU. Needs FP8 weights.",
+    ),
+    click.option(
         "--kv-cache-dtype",
         type=click.Choice(["auto", "fp8", "int8"]),
         default="auto",

@@ -60,6 +60,8 @@ ENGINE_OPTIONS = {
     "bulkgen-fp8w": {"quantization": "fp8"},
     "bulkgen-fp8kv": {"kv_cache_dtype": "fp8"},  # issue 16: auto on trt, against bf16 auto
     "bulkgen-fp8": {"quantization": "fp8", "kv_cache_dtype": "fp8"},
+    # The same with FP8 GEMMs summing in the tensor cores' accumulator (--fp8-fast-accum).
+    "bulkgen-fp8fa": {"quantization": "fp8", "kv_cache_dtype": "fp8", "fp8_fast_accum": True},
     "bulkgen-int8kv": {"kv_cache_dtype": "int8"},  # int8 KV, a scale per token and kv head
     "bulkgen-invariant": {"batch_invariant": True},  # issue 15's cost: compare with bulkgen
 }

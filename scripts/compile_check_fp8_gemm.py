@@ -10,7 +10,9 @@ e4m3 operands, or mma.sync on f16 ones that Triton widened the e4m3 tiles to) an
 conversions (cvt ... e4m3: the widening, in registers), and its cp.async copies (the weight
 tiles pipelined into shared memory) and float32 adds (how fp8 MMA sums reach the float32
 accumulator), and its acquire-release atomics at GPU scope (the tile count of a launch that adds
-its own K splits: fixup, names ending in "f"). The split-K reduction is compiled too.
+its own K splits: fixup, names ending in "f"). A few candidates are compiled again with fast
+accumulation (EngineConfig.fp8_fast_accum: lines named NAME_fast), whose fp8 MMAs keep their sums
+in the tensor cores' accumulator: no float32 adds. The split-K reduction is compiled too.
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ from bulkgen.model.fp8_gemm import (
 )
 
 TARGET = GPUTarget("cuda", 90, 32)
+# Compiled again with FAST_ACCUM: a plain tile on wgmma, a swapped one, and a 16-row one that
+# Triton widens to fp16 (where fast accumulation changes nothing).
+FAST_SAMPLES = ("m64n64k128s2", "m16n64k128s4t", "m16n64k128s4")
 
 
 def _aligned(signature: dict[str, str], names: tuple[str, ...]) -> dict:
@@ -38,7 +43,7 @@ def _aligned(signature: dict[str, str], names: tuple[str, ...]) -> dict:
     return {(order.index(n),): [["tt.divisibility", 16]] for n in names}
 
 
-def gemm_ptx(cfg: Fp8GemmConfig) -> str:
+def gemm_ptx(cfg: Fp8GemmConfig, fast_accum: bool = False) -> str:
     signature = {
         "x_ptr": "*fp8e4nv",
         "w_ptr": "*fp8e4nv",
@@ -58,6 +63,7 @@ def gemm_ptx(cfg: Fp8GemmConfig) -> str:
         "DOT": cfg.dot,
         "EVEN_K": True,
         "FIXUP": cfg.fixup,
+        "FAST_ACCUM": fast_accum,
     }
     signature |= {name: "constexpr" for name in constexprs}
     aligned = ("x_ptr", "w_ptr", "x_scale_ptr", "w_scale_ptr", "out_ptr", "part_ptr", "N", "K")
@@ -110,11 +116,13 @@ def gpu_atomics(ptx: str) -> int:
 
 
 def main() -> None:
-    for name, cfg in CANDIDATES.items():
-        ptx = gemm_ptx(cfg)
+    launches = [(name, cfg, False) for name, cfg in CANDIDATES.items()]
+    launches += [(f"{name}_fast", CANDIDATES[name], True) for name in FAST_SAMPLES]
+    for name, cfg, fast in launches:
+        ptx = gemm_ptx(cfg, fast)
         counts = f"{e4m3_conversions(ptx)} e4m3 conversions, {async_copies(ptx)} async copies, "
         counts += f"{float32_adds(ptx)} f32 adds, {gpu_atomics(ptx)} acq_rel atomics"
-        print(f"{name:16s}: {len(ptx):6d} chars of PTX, mma {mma_kind(ptx)}, {counts}")
+        print(f"{name:21s}: {len(ptx):6d} chars of PTX, mma {mma_kind(ptx)}, {counts}")
     print(f"{'reduce':16s}: {len(reduce_ptx()):6d} chars of PTX")
 
 

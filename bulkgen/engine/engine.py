@@ -87,6 +87,11 @@ class Engine:
             raise ValueError(reason)  # before any work (no rank started yet)
         if cfg.batch_invariant and self.quantization is not None:
             raise ValueError(f"{cfg.model} holds FP8 weights: batch_invariant needs 16-bit ones")
+        if cfg.fp8_fast_accum and self.quantization is None:
+            raise ValueError(
+                "fp8_fast_accum (--fp8-fast-accum) sets how FP8 GEMMs sum, and this model has "
+                "none: add --quantization fp8 or load an FP8 checkpoint"
+            )
         self.tp, self.group, self.device = join(cfg, mcfg, given_config, rank, self.device)
         self.dtype = resolve_dtype(cfg.dtype, self.device, mcfg)
         self.kv_dtype = resolve_kv_dtype(cfg.kv_cache_dtype, self.dtype)
@@ -108,6 +113,7 @@ class Engine:
             self.tp,
             cfg.quantization,
             cfg.batch_invariant,
+            cfg.fp8_fast_accum,
         )
         mcfg = model.cfg  # this rank's shape: its KV heads size its cache
         # The monitor measures copy bandwidth with buffers of its own: before the cache takes

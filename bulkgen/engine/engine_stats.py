@@ -23,6 +23,7 @@ def engine_stats(engine: Engine) -> dict:
         "tensor_parallel": engine.tp.size,
         "dtype": str(engine.dtype).removeprefix("torch."),
         "quantization": engine.quantization,  # None, or how the weights are FP8
+        "fp8_fast_accum": engine.cfg.fp8_fast_accum,
         "kv_cache_dtype": engine.kv_dtype_name,
         "batch_invariant": engine.cfg.batch_invariant,
         "kv_capacity_tokens": engine.scheduler.blocks.num_blocks * engine.cfg.block_size,

@@ -125,6 +125,9 @@ class Fp8Linear(nn.Module):
         # allocated at the first forward (the engine's eager warm-up, before any CUDA graph is
         # captured) and left zero by every launch.
         self.tile_counters: torch.Tensor | None = None
+        # The tensor cores sum all of K in their own narrower accumulator (use_fast_accum), as
+        # vLLM's and TensorRT-LLM's FP8 GEMMs do: EngineConfig.fp8_fast_accum (loader.py).
+        self.fast_accum = False
 
     @classmethod
     def like(cls, linear: nn.Linear, static_input_scale: bool = False) -> Fp8Linear:
@@ -162,7 +165,9 @@ class Fp8Linear(nn.Module):
             if self.tile_counters is None:
                 needed = tile_counters_needed(self.out_features, self.in_features)
                 self.tile_counters = torch.zeros(needed, dtype=torch.int32, device=xq.device)
-            out = fp8_matmul(xq, x_scale, self.weight, self.weight_scale, self.tile_counters)
+            out = fp8_matmul(
+                xq, x_scale, self.weight, self.weight_scale, self.tile_counters, self.fast_accum
+            )
         else:
             out = scaled_mm_reference(xq, x_scale, self.weight, self.weight_scale)
         out = out.to(self.out_dtype)
@@ -199,6 +204,13 @@ def replace_modules(model: nn.Module, names: list[str], build) -> None:
 def quantize_model(model: nn.Module) -> None:
     """Quantize the model's loaded projections to FP8 in place (--quantization fp8)."""
     replace_modules(model, fp8_module_names(model), Fp8Linear.from_linear)
+
+
+def set_fast_accum(model: nn.Module) -> None:
+    """Let every FP8 projection's GEMM sum in the tensor cores' own accumulator."""
+    for module in model.modules():
+        if isinstance(module, Fp8Linear):
+            module.fast_accum = True
 
 
 def fuse_input_quantization(model: nn.Module) -> None:

@@ -40,17 +40,21 @@ __all__ = ["CANDIDATES", "Fp8GemmConfig", "fp8_gemm", "output_tiles", "tile_coun
 
 
 # Hopper's fp8 MMA keeps fewer bits than float32 while it sums (about 14, DeepSeek-V3 measured);
-# Triton's default on sm_90 lets the whole K run sum that way, as cuBLASLt's use_fast_accum does,
-# which bulkgen does not use (its accuracy is not measured). Adding each 32-deep MMA's result
-# into the float32 accumulator instead sums as _scaled_mm does without fast accumulation.
+# Triton's default on sm_90 lets the whole K run sum that way, as cuBLASLt's use_fast_accum does
+# (FAST_ACCUM, from EngineConfig.fp8_fast_accum: off by default, its accuracy not yet measured on
+# a GPU). Adding each 32-deep MMA's result into the float32 accumulator instead sums as
+# _scaled_mm does without fast accumulation.
 _PRECISE_K = tl.constexpr(32)
 
 
 @triton.jit
-def _dot(acc, a, b, DOT: tl.constexpr):
+def _dot(acc, a, b, DOT: tl.constexpr, FAST_ACCUM: tl.constexpr):
     """acc + a @ b in float32 from fp8 tiles."""
     if DOT == "fp8":
-        return tl.dot(a, b, acc, max_num_imprecise_acc=_PRECISE_K)
+        if FAST_ACCUM:
+            return tl.dot(a, b, acc)
+        else:
+            return tl.dot(a, b, acc, max_num_imprecise_acc=_PRECISE_K)
     else:
         return tl.dot(a.to(tl.float16), b.to(tl.float16), acc)
 
@@ -79,6 +83,7 @@ def _fp8_gemm_kernel(
     DOT: tl.constexpr,
     EVEN_K: tl.constexpr,
     FIXUP: tl.constexpr,
+    FAST_ACCUM: tl.constexpr,
 ):
     # Row tiles vary fastest: the programs that share a weight slice run together, and those
     # after the first find it in L2 (a 28672-row weight is larger than the H200's L2).
@@ -111,13 +116,13 @@ def _fp8_gemm_kernel(
             x = tl.load(
                 x_rows[None, :] + k[:, None], mask=row_ok[None, :] & k_ok[:, None], other=0.0
             )
-            acc = _dot(acc, w, x, DOT)
+            acc = _dot(acc, w, x, DOT, FAST_ACCUM)
         else:
             x = tl.load(
                 x_rows[:, None] + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0
             )
             w = tl.load(w_rows[None, :] + k[:, None], mask=k_ok[:, None], other=0.0)
-            acc = _dot(acc, x, w, DOT)
+            acc = _dot(acc, x, w, DOT, FAST_ACCUM)
     if SWAP_AB:
         acc = tl.trans(acc)
     mask = row_ok[:, None] & (cols[None, :] < N)
@@ -187,9 +192,11 @@ def fp8_gemm(
     config: Fp8GemmConfig,
     out_dtype: torch.dtype = torch.bfloat16,
     tile_counters: torch.Tensor | None = None,
+    fast_accum: bool = False,
 ) -> torch.Tensor:
     """xq [M, K] fp8, x_scale [M, 1] float32, wq [N, K] fp8, w_scale [N] float32 -> [M, N] of
-    out_dtype: (xq @ wq.T) * x_scale * w_scale with float32 sums, rounded once.
+    out_dtype: (xq @ wq.T) * x_scale * w_scale with float32 sums, rounded once (fast_accum: the
+    e4m3 MMAs sum the whole K in the tensor cores' narrower accumulator, as use_fast_accum).
 
     A fixup config with K split needs tile_counters: int32 zeros, at least output_tiles(M, N,
     config) of them, kept by the caller across calls (each launch leaves them zero again)."""
@@ -232,6 +239,7 @@ def fp8_gemm(
         DOT=cfg.dot,
         EVEN_K=K % cfg.block_k == 0,
         FIXUP=fixup,
+        FAST_ACCUM=fast_accum and cfg.dot == "fp8",  # an fp16 MMA sums in float32 anyway
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )

@@ -78,20 +78,26 @@ def fp8_matmul(
     wq: torch.Tensor,
     w_scale: torch.Tensor,
     tile_counters: torch.Tensor | None = None,
+    fast_accum: bool = False,
 ) -> torch.Tensor:
     """(xq [M, K] @ wq [N, K].T) * x_scale [M, 1] * w_scale [N] -> bf16 [M, N], by the kernel the
     table chose for (N, K, M). K and N must be multiples of 16 (cuBLASLt's FP8 GEMM wants it).
-    tile_counters: the weight's own (tile_counters_needed of them, zeros), for fixup launches."""
+    tile_counters: the weight's own (tile_counters_needed of them, zeros), for fixup launches.
+    fast_accum: let the tensor cores sum all of K in their own accumulator (both kernels; the
+    table was measured without it)."""
     (m, k), n = xq.shape, wq.shape[0]
     config = gemm_choice(n, k, m) if _triton_runs_on(xq.device) else None
     if config is not None:
-        return fp8_gemm(xq, x_scale, wq, w_scale, config, tile_counters=tile_counters)
+        return fp8_gemm(
+            xq, x_scale, wq, w_scale, config, tile_counters=tile_counters, fast_accum=fast_accum
+        )
     return torch._scaled_mm(
         xq,
         wq.t(),  # column-major [K, N], as cuBLASLt's FP8 GEMM requires
         scale_a=x_scale,
         scale_b=w_scale.view(1, -1),
         out_dtype=torch.bfloat16,  # rowwise scaling writes bf16 only
+        use_fast_accum=fast_accum,
     )
 
 

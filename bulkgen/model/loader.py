@@ -16,7 +16,13 @@ import torch
 from bulkgen.model.attention import AttentionBackend
 from bulkgen.model.attention.kv_fp8 import load_kv_scale
 from bulkgen.model.config import ModelConfig
-from bulkgen.model.fp8 import Fp8Linear, fuse_input_quantization, quantize_model, replace_modules
+from bulkgen.model.fp8 import (
+    Fp8Linear,
+    fuse_input_quantization,
+    quantize_model,
+    replace_modules,
+    set_fast_accum,
+)
 from bulkgen.model.fp8_checkpoint import (
     checkpoint_quantization,
     copy_part,
@@ -65,11 +71,13 @@ def load_model(
     tp: TensorParallel | None = None,
     quantization: str | None = None,
     batch_invariant: bool = False,
+    fp8_fast_accum: bool = False,
 ) -> LlamaForCausalLM:
     """cfg: the whole model's shape; with tp, this rank's part of it is built and read.
     quantization "fp8": quantize the projections to FP8 once loaded (an FP8 checkpoint's own
     scheme, read from its config.json, wins). batch_invariant: every GEMM (projections and
-    logits) through invariant.invariant_linear."""
+    logits) through invariant.invariant_linear. fp8_fast_accum: the FP8 projections' GEMMs sum
+    in the tensor cores' own accumulator (Fp8Linear.fast_accum)."""
     tp = tp or TensorParallel()
     with torch.device("meta"):
         model = LlamaForCausalLM(local_config(cfg, tp.size), backend, get_ops(device), tp)
@@ -99,6 +107,8 @@ def load_model(
             quantize_model(model)
     if device.type == "cuda":  # the fused Triton ops: norms and SiLU write FP8 rows
         fuse_input_quantization(model)
+    if fp8_fast_accum:
+        set_fast_accum(model)
     if batch_invariant:
         make_batch_invariant(model)
     return model
