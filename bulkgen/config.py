@@ -167,8 +167,9 @@ class EngineConfig:
 
     max_num_seqs: the most requests running at once, or "auto": the engine picks it from the KV
     cache's size and the lengths of the requests as they arrive, up to auto_max_num_seqs (and
-    max_batch_tokens). auto_max_num_seqs: auto's ceiling (None: AUTO_MAX_NUM_SEQS). output_reserve: the share of each request's remaining output that
-    admission keeps cache room for (engine/admission.py); None learns it from finished requests
+    max_batch_tokens). auto_max_num_seqs: auto's ceiling (None: AUTO_MAX_NUM_SEQS).
+    output_reserve: the share of each request's remaining output that admission keeps cache room
+    for (engine/admission.py); None learns it from finished requests
     (1 for requests whose length is known); 0 promises nothing: a request is admitted when its
     first chunk fits and preemption makes room, as engines without a horizon (vLLM) do.
     """

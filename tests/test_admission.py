@@ -9,7 +9,6 @@ from __future__ import annotations
 import random
 
 import pytest
-import torch
 from click.testing import CliRunner
 
 from bulkgen import LLM, SamplingParams

@@ -168,7 +168,7 @@ def test_every_candidate_compiles_for_hopper_with_fp8_mma_where_intended():
     # Fast accumulation (fp8_fast_accum): the same MMAs, and e4m3 ones keep their sums in the
     # tensor cores' accumulator (no float32 adds; these samples do not add their own splits).
     assert set(fast) == {"m64n64k128s2", "m16n64k128s4t", "m16n64k128s4"}
-    for name, (mma, conversions, copies, adds, atomics) in fast.items():
+    for name, (mma, _conversions, _copies, adds, atomics) in fast.items():
         assert mma == found[name][0] and atomics == 0, name
         if mma.endswith("e4m3.e4m3"):
             assert adds == 0 < found[name][3], (name, adds)
