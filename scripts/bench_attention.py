@@ -1,6 +1,6 @@
 """Benchmark the Triton attention kernels at the Llama-3-8B attention shape; one JSON line each.
 
-    PYTHONPATH=. python scripts/bench_attention.py [--kv-cache-dtype auto,fp8,int8]
+    PYTHONPATH=. python scripts/bench_attention.py [--kv-cache-dtype auto,fp8,int8] [--mixed]
 
 Decode: batch 32 and 256 at contexts 256..8192, every sequence at the same length, blocks of 16 in
 a shuffled block table. Reports the median time and the achieved bandwidth of the K/V read (the
@@ -12,6 +12,9 @@ int8 cache with its scales per (token, kv head) (kv_int8.py; the bytes count the
 --batch-invariant runs the batch-invariant backend instead (triton_invariant.py: the prefill
 kernel with one fixed tiling for every step, decode included, never split), labelled
 "decode-invariant" / "prefill-invariant": compare with a run without it for its cost.
+--mixed times mixed steps instead (kernel "mixed"): N decoding rows of 1,500 tokens of context
+and one 1,536-token prefill chunk, through the varlen kernel alone and split
+(triton_backend.SPLIT_MIXED: the decoding rows through the decode kernel), as CUDA-graph replays.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import json
 import torch
 from triton.testing import do_bench
 
-from bulkgen.model.attention import triton_invariant
+from bulkgen.model.attention import triton_backend, triton_invariant
 from bulkgen.model.attention.decode_tiling import decode_launch, num_kv_splits
 from bulkgen.model.attention.kv_fp8 import is_fp8, resolve_kv_dtype
 from bulkgen.model.attention.kv_int8 import INT8_DTYPE, is_int8, quantize
@@ -73,6 +76,19 @@ def paged_inputs(
 
 def median_ms(fn) -> float:
     return do_bench(fn, warmup=50, rep=300, return_mode="median")
+
+
+def graph_ms(fn) -> float:
+    """Median ms of fn captured in a CUDA graph and replayed (do_bench clears the L2 before each
+    replay, as 32 layers' caches would): the kernels' time without the host's. Timed eagerly, the
+    Python of a launch outlasted the L2 clear at 32 rows (~50 us kernels), and one launch measured
+    anywhere from 0.04 to 0.16 ms at 49fbb99."""
+    fn()  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return median_ms(graph.replay)
 
 
 def copy_gb_per_s() -> float:
@@ -127,13 +143,44 @@ def bench_prefill(new_tokens: int, cached: int, kv_dtype, invariant: bool) -> di
     }
 
 
+def bench_mixed(decode_rows: int, kv_dtype, context: int = 1500, chunk: int = 1536) -> dict:
+    """A mixed step's attention: decode_rows one-row sequences (first, as the scheduler puts
+    them), then a new request's prefill chunk; the varlen kernel alone against the split."""
+    seq_lens, query_lens = [context] * decode_rows + [chunk], [1] * decode_rows + [chunk]
+    q, k_cache, v_cache, meta, scales = paged_inputs(seq_lens, query_lens, False, kv_dtype)
+    meta.num_decode_prefix = decode_rows
+    scale = HEAD_DIM**-0.5
+    ms = {}
+    for split in (False, True):
+        triton_backend.SPLIT_MIXED = split
+        ms[split] = graph_ms(lambda: paged_attention(q, k_cache, v_cache, meta, scale, *scales))
+    triton_backend.SPLIT_MIXED = False
+    return {
+        "kernel": "mixed",
+        "kv_dtype": str(kv_dtype).removeprefix("torch."),
+        "decode_rows": decode_rows,
+        "context": context,
+        "prefill_tokens": chunk,
+        "varlen_ms": round(ms[False], 4),
+        "split_ms": round(ms[True], 4),
+        "split_speedup": round(ms[False] / ms[True], 3),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--kv-cache-dtype", default="auto", help="auto, fp8, int8 or a list: auto,fp8,int8"
     )
     parser.add_argument("--batch-invariant", action="store_true", help="the invariant backend")
+    parser.add_argument("--mixed", action="store_true", help="mixed steps, varlen against split")
     args = parser.parse_args()
+    if args.mixed:
+        for name in args.kv_cache_dtype.split(","):
+            for rows in (16, 64, 256, 448):
+                row = bench_mixed(rows, resolve_kv_dtype(name, DTYPE))
+                print(json.dumps(row), flush=True)
+        return
     copy_bw = copy_gb_per_s()
     print(json.dumps({"kernel": "copy", "gb_per_s": round(copy_bw, 1)}), flush=True)
     for name in args.kv_cache_dtype.split(","):

@@ -27,7 +27,7 @@ import json
 import math
 
 import torch
-from bench_attention import DTYPE, HEAD_DIM, median_ms, paged_inputs
+from bench_attention import DTYPE, HEAD_DIM, graph_ms, paged_inputs
 from bench_measure import git_commit
 
 from bulkgen.model.attention.decode_tiling import (
@@ -52,19 +52,6 @@ SPLITS = (1, 2, 4, 8, 16)
 # its own block size (16 tokens in rows, 64 slots inner: kv_layout.SLOTS_INNER_BLOCK_SIZE).
 # 48 launches in all, about 3 minutes on the H200.
 LAYOUTS = ("rows", "slots_inner")
-
-
-def graph_ms(fn) -> float:
-    """Median ms of fn captured in a CUDA graph and replayed (do_bench clears the L2 before each
-    replay, as 32 layers' caches would): the kernels' time without the host's. Timed eagerly, the
-    Python of a launch outlasted the L2 clear at 32 rows (~50 us kernels), and one launch measured
-    anywhere from 0.04 to 0.16 ms at 49fbb99."""
-    fn()  # compile outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return median_ms(graph.replay)
 
 
 def time_launch(inputs: dict, launch: DecodeLaunch) -> list[float] | None:

@@ -45,6 +45,10 @@ class AttentionBackend:
         """The step's metadata; the host lists come from the plan (the torch backend loops over
         them, the Triton one reads their maxima only), so building it never waits on the device."""
         max_query_len = max(query_lens_host)
+        decode_prefix = 0
+        if max_query_len > 1:  # a mixed step: count its leading one-row sequences
+            while query_lens_host[decode_prefix] == 1:
+                decode_prefix += 1
         return AttnMetadata(
             slot_mapping=slot_mapping,
             query_start_loc=query_start_loc,
@@ -55,6 +59,7 @@ class AttentionBackend:
             decode_only=max_query_len == 1,
             query_lens_host=query_lens_host,
             seq_lens_host=seq_lens_host,
+            num_decode_prefix=decode_prefix,
         )
 
 

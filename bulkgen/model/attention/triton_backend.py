@@ -5,7 +5,9 @@ reference:
 - write_kv: one program per token stores its K/V rows at their cache slots (triton_kv_write.py).
 - paged_attention: decode-only steps (the CUDA-graph path) run the split-KV GQA decode kernel
   (triton_decode.py), whose launch depends on static shapes only; prefill and mixed steps run the
-  causal varlen kernel over the paged cache (triton_prefill.py).
+  causal varlen kernel over the paged cache (triton_prefill.py). With SPLIT_MIXED, a mixed step's
+  leading one-row sequences (its decoding requests: meta.num_decode_prefix) take the decode
+  kernel instead, into the front rows of the same output, and only the rest the varlen kernel.
 
 Neither reads host lists nor syncs with the device.
 """
@@ -20,6 +22,13 @@ from bulkgen.model.attention.triton_kv_write import write_kv
 from bulkgen.model.attention.triton_prefill import paged_prefill
 
 __all__ = ["paged_attention", "write_kv"]
+
+# Off until measured on a GPU (scripts/bench_attention.py --mixed, then bulk and trt runs). Why it
+# may pay: in a mixed step the varlen kernel gives each decoding row a query tile of its own
+# (BLOCK_M rows for its GROUP heads) and walks its whole context in one program, where the decode
+# kernel splits long contexts over several; with hundreds of rows running, most steps of the
+# bulk and trt workloads admit a prefill chunk and are mixed.
+SPLIT_MIXED = False
 
 
 def paged_attention(
@@ -48,15 +57,32 @@ def paged_attention(
             k_scale=k_scale,
             v_scale=v_scale,
         )
-    return paged_prefill(
-        q,
+    split = meta.num_decode_prefix if SPLIT_MIXED else 0
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if split else None
+    if split:
+        paged_decode(
+            q[:split],
+            k_cache,
+            v_cache,
+            meta.seq_lens[:split],
+            meta.block_tables[:split],
+            scale,
+            k_scale=k_scale,
+            v_scale=v_scale,
+            out=out[:split],
+        )
+    prefill = paged_prefill(
+        q[split:],
         k_cache,
         v_cache,
-        meta.query_start_loc,
-        meta.seq_lens,
-        meta.block_tables,
+        # The decoding rows are the first `split` tokens: the rest start where they end.
+        meta.query_start_loc[split:] - split if split else meta.query_start_loc,
+        meta.seq_lens[split:],
+        meta.block_tables[split:],
         meta.max_query_len,
         scale,
         k_scale,
         v_scale,
+        out=out[split:] if split else None,
     )
+    return out if split else prefill

@@ -48,6 +48,7 @@ from bulkgen.model.attention.triton_kv import (
     kv_tile_offsets,
     load_scales,
     load_v_tile,
+    output_for,
     scale_weights,
 )
 
@@ -224,11 +225,13 @@ def paged_decode(
     launch: DecodeLaunch | None = None,
     k_scale: float | torch.Tensor = 1.0,
     v_scale: float | torch.Tensor = 1.0,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of one query row per sequence, q [B, Hq, D], over its cached context.
 
     num_splits and launch override the tuned choices (for benchmarks); k_scale/v_scale
     dequantize an fp8 cache (floats) or an int8 one (its scale tensors; ignored for others).
+    out: a contiguous [B, Hq, D] tensor of q's dtype to write into (else a new one).
     """
     batch, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -245,7 +248,7 @@ def paged_decode(
         max_context = block_tables.shape[1] * block_size
         num_splits = num_kv_splits(batch, num_kv_heads, max_context, block_n, q.device)
     q = q if q.stride(-1) == 1 else q.contiguous()
-    out = torch.empty((batch, num_q_heads, head_dim), dtype=q.dtype, device=q.device)
+    out = output_for(out, q)
     if batch == 0:
         return out
     # Allocated per call: inside a CUDA graph they come from the graph's private pool.

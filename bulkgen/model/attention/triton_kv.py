@@ -140,3 +140,13 @@ def int8_scale_args(
     assert k_scale.dtype == v_scale.dtype == torch.float32
     assert k_scale.stride() == v_scale.stride() and k_scale.stride(2) == 1
     return (k_scale, v_scale, k_scale.stride(0), k_scale.stride(1)), True
+
+
+def output_for(out: torch.Tensor | None, q: torch.Tensor) -> torch.Tensor:
+    """The attention output of q [T, Hq, D]: out if given (checked: the kernels index it as a
+    contiguous tensor of q's shape and dtype), else a new one."""
+    if out is None:
+        return torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if out.shape != q.shape or out.dtype != q.dtype or not out.is_contiguous():
+        raise ValueError(f"out must be contiguous {tuple(q.shape)} {q.dtype}, got {out.shape}")
+    return out

@@ -39,6 +39,7 @@ from bulkgen.model.attention.triton_kv import (
     kv_tile_offsets,
     load_scales,
     load_v_tile,
+    output_for,
     scale_weights,
 )
 
@@ -242,18 +243,20 @@ def paged_prefill(
     k_scale: float | torch.Tensor = 1.0,
     v_scale: float | torch.Tensor = 1.0,
     invariant: bool = False,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of q [T, Hq, D] (rows grouped by query_start_loc) over the cache;
     k_scale/v_scale dequantize an fp8 cache (floats) or an int8 one (its scale tensors; ignored
     for others). invariant: the fixed tiling
-    and single masked loop of triton_invariant.py (max_query_len is then unused)."""
+    and single masked loop of triton_invariant.py (max_query_len is then unused). out: a
+    contiguous tensor of q's shape and dtype to write into (else a new one)."""
     num_tokens, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     check_cache(k_cache, v_cache, head_dim)
     assert num_q_heads % num_kv_heads == 0
     num_seqs = seq_lens.shape[0]
     q = q if q.stride(-1) == 1 else q.contiguous()
-    out = torch.empty((num_tokens, num_q_heads, head_dim), dtype=q.dtype, device=q.device)
+    out = output_for(out, q)
     if num_tokens == 0:
         return out
     group = num_q_heads // num_kv_heads
