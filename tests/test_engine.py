@@ -235,10 +235,10 @@ def test_stats_report_host_time_per_step(tiny_model_dir):
     assert 0 < stats["host_ms_per_step_median"] <= stats["host_ms_per_step_p99"]
     assert stats["decode_graph_steps"] == 0 and stats["eager_decode_steps"] > 0  # no graphs on CPU
     # Split by kind (the first step prefills, the rest decode) and by phase, which add up.
-    engine = llm.engine
-    kinds, phases = engine.host_kind_s, engine.host_phase_s
-    assert len(kinds["mixed"]) == 1 and len(kinds["decode"]) == len(engine.host_s) - 1 >= 7
-    for i, total in enumerate(engine.host_s):
+    times = llm.engine.host_times
+    kinds, phases = times.kind, times.phase
+    assert len(kinds["mixed"]) == 1 and len(kinds["decode"]) == len(times.total) - 1 >= 7
+    for i, total in enumerate(times.total):
         assert sum(phases[p][i] for p in ("schedule", "launch", "update")) == pytest.approx(total)
     for name in ("host_decode", "host_mixed", "host_schedule", "host_launch", "host_update"):
         assert 0 <= stats[f"{name}_ms_per_step_median"] <= stats[f"{name}_ms_per_step_p99"]

@@ -30,6 +30,7 @@ from bulkgen.config import EngineConfig, SamplingParams
 from bulkgen.engine.blocks import BlockManager
 from bulkgen.engine.engine_stats import engine_stats
 from bulkgen.engine.grammar import GrammarCompiler, load_tokenizer
+from bulkgen.engine.host_times import HostTimes
 from bulkgen.engine.kv_sizing import auto_num_blocks
 from bulkgen.engine.model_files import model_dir, read_eos_ids, resolve_device
 from bulkgen.engine.monitor import GpuMonitor
@@ -145,13 +146,7 @@ class Engine:
         self.mask_s = array.array("d")  # host seconds filling masks, per constrained step
         self.async_loop = cfg.async_loop  # settable, so one loaded engine can run both loops
         self.num_steps = 0
-        # Host time of each step (everything but the wait for the device), for stats.json; and
-        # the same split by the step's kind (decode only: a graph replay; with prefill: eager)
-        # and by phase (scheduling; building inputs and launching; applying the previous step's
-        # ids and collecting finished requests), to say where a slow step's time goes.
-        self.host_s = array.array("d")
-        self.host_kind_s = {"decode": array.array("d"), "mixed": array.array("d")}
-        self.host_phase_s = {p: array.array("d") for p in ("schedule", "launch", "update")}
+        self.host_times = HostTimes()  # each step's host time, by kind and phase (stats.json)
         self.startup_s = time.perf_counter() - t0
         # Everything allocated so far (torch, transformers, the model's Python objects) lives
         # for the whole run: moved out of the collector's generations, a full collection no
@@ -264,12 +259,8 @@ class Engine:
             self.num_constrained -= req is not None and req.matcher is not None
         if plan:
             t_end = time.perf_counter()
-            self.host_s.append(t_end - t0 - waited)
-            self.host_kind_s["decode" if plan.decode_only else "mixed"].append(t_end - t0 - waited)
-            phases = self.host_phase_s
-            phases["schedule"].append(t_scheduled - t0)
-            phases["launch"].append(t_launched - t_scheduled)
-            phases["update"].append(t_end - t_launched - waited)
+            phases = (t_scheduled - t0, t_launched - t_scheduled, t_end - t_launched - waited)
+            self.host_times.record(plan.decode_only, phases)
         return done
 
     def _apply_prev(self) -> float:

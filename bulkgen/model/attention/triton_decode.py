@@ -230,8 +230,7 @@ def paged_decode(
     """Attention of one query row per sequence, q [B, Hq, D], over its cached context.
 
     num_splits and launch override the tuned choices (for benchmarks); k_scale/v_scale
-    dequantize an fp8 cache (floats) or an int8 one (its scale tensors; ignored for others).
-    out: a contiguous [B, Hq, D] tensor of q's dtype to write into (else a new one).
+    dequantize an fp8 cache (floats) or an int8 one (scale tensors); out: where to write.
     """
     batch, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape

@@ -247,9 +247,8 @@ def paged_prefill(
 ) -> torch.Tensor:
     """Causal attention of q [T, Hq, D] (rows grouped by query_start_loc) over the cache;
     k_scale/v_scale dequantize an fp8 cache (floats) or an int8 one (its scale tensors; ignored
-    for others). invariant: the fixed tiling
-    and single masked loop of triton_invariant.py (max_query_len is then unused). out: a
-    contiguous tensor of q's shape and dtype to write into (else a new one)."""
+    for others). invariant: the fixed tiling and single masked loop of triton_invariant.py
+    (max_query_len is then unused). out: where to write (triton_kv.output_for)."""
     num_tokens, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     check_cache(k_cache, v_cache, head_dim)
