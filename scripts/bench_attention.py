@@ -13,8 +13,8 @@ int8 cache with its scales per (token, kv head) (kv_int8.py; the bytes count the
 kernel with one fixed tiling for every step, decode included, never split), labelled
 "decode-invariant" / "prefill-invariant": compare with a run without it for its cost.
 --mixed times mixed steps instead (kernel "mixed"): N decoding rows of 1,500 tokens of context
-and one 1,536-token prefill chunk, through the varlen kernel alone and split
-(triton_backend.SPLIT_MIXED: the decoding rows through the decode kernel), as CUDA-graph replays.
+and one 1,536-token prefill chunk, through the varlen kernel alone and split (the decoding rows
+through the decode kernel, as triton_backend.SPLIT_MIXED_MIN_ROWS allows), as CUDA-graph replays.
 """
 
 from __future__ import annotations
@@ -152,9 +152,9 @@ def bench_mixed(decode_rows: int, kv_dtype, context: int = 1500, chunk: int = 15
     scale = HEAD_DIM**-0.5
     ms = {}
     for split in (False, True):
-        triton_backend.SPLIT_MIXED = split
+        triton_backend.SPLIT_MIXED_MIN_ROWS = 1 if split else None
         ms[split] = graph_ms(lambda: paged_attention(q, k_cache, v_cache, meta, scale, *scales))
-    triton_backend.SPLIT_MIXED = False
+    triton_backend.SPLIT_MIXED_MIN_ROWS = None
     return {
         "kernel": "mixed",
         "kv_dtype": str(kv_dtype).removeprefix("torch."),

@@ -55,6 +55,7 @@ STATS_KEYS = (
     "max_num_seqs_ceiling",
     "max_running_seqs",
     "graph_max_batch",
+    "graph_buckets_replaced",
 )
 
 # Engine names that are `bulkgen run` options: FP8 weights; FP8 KV cache; both (issue 13); the

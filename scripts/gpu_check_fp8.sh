@@ -14,7 +14,7 @@
 #   sweep (issue 16, bf16): trt with TRT_PROMPTS requests at --max-num-seqs SWEEP_SEQS (default
 #      256,512,1024,auto; TRT_TIMEOUT_S for all; about 105 s a run at 1,000 requests);
 #   mixed: a mixed step's attention (16-448 decoding rows of 1,500 tokens and a 1,536-token
-#      prefill chunk), the varlen kernel alone against triton_backend.SPLIT_MIXED, about a minute;
+#      prefill chunk), the varlen kernel alone against triton_backend.SPLIT_MIXED_MIN_ROWS, about a minute;
 #   rows: bf16 and FP8 GEMM time per row at the decode graphs' sizes past 256 (bench_fp8_mm.py
 #      --rows; does a batch of 441, run as 448, cost what 512 does?), about a minute;
 #   diag: host time per step at 256 rows x 2K (bench_host.py), FP8 GEMMs against bf16 by batch
@@ -72,7 +72,7 @@ want sweep && bench trt "${TRT_TIMEOUT_S:-480}" --workloads trt --engines bulkge
   --num-prompts "$TRT_PROMPTS" --max-num-seqs "${SWEEP_SEQS:-256,512,1024,auto}"
 want bulk && bench bulk 210 --workloads bulk --engines bulkgen,bulkgen-fp8,bulkgen-fp8fa --num-prompts 512
 want blog && bench blog 100 --workloads blog --engines bulkgen,bulkgen-fp8
-if want mixed; then  # mixed steps' attention: the varlen kernel alone against SPLIT_MIXED
+if want mixed; then  # mixed steps' attention: the varlen kernel alone against the split
   timeout 120 python3 scripts/bench_attention.py --mixed 2>&1 | grep -v -i warn \
     | tee "$OUT/mixed.jsonl" | tail -4
 fi

@@ -139,3 +139,20 @@ def test_cuda_penalties_match_cpu(tiny_model_dir):
     cpu = LLM(str(tiny_model_dir), device="cpu", dtype="float32").generate(PROMPTS[:6], params)
     same = sum(a.token_ids == b.token_ids for a, b in zip(gpu, cpu, strict=True))
     assert same >= 5, "rounding may flip a rare near-tie, never most rows"
+
+
+def test_steps_replay_the_cheapest_measured_graph_and_padding_changes_no_token(tiny_model_dir):
+    from test_engine import PROMPTS, encode_all, hf_greedy
+
+    llm = LLM(str(tiny_model_dir), dtype="float32", device="cuda", max_num_seqs=64)
+    graphs = llm.engine.runner.graphs
+    stats = llm.engine.stats
+    times = stats["graph_replay_ms"]
+    assert list(times) == graphs.buckets and all(t > 0 for t in times.values())
+    for b, s in stats["graph_buckets_replaced"].items():
+        assert s > b and times[s] < 0.97 * times[b], "replaced only by a cheaper, larger graph"
+    graphs.serve = [len(graphs.buckets) - 1] * len(graphs.buckets)  # every step: 64 rows
+    ids = encode_all(tiny_model_dir, PROMPTS)
+    outs = llm.generate(ids, SamplingParams(max_tokens=24, temperature=0.0))
+    assert [o.token_ids for o in outs] == hf_greedy(tiny_model_dir, ids, 24)
+    assert llm.engine.stats["eager_decode_steps"] == 0

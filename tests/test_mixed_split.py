@@ -1,4 +1,4 @@
-"""A mixed step's decoding rows through the decode kernel (triton_backend.SPLIT_MIXED): the
+"""A mixed step's decoding rows through the decode kernel (triton_backend.SPLIT_MIXED_MIN_ROWS): the
 metadata counts them, and the output equals the varlen kernel's for every cache kind; the engine
 generates the same tokens either way.
 
@@ -61,7 +61,7 @@ def test_a_split_mixed_step_equals_the_varlen_kernel_alone(monkeypatch, kind):
     q = torch.randn(sum(query_lens), HEADS * GROUP, DIM, device=DEVICE)
     outs = {}
     for split in (False, True):
-        monkeypatch.setattr(triton_backend, "SPLIT_MIXED", split)
+        monkeypatch.setattr(triton_backend, "SPLIT_MIXED_MIN_ROWS", 1 if split else None)
         outs[split] = triton_backend.paged_attention(q, k, v, meta, DIM**-0.5, **scales)
     assert outs[True].shape == q.shape and torch.isfinite(outs[True]).all()
     assert rel_err(outs[True], outs[False]) < 1e-5
@@ -87,7 +87,7 @@ def engine_tokens(model_dir, monkeypatch, split: bool, device: str) -> list[list
 
     from bulkgen import LLM, SamplingParams
 
-    monkeypatch.setattr(triton_backend, "SPLIT_MIXED", split)
+    monkeypatch.setattr(triton_backend, "SPLIT_MIXED_MIN_ROWS", 1 if split else None)
     mixed_decodes = []  # decode-kernel launches inside mixed steps (they pass out=)
     decode = triton_backend.paged_decode
 

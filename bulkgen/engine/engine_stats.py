@@ -36,6 +36,7 @@ def engine_stats(engine: Engine) -> dict:
         **engine.scheduler.admission.stats,
         "max_running_seqs": engine.scheduler.max_running,
         "graph_max_batch": engine.runner.graphs.max_batch if engine.runner.graphs else 0,
+        **(engine.runner.graphs.stats if engine.runner.graphs else {}),
         "decode_graph_steps": engine.runner.graph_steps,
         "eager_decode_steps": engine.runner.eager_decode_steps,
         **(engine.monitor.stats if engine.monitor is not None else {}),

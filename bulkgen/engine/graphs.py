@@ -9,6 +9,13 @@ a [bucket, hidden] state, where [bucket, vocab] float32 logits would hold some 6
 buckets of 1,024 rows at a 128K vocabulary. A step is padded up to its bucket: padding rows
 write no KV (slot -1), attend to one token of a stale block and their logits are never computed.
 The attention backend owns the static metadata buffers.
+
+A bucket is not always dearer than a smaller one: the GEMM libraries choose kernels by shape, and
+on the H200 (scripts/bench_fp8_mm.py --rows) the 8B shape's bf16 GEMMs of a step cost 13.6 ms at
+448 rows against 10.7 at 512, the FP8 ones 6.8 ms at 288 against 6.6 at 512. So after capture
+each graph's replay is timed (padding rows only: no KV written, one token attended) and a step
+replays the cheapest graph at or above its size (`cheapest_at_or_above`); stats.json reports the
+times and the buckets so replaced.
 """
 
 from __future__ import annotations
@@ -32,6 +39,18 @@ def bucket_sizes(max_seqs: int) -> list[int]:
     return sorted(set(sizes + [max_seqs]))
 
 
+def cheapest_at_or_above(ms: Sequence[float], margin: float = 0.03) -> list[int]:
+    """For each bucket (ascending sizes, replay times ms), the index of the bucket its steps
+    replay: itself, unless a larger one replays more than `margin` faster (timing noise never
+    sends a step to a larger graph)."""
+    best = list(range(len(ms)))
+    for i in reversed(range(len(ms) - 1)):
+        j = best[i + 1]
+        if ms[j] < ms[i] * (1 - margin):
+            best[i] = j
+    return best
+
+
 class DecodeGraphs:
     def __init__(
         self,
@@ -50,6 +69,8 @@ class DecodeGraphs:
         self.meta = DecodeGraphBuffers(n, max_blocks_per_seq, device)
         self.pool = torch.cuda.graph_pool_handle()
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.replay_ms: list[float] = []  # by bucket, measured by calibrate()
+        self.serve = list(range(len(self.buckets)))  # bucket index -> the bucket it replays
 
     @property
     def max_batch(self) -> int:
@@ -75,8 +96,47 @@ class DecodeGraphs:
             hidden = run()
         self.graphs[b] = (graph, hidden)
 
+    @torch.inference_mode()
+    def calibrate(self, replays: int = 3) -> None:
+        """Time each graph's replay (after one untimed) on the graphs' stream and point every
+        bucket at the cheapest graph at or above it. The buffers hold padding rows only here."""
+        events = []
+        with torch.cuda.stream(self.stream):
+            for b in self.buckets:
+                graph = self.graphs[b][0]
+                graph.replay()
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(True)
+                start.record(self.stream)
+                for _ in range(replays):
+                    graph.replay()
+                end.record(self.stream)
+                events.append((start, end))
+        self.stream.synchronize()
+        ms = [start.elapsed_time(end) / replays for start, end in events]
+        # Every tensor-parallel rank must replay the same graphs (their collectives pair up).
+        ms = self.model.tp.broadcast(
+            torch.tensor(ms, dtype=torch.float64, device=self.input_ids.device)
+        )
+        self.replay_ms = ms.tolist()
+        self.serve = cheapest_at_or_above(self.replay_ms)
+
+    @property
+    def stats(self) -> dict:
+        """The replay time of each bucket and the buckets whose steps replay a larger graph."""
+        return {
+            "graph_replay_ms": {
+                b: round(t, 3) for b, t in zip(self.buckets, self.replay_ms, strict=False)
+            },
+            "graph_buckets_replaced": {
+                b: self.buckets[j]
+                for i, (b, j) in enumerate(zip(self.buckets, self.serve, strict=True))
+                if j != i
+            },
+        }
+
     def bucket_for(self, b: int) -> int:
-        return next(s for s in self.buckets if s >= b)
+        i = next(i for i, s in enumerate(self.buckets) if s >= b)
+        return self.buckets[self.serve[i]]
 
     @torch.inference_mode()
     def replay(

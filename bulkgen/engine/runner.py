@@ -218,6 +218,7 @@ class ModelRunner:
     def capture_graphs(self) -> None:
         if self.graphs is not None:
             self.graphs.capture()
+            self.graphs.calibrate()
 
     def _sample(
         self,

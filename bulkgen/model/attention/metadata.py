@@ -29,7 +29,7 @@ class AttnMetadata:
     seq_lens_host: list[int] | None = None
     # How many sequences at the front of a mixed step have one query row (the scheduler puts the
     # running requests first, so these are its decoding rows): the Triton backend may run them
-    # through the decode kernel (triton_backend.SPLIT_MIXED). 0 in decode-only steps.
+    # through the decode kernel (triton_backend.SPLIT_MIXED_MIN_ROWS). 0 in decode-only steps.
     num_decode_prefix: int = 0
 
 

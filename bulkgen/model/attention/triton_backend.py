@@ -5,9 +5,10 @@ reference:
 - write_kv: one program per token stores its K/V rows at their cache slots (triton_kv_write.py).
 - paged_attention: decode-only steps (the CUDA-graph path) run the split-KV GQA decode kernel
   (triton_decode.py), whose launch depends on static shapes only; prefill and mixed steps run the
-  causal varlen kernel over the paged cache (triton_prefill.py). With SPLIT_MIXED, a mixed step's
-  leading one-row sequences (its decoding requests: meta.num_decode_prefix) take the decode
-  kernel instead, into the front rows of the same output, and only the rest the varlen kernel.
+  causal varlen kernel over the paged cache (triton_prefill.py). A mixed step's leading one-row
+  sequences (its decoding requests: meta.num_decode_prefix), when SPLIT_MIXED_MIN_ROWS or more,
+  take the decode kernel instead, into the front rows of the same output, and only the rest the
+  varlen kernel.
 
 Neither reads host lists nor syncs with the device.
 """
@@ -23,12 +24,13 @@ from bulkgen.model.attention.triton_prefill import paged_prefill
 
 __all__ = ["paged_attention", "write_kv"]
 
-# Off until measured on a GPU (scripts/bench_attention.py --mixed, then bulk and trt runs). Why it
-# may pay: in a mixed step the varlen kernel gives each decoding row a query tile of its own
-# (BLOCK_M rows for its GROUP heads) and walks its whole context in one program, where the decode
-# kernel splits long contexts over several; with hundreds of rows running, most steps of the
-# bulk and trt workloads admit a prefill chunk and are mixed.
-SPLIT_MIXED = False
+# A mixed step of at least this many decoding rows splits (None: never). In a mixed step the
+# varlen kernel gives each decoding row a query tile of its own (BLOCK_M rows for its GROUP heads)
+# and walks its whole context in one program, where the decode kernel splits long contexts over
+# several. Measured on the H200 (scripts/bench_attention.py --mixed at b5209a1, bf16 cache,
+# 1,500-token contexts beside a 1,536-token chunk): the split takes 0.892x the varlen kernel's
+# speed at 16 rows, 0.94x at 64, 1.065x at 256 and 1.102x at 448; the crossing lies near 160.
+SPLIT_MIXED_MIN_ROWS: int | None = 160
 
 
 def paged_attention(
@@ -57,7 +59,9 @@ def paged_attention(
             k_scale=k_scale,
             v_scale=v_scale,
         )
-    split = meta.num_decode_prefix if SPLIT_MIXED else 0
+    split = meta.num_decode_prefix
+    if SPLIT_MIXED_MIN_ROWS is None or split < SPLIT_MIXED_MIN_ROWS:
+        split = 0
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if split else None
     if split:
         paged_decode(
