@@ -70,6 +70,33 @@ def test_a_split_mixed_step_equals_the_varlen_kernel_alone(monkeypatch, kind):
         assert rel_err(outs[True], ref) < 1e-5
 
 
+def test_the_prefill_part_of_a_split_step_is_aligned_copies_built_once_a_step():
+    seq_lens, query_lens = [7, 300, 64, 90, 33], [1, 1, 1, 17, 33]
+    _, _, tables, _ = caches(seq_lens, "float32")
+    meta = metadata(seq_lens, query_lens, tables)
+    part = triton_backend.prefill_part(meta, 3)
+    starts, lens, part_tables = part
+    assert starts.tolist() == [0, 17, 50] and lens.tolist() == [90, 33]
+    assert torch.equal(part_tables, tables[3:])
+    # Three int32s in, a slice would sit 12 bytes past an alignment Triton specialises on.
+    assert all(t.data_ptr() % 16 == 0 for t in part)
+    assert triton_backend.prefill_part(meta, 3) is part, "the step's other layers reuse it"
+
+
+def test_the_warm_up_runs_a_split_mixed_step_so_no_kernel_compiles_mid_run():
+    from bulkgen.config import EngineConfig
+    from bulkgen.engine.warmup import warmup_plans
+
+    cfg = EngineConfig(model="-", block_size=16)  # as the engine resolves it
+    prefixes = []
+    for plan in warmup_plans(cfg, 4096):
+        lens = [s.num_tokens for s in plan.seqs]
+        if max(lens) > 1:
+            prefixes.append(next(i for i, n in enumerate(lens) if n > 1))
+    assert max(prefixes) >= triton_backend.SPLIT_MIXED_MIN_ROWS
+    assert max(prefixes) % 4, "its prefill chunk's metadata starts off a 16-byte boundary"
+
+
 def test_out_must_be_a_contiguous_tensor_of_the_query_s_shape():
     from bulkgen.model.attention.triton_decode import paged_decode
 

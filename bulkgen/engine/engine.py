@@ -18,9 +18,7 @@ the steps this one plans.
 from __future__ import annotations
 
 import array
-import atexit
 import dataclasses
-import gc
 import json
 import logging
 import random
@@ -29,6 +27,7 @@ import time
 from bulkgen.config import EngineConfig, SamplingParams
 from bulkgen.engine.blocks import BlockManager
 from bulkgen.engine.engine_stats import engine_stats
+from bulkgen.engine.gc_policy import freeze_startup_objects, release_dead_engines
 from bulkgen.engine.grammar import GrammarCompiler, load_tokenizer
 from bulkgen.engine.host_times import HostTimes
 from bulkgen.engine.kv_sizing import auto_num_blocks
@@ -73,6 +72,7 @@ class Engine:
         t0 = time.perf_counter()
         self.cfg = cfg
         self.device = resolve_device(cfg.device)
+        release_dead_engines(self.device)
         check_kv_cache_dtype(cfg.kv_cache_dtype, self.device)  # before anything is loaded
         given_config = model_config
         if model_config is None:
@@ -148,13 +148,7 @@ class Engine:
         self.num_steps = 0
         self.host_times = HostTimes()  # each step's host time, by kind and phase (stats.json)
         self.startup_s = time.perf_counter() - t0
-        # Everything allocated so far (torch, transformers, the model's Python objects) lives
-        # for the whole run: moved out of the collector's generations, a full collection no
-        # longer walks it (without this, gen-2 collections paused the step loop 100-170 ms).
-        # Unfrozen at exit, so that native libraries' leak checks at shutdown see it freed.
-        gc.collect()
-        gc.freeze()
-        atexit.register(gc.unfreeze)
+        freeze_startup_objects()
 
     def _monitor(self, model, mcfg: ModelConfig) -> GpuMonitor:
         embed = model.model.embed_tokens.weight.numel() * self.dtype.itemsize

@@ -36,7 +36,10 @@ def warmup_plans(
     odd = [n for n in (1, 17, 333) if n <= tokens] or [1]
     # A mixed step whose longest query is short picks the prefill kernel's small-tile variant.
     short = [2, 1] if tokens >= 3 and seqs >= 2 else [1]
-    plans = [long_prefill, wide, odd, short, [1] * min(3, seqs), [1]]
+    # A mixed step of many decoding rows and a chunk: the Triton backend splits its attention
+    # (triton_backend.SPLIT_MIXED_MIN_ROWS, 160), an odd count of rows before the chunk.
+    split = [1] * min(seqs - 1, tokens - 17, 333) + [17] if seqs > 1 and tokens > 18 else [1]
+    plans = [long_prefill, wide, odd, short, split, [1] * min(3, seqs), [1]]
     plans = [_plan(lengths, cfg.block_size, num_blocks) for lengths in plans]
     return plans + [widest_decode(cfg, num_blocks)]
 

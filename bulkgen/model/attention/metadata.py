@@ -31,6 +31,9 @@ class AttnMetadata:
     # running requests first, so these are its decoding rows): the Triton backend may run them
     # through the decode kernel (triton_backend.SPLIT_MIXED_MIN_ROWS). 0 in decode-only steps.
     num_decode_prefix: int = 0
+    # The Triton backend's metadata of the prefill chunks after a split (triton_backend.py),
+    # built at the first layer of the step and reused by the others.
+    prefill_part: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
 
 class DecodeGraphBuffers:

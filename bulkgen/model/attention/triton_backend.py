@@ -75,14 +75,18 @@ def paged_attention(
             v_scale=v_scale,
             out=out[:split],
         )
+    query_start_loc, seq_lens, block_tables = (
+        prefill_part(meta, split)
+        if split
+        else (meta.query_start_loc, meta.seq_lens, meta.block_tables)
+    )
     prefill = paged_prefill(
         q[split:],
         k_cache,
         v_cache,
-        # The decoding rows are the first `split` tokens: the rest start where they end.
-        meta.query_start_loc[split:] - split if split else meta.query_start_loc,
-        meta.seq_lens[split:],
-        meta.block_tables[split:],
+        query_start_loc,
+        seq_lens,
+        block_tables,
         meta.max_query_len,
         scale,
         k_scale,
@@ -90,3 +94,18 @@ def paged_attention(
         out=out[split:] if split else None,
     )
     return out if split else prefill
+
+
+def prefill_part(meta: AttnMetadata, split: int) -> tuple[torch.Tensor, ...]:
+    """query_start_loc, seq_lens and block_tables of the sequences after the first `split` (the
+    decoding rows are the first `split` tokens: the rest start where they end). Copies, not
+    slices: a slice starting `split` int32s in is 16-byte aligned only when split is a multiple
+    of 4, and Triton compiles another kernel variant for a pointer that is not (a second of idle
+    GPU in the middle of an H200 run). Built once per step, at its first layer."""
+    if meta.prefill_part is None:
+        meta.prefill_part = (
+            meta.query_start_loc[split:] - split,
+            meta.seq_lens[split:].clone(),
+            meta.block_tables[split:].clone(),
+        )
+    return meta.prefill_part
