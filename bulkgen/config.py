@@ -180,8 +180,9 @@ class EngineConfig:
     load_format: str = "auto"  # auto | safetensors | dummy
     quantization: str | None = None  # fp8: FP8 weights, quantized at load (model/fp8.py)
     # FP8 GEMMs sum K in the tensor cores' own accumulator (cuBLASLt's use_fast_accum), as vLLM's
-    # and TensorRT-LLM's do: faster where the GEMMs are compute-bound; off until measured.
-    fp8_fast_accum: bool = False
+    # and TensorRT-LLM's do: faster where the GEMMs are compute-bound, no less accurate on the demo
+    # model (README, FP8). None: on with FP8 weights (resolve_fast_accum); False: exact sums.
+    fp8_fast_accum: bool | None = None
     # Tokens per KV block; None: 16, or SLOTS_INNER_BLOCK_SIZE for an fp8 cache whose values the
     # engine stores slots inner (model/attention/kv_layout.py).
     block_size: int | None = None
@@ -218,6 +219,10 @@ class EngineConfig:
             raise ValueError(f"num_blocks must be >= 1 or None, got {self.num_blocks}")
         if not 0.0 < self.kv_memory <= 1.0:
             raise ValueError(f"kv_memory must be a fraction in (0, 1], got {self.kv_memory}")
+        if self.fp8_fast_accum not in (None, True, False):
+            raise ValueError(
+                f"fp8_fast_accum must be true, false or unset, got {self.fp8_fast_accum!r}"
+            )
         if self.max_batch_tokens < 1:
             raise ValueError(f"max_batch_tokens must be >= 1, got {self.max_batch_tokens}")
         auto = self.max_num_seqs == "auto"

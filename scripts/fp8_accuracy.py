@@ -24,10 +24,10 @@ from bench_measure import git_commit
 
 MODES = {
     "bf16": {},
+    # FP8 GEMMs summing in the tensor cores' accumulator (cuBLASLt's use_fast_accum, the default
+    # with FP8 weights): the GPU's own arithmetic, so only a GPU run says what it costs.
     "fp8-weights": {"quantization": "fp8"},
-    # FP8 GEMMs summing in the tensor cores' accumulator (cuBLASLt's use_fast_accum): the GPU's
-    # own arithmetic, so only a GPU run says what it costs.
-    "fp8-weights-fast-accum": {"quantization": "fp8", "fp8_fast_accum": True},
+    "fp8-weights-exact": {"quantization": "fp8", "fp8_fast_accum": False},
     "fp8-kv": {"kv_cache_dtype": "fp8"},
     "fp8-weights+kv": {"quantization": "fp8", "kv_cache_dtype": "fp8"},
     # The int8 cache (a scale per token and kv head, kv_int8.py): the sibling of fp8-kv.

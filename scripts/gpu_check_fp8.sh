@@ -9,7 +9,7 @@
 #   trt (TRT_PROMPTS requests, default 1000; TRT_TIMEOUT_S, default 420, for all three): bf16
 #      auto, FP8 KV auto, FP8 weights+KV auto (1,000 requests: wall_s 103-109 s in bf16 at
 #      191156c; each run also spends 15-40 s starting: process, dummy weights, warm-up, graphs);
-#   bulk (512 prompts) bf16 against FP8, and FP8 with fast accumulation (bulkgen-fp8fa); blog bf16
+#   bulk (512 prompts) bf16 against FP8, and FP8 with exact sums (bulkgen-fp8exact); blog bf16
 #      against FP8;
 #   sweep (issue 16, bf16): trt with TRT_PROMPTS requests at --max-num-seqs SWEEP_SEQS (default
 #      256,512,1024,auto; TRT_TIMEOUT_S for all; about 105 s a run at 1,000 requests);
@@ -70,7 +70,7 @@ want trt && bench trt "${TRT_TIMEOUT_S:-420}" --workloads trt --engines bulkgen,
   --num-prompts "$TRT_PROMPTS"
 want sweep && bench trt "${TRT_TIMEOUT_S:-480}" --workloads trt --engines bulkgen \
   --num-prompts "$TRT_PROMPTS" --max-num-seqs "${SWEEP_SEQS:-256,512,1024,auto}"
-want bulk && bench bulk 210 --workloads bulk --engines bulkgen,bulkgen-fp8,bulkgen-fp8fa --num-prompts 512
+want bulk && bench bulk 210 --workloads bulk --engines bulkgen,bulkgen-fp8,bulkgen-fp8exact --num-prompts 512
 want blog && bench blog 100 --workloads blog --engines bulkgen,bulkgen-fp8
 if want mixed; then  # mixed steps' attention: the varlen kernel alone against the split
   timeout 120 python3 scripts/bench_attention.py --mixed 2>&1 | grep -v -i warn \

@@ -1,10 +1,11 @@
-"""fp8_fast_accum (--fp8-fast-accum): FP8 GEMMs sum K in the tensor cores' own accumulator, as
-cuBLASLt's use_fast_accum and vLLM's and TensorRT-LLM's FP8 GEMMs do. The arithmetic only the GPU
-has (its narrower accumulator) is for scripts/fp8_accuracy.py's fp8-weights-fast mode on the
-H200; here: the setting reaches both GEMMs (cuBLASLt's flag, the Triton kernel's constexpr; the
-sm_90 compile check in test_fp8_gemm.py shows the e4m3 MMAs then keep their sums), results stay
-the reference's where the arithmetic is exact (the interpreter, the CPU), and asking for it
-without FP8 weights is an error.
+"""fp8_fast_accum (--fp8-fast-accum, the default with FP8 weights): FP8 GEMMs sum K in the tensor
+cores' own accumulator, as cuBLASLt's use_fast_accum and vLLM's and TensorRT-LLM's FP8 GEMMs do.
+The arithmetic only the GPU has (its narrower accumulator) is for scripts/fp8_accuracy.py's
+fp8-weights and fp8-weights-exact modes on the H200; here: the setting reaches both GEMMs
+(cuBLASLt's flag, the Triton kernel's constexpr; the sm_90 compile check in test_fp8_gemm.py
+shows the e4m3 MMAs then keep their sums), results stay the reference's where the arithmetic is
+exact (the interpreter, the CPU), it is on by default only with FP8 weights, and asking for it
+without them is an error.
 """
 
 from __future__ import annotations
@@ -94,13 +95,38 @@ def test_the_flag_the_recipe_field_and_the_config_agree(tmp_path):
     from bulkgen.recipes import load_recipe
     from bulkgen.run_config import RunConfig
 
-    assert EngineConfig(model="-").fp8_fast_accum is False
-    (tmp_path / "job.yaml").write_text(yaml.safe_dump({"fp8_fast_accum": True}))
-    assert load_recipe(tmp_path / "job.yaml", run).options["fp8_fast_accum"] is True
-    config = RunConfig(inputs=("x.jsonl",), out="o", model="m", fp8_fast_accum=True)
-    assert config.engine_config("m").fp8_fast_accum is True
+    assert EngineConfig(model="-").fp8_fast_accum is None, "unset: the weights decide"
+    for value in (True, False):
+        (tmp_path / "job.yaml").write_text(yaml.safe_dump({"fp8_fast_accum": value}))
+        assert load_recipe(tmp_path / "job.yaml", run).options["fp8_fast_accum"] is value
+        config = RunConfig(inputs=("x.jsonl",), out="o", model="m", fp8_fast_accum=value)
+        assert config.engine_config("m").fp8_fast_accum is value
+    assert (
+        RunConfig(inputs=("x.jsonl",), out="o", model="m").engine_config("m").fp8_fast_accum is None
+    )
     help_text = CliRunner().invoke(main, ["run", "--help"]).output
-    assert "--fp8-fast-accum" in help_text
+    assert "--fp8-fast-accum / --no-fp8-fast-accum" in help_text
+    with pytest.raises(ValueError, match="fp8_fast_accum must be true, false or unset"):
+        EngineConfig(model="-", fp8_fast_accum="yes")
+
+
+def test_it_is_on_by_default_with_fp8_weights_only():
+    from bulkgen.model.fp8 import resolve_fast_accum
+
+    fp8 = {"method": "fp8", "source": "quantized at load"}
+    assert resolve_fast_accum(None, fp8) is True
+    assert resolve_fast_accum(False, fp8) is False, "--no-fp8-fast-accum sums exactly"
+    assert resolve_fast_accum(True, fp8) is True
+    assert resolve_fast_accum(None, None) is False and resolve_fast_accum(False, None) is False
+    with pytest.raises(ValueError, match="this model has none"):
+        resolve_fast_accum(True, None)
+
+
+def test_a_16_bit_model_runs_and_reports_it_off(tiny_model_dir):
+    llm = LLM(str(tiny_model_dir), device="cpu", dtype="float32")
+    assert llm.engine.stats["fp8_fast_accum"] is False
+    llm = LLM(str(tiny_model_dir), device="cpu", dtype="float32", fp8_fast_accum=False)
+    assert llm.engine.stats["fp8_fast_accum"] is False
 
 
 @pytest.mark.gpu

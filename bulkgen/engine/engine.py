@@ -44,7 +44,7 @@ from bulkgen.model.attention import get_backend
 from bulkgen.model.attention.kv_fp8 import FP8_DTYPE, check_kv_cache_dtype, resolve_kv_dtype
 from bulkgen.model.attention.kv_layout import block_size_for
 from bulkgen.model.config import ModelConfig
-from bulkgen.model.fp8 import fp8_unsupported
+from bulkgen.model.fp8 import fp8_unsupported, resolve_fast_accum
 from bulkgen.model.fp8_checkpoint import weight_quantization
 from bulkgen.model.loader import load_model, resolve_dtype
 
@@ -88,11 +88,8 @@ class Engine:
             raise ValueError(reason)  # before any work (no rank started yet)
         if cfg.batch_invariant and self.quantization is not None:
             raise ValueError(f"{cfg.model} holds FP8 weights: batch_invariant needs 16-bit ones")
-        if cfg.fp8_fast_accum and self.quantization is None:
-            raise ValueError(
-                "fp8_fast_accum (--fp8-fast-accum) sets how FP8 GEMMs sum, and this model has "
-                "none: add --quantization fp8 or load an FP8 checkpoint"
-            )
+        fast_accum = resolve_fast_accum(cfg.fp8_fast_accum, self.quantization)
+        cfg = self.cfg = dataclasses.replace(cfg, fp8_fast_accum=fast_accum)  # as stats.json says
         self.tp, self.group, self.device = join(cfg, mcfg, given_config, rank, self.device)
         self.dtype = resolve_dtype(cfg.dtype, self.device, mcfg)
         self.kv_dtype = resolve_kv_dtype(cfg.kv_cache_dtype, self.dtype)

@@ -52,6 +52,18 @@ def fp8_unsupported(device: torch.device) -> str | None:
     return None
 
 
+def resolve_fast_accum(setting: bool | None, quantization: dict | None) -> bool:
+    """Whether the FP8 GEMMs sum in the tensor cores' own accumulator: the setting, or by default
+    (None) whenever the weights are FP8. On the H200 it made the bulk workload 5-11% faster and
+    kept the demo model's top-1 agreement with bf16 (0.906 against 0.899 with exact sums)."""
+    if setting and quantization is None:
+        raise ValueError(
+            "fp8_fast_accum (--fp8-fast-accum) sets how FP8 GEMMs sum, and this model has "
+            "none: add --quantization fp8 or load an FP8 checkpoint"
+        )
+    return quantization is not None if setting is None else setting
+
+
 def quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """w [N, K] -> (fp8 [N, K], float32 scales [N]) with w ~ q * scale[:, None], per row."""
     wf = w.float()
