@@ -12,7 +12,8 @@ workers.
     python scripts/bench.py --workloads trt --engines bulkgen --max-num-seqs 128,256,512,1024,auto
 
 A comma list of --max-num-seqs values is a sweep: each bulkgen run prints its own line with the
-setting, the size auto chose, preemptions and recomputed tokens.
+setting, the size auto chose, preemptions and recomputed tokens. So is a comma list of
+--max-batch-tokens values (tokens a step, prefill chunks included): fewer, larger mixed steps.
 """
 
 from __future__ import annotations
@@ -115,6 +116,9 @@ def main() -> None:
         default="auto",
         help="a number, auto, or a comma list of them: a sweep (bulkgen engines only)",
     )
+    ap.add_argument(
+        "--max-batch-tokens", default="", help="tokens a step, or a comma list: a sweep (bulkgen)"
+    )
     ap.add_argument("--max-model-len", type=int, default=16384)
     ap.add_argument("--hf-sample", type=int, default=128, help="requests given to transformers")
     ap.add_argument("--hf-out-len", type=int, default=512, help="blog out_len for transformers")
@@ -154,6 +158,7 @@ def main() -> None:
     series = {}
     sampling_list = args.sampling.split(",")
     seqs_list = [str(seq_setting(v.strip())) for v in args.max_num_seqs.split(",")]
+    tokens_list = [v.strip() for v in args.max_batch_tokens.split(",") if v.strip()] or [""]
     for workload in args.workloads.split(","):
         for engine in args.engines.split(","):
             engines = (
@@ -170,9 +175,11 @@ def main() -> None:
                 for eng in engines
                 for sampling in (["greedy"] if eng.startswith("transformers") else sampling_list)
                 for seqs in (seqs_list[:1] if eng.startswith("transformers") else sweep)
+                for tokens in (tokens_list[:1] if eng.startswith("transformers") else tokens_list)
             ]
-            for eng, sampling, seqs in runs:
+            for eng, sampling, seqs, tokens in runs:
                 tag = "" if len(seqs_list) == 1 else f"-seqs{seqs}"
+                tag += f"-tokens{tokens}" if len(tokens_list) > 1 else ""
                 result_path = out / f"{workload}-{eng}-{sampling}{tag}.json"
                 out_len = (
                     args.hf_out_len
@@ -205,6 +212,7 @@ def main() -> None:
                     args.shape,
                     *(["--profile-at", str(args.profile_at)] if args.profile_at else []),
                     *(["--idle-stacks"] if args.idle_stacks else []),
+                    *(["--max-batch-tokens", tokens] if tokens else []),
                     "--bandwidth",
                     str(ceilings["copy_bw_gbs"] * 1e9),
                     "--flops",
@@ -248,6 +256,7 @@ def main() -> None:
                         "startup_s": r["startup_s"],
                         "num_prompts": r["num_prompts"],
                         "max_num_seqs": seq_setting(seqs),
+                        **({"max_batch_tokens": int(tokens)} if tokens else {}),
                         "git_commit": git_commit(),
                     }
                 )

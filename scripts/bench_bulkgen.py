@@ -159,6 +159,7 @@ def run_bulkgen(
         model=str(args.model_dir),
         sampling=sampling,
         max_num_seqs=seq_setting(args.max_num_seqs),
+        max_batch_tokens=int(args.max_batch_tokens) if args.max_batch_tokens else None,
         max_model_len=args.max_model_len,
         load_format="dummy",
         prefix_cache=prefix_cache,
