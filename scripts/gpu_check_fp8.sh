@@ -16,6 +16,9 @@
 #   chunks: bulk (512 prompts) bf16 and FP8 at --max-batch-tokens 2048,4096,8192: fewer, larger
 #      mixed steps, whose eager launches cost the host 23-38 ms each at 0cbf7c0 (FP8 runs 93-96%
 #      busy); about 60 s a run, CHUNKS_TIMEOUT_S (default 480) for all six;
+#   eager: the host's launch time of one mixed step (441 decoding rows, a 1,607-token chunk)
+#      against a decode step, bf16 and FP8, with the launch's Python profile
+#      (bench_eager_host.py; where do the 23-38 ms go?), about 2 minutes;
 #   mixed: a mixed step's attention (16-448 decoding rows of 1,500 tokens and a 1,536-token
 #      prefill chunk), the varlen kernel alone against triton_backend.SPLIT_MIXED_MIN_ROWS, about a minute;
 #   rows: bf16 and FP8 GEMM time per row at the decode graphs' sizes past 256 (bench_fp8_mm.py
@@ -78,6 +81,12 @@ want bulk && bench bulk 210 --workloads bulk --engines bulkgen,bulkgen-fp8,bulkg
 want blog && bench blog 100 --workloads blog --engines bulkgen,bulkgen-fp8
 want chunks && bench bulk "${CHUNKS_TIMEOUT_S:-480}" --workloads bulk --engines bulkgen,bulkgen-fp8 \
   --num-prompts 512 --max-batch-tokens 2048,4096,8192
+if want eager; then
+  for fp8 in "" --fp8; do
+    timeout 120 python3 scripts/bench_eager_host.py --profile $fp8 2>&1 | grep -v -i warn \
+      | tee -a "$OUT/eager.jsonl" | cut -c1-400
+  done
+fi
 if want mixed; then  # mixed steps' attention: the varlen kernel alone against the split
   timeout 120 python3 scripts/bench_attention.py --mixed 2>&1 | grep -v -i warn \
     | tee "$OUT/mixed.jsonl" | tail -4

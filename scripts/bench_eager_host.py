@@ -1,0 +1,124 @@
+"""What a step with prefill costs the host: the eager forward's launches, against a graph replay.
+
+At 0cbf7c0 the H200 runs' mixed steps (decoding rows beside a prefill chunk: no CUDA graph) took
+the engine thread 23 ms (bf16) to 38 ms (FP8) each, against 3-4 ms for a decode step: more than
+an FP8 mixed step's GPU time, so FP8 runs idled. This times ModelRunner.launch of one mixed step
+(ROWS decoding rows of CONTEXT tokens and one CHUNK-token prefill) and of one decode step of the
+same rows, on an engine of the 8B shape with dummy weights. The GPU is first given 200 ms of sleep
+on the compute stream, so the launches never wait for it: host ms is the launch calls alone, GPU
+ms the step's kernels (CUDA events). --profile adds the launch's Python functions by own time.
+
+    python scripts/bench_eager_host.py --rows 441 --context 1500 --chunk 1607 [--fp8]
+
+Prints one JSON line per step kind. On the CPU (--device cpu --model DIR) it runs for a smoke
+test only: there the kernels run inside the launch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import pstats
+import statistics
+import time
+
+import torch
+
+from bulkgen.config import EngineConfig, SamplingParams
+from bulkgen.engine.engine import Engine
+from bulkgen.engine.plan import Plan, ScheduledSeq
+from bulkgen.engine.request import Request
+from bulkgen.model.shapes import LLAMA3_8B
+
+GREEDY = SamplingParams(max_tokens=1 << 20, temperature=0.0, ignore_eos=True)
+
+
+def step_plan(rows: int, context: int, chunk: int, block_size: int, num_blocks: int) -> Plan:
+    """rows decoding sequences of `context` tokens, then (chunk > 0) a new prompt's chunk. The
+    blocks wrap around the cache: what attention reads is garbage, its cost is not."""
+    plan, next_block = Plan(), 0
+    shapes = [(context, context - 1, 1)] * rows + ([(chunk, 0, chunk)] if chunk else [])
+    for i, (length, start, tokens) in enumerate(shapes):
+        req = Request(f"bench-{i}", [1] * length, GREEDY, seed=i, table_row=i)
+        count = -(-length // block_size)
+        req.block_ids = [(next_block + j) % num_blocks for j in range(count)]
+        next_block += count
+        plan.seqs.append(ScheduledSeq(req, start, tokens, sample=True, from_prev=False))
+    return plan
+
+
+def time_launches(engine: Engine, plan: Plan, reps: int, profile: bool) -> dict:
+    runner, cuda = engine.runner, engine.device.type == "cuda"
+    host, gpu, stats = [], [], None
+    for i in range(reps + 2):  # two untimed: first-use work (allocations, algorithm choice)
+        start = end = None
+        if cuda:
+            with torch.cuda.stream(runner.compute_stream):
+                torch.cuda._sleep(400_000_000)  # about 200 ms at H200 clocks
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(True)
+                start.record()
+        prof = cProfile.Profile() if profile and i == reps + 1 else None
+        t0 = time.perf_counter()
+        if prof:
+            prof.enable()
+        step = runner.launch(plan)
+        if prof:
+            prof.disable()
+            stats = pstats.Stats(prof)
+        t1 = time.perf_counter()
+        if cuda:
+            with torch.cuda.stream(runner.compute_stream):
+                end.record()
+        step.wait()
+        if i >= 2:
+            host.append((t1 - t0) * 1e3)
+            gpu.append(start.elapsed_time(end) if cuda else None)
+    line = {
+        "host_ms_median": round(statistics.median(host), 3),
+        "host_ms_min": round(min(host), 3),
+        "gpu_ms_median": round(statistics.median(gpu), 3) if cuda else None,
+    }
+    if stats is not None:
+        rows = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:15]
+        line["profile_own_ms"] = [
+            [f"{fn[0].rsplit('/', 1)[-1]}:{fn[1]}({fn[2]})", calls, round(own * 1e3, 3)]
+            for fn, (_, calls, own, _, _) in rows
+        ]
+    return line
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=441)
+    ap.add_argument("--context", type=int, default=1500)
+    ap.add_argument("--chunk", type=int, default=1607)
+    ap.add_argument("--fp8", action="store_true", help="FP8 weights and KV cache")
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--model", default=None, help="a model folder (default: 8B dummy)")
+    args = ap.parse_args()
+    options = {"quantization": "fp8", "kv_cache_dtype": "fp8"} if args.fp8 else {}
+    cfg = EngineConfig(
+        model=args.model or "llama3-8b-dummy",
+        load_format="auto" if args.model else "dummy",
+        device=args.device,
+        max_model_len=args.context + args.chunk + 16,
+        max_batch_tokens=max(2048, args.rows + args.chunk),
+        prefix_cache=False,
+        **({"dtype": "float32"} if args.device == "cpu" else {}),
+        **options,
+    )
+    engine = Engine(cfg, model_config=None if args.model else dict(LLAMA3_8B))
+    num_blocks = engine.scheduler.blocks.num_blocks
+    for kind, chunk in (("mixed", args.chunk), ("decode", 0)):
+        plan = step_plan(args.rows, args.context, chunk, engine.cfg.block_size, num_blocks)
+        line = {"step": kind, "rows": args.rows, "context": args.context, "chunk": chunk}
+        line.update(fp8=args.fp8, **time_launches(engine, plan, args.reps, args.profile))
+        print(json.dumps(line), flush=True)
+    engine.close()
+
+
+if __name__ == "__main__":
+    main()

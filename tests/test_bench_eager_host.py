@@ -1,0 +1,27 @@
+"""scripts/bench_eager_host.py's steps run through the real packer and runner (on the CPU here,
+where only the plan and the calls are checked: the kernels run inside the launch)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+
+from bench_eager_host import step_plan, time_launches  # noqa: E402
+
+from bulkgen import LLM  # noqa: E402
+
+
+def test_a_mixed_and_a_decode_step_launch_and_are_timed(tiny_model_dir):
+    engine = LLM(str(tiny_model_dir), device="cpu", dtype="float32").engine
+    blocks = engine.scheduler.blocks.num_blocks
+    mixed = step_plan(5, 40, 23, engine.cfg.block_size, blocks)
+    assert [s.num_tokens for s in mixed.seqs] == [1] * 5 + [23] and not mixed.decode_only
+    assert [s.start for s in mixed.seqs] == [39] * 5 + [0]
+    assert all(b < blocks for s in mixed.seqs for b in s.request.block_ids)
+    line = time_launches(engine, mixed, reps=2, profile=True)
+    assert line["host_ms_median"] > 0 and line["gpu_ms_median"] is None
+    assert line["profile_own_ms"] and all(len(row) == 3 for row in line["profile_own_ms"])
+    decode = step_plan(5, 40, 0, engine.cfg.block_size, blocks)
+    assert decode.decode_only and time_launches(engine, decode, 1, False)["host_ms_median"] > 0
