@@ -198,6 +198,10 @@ class EngineConfig:
     kv_cache_dtype: str = "auto"
     async_loop: bool = True
     cuda_graphs: bool = True
+    # Steps with prefill replay CUDA graphs of everything but attention (engine/mixed_graphs.py),
+    # captured per multiple of mixed_graph_tokens tokens; off until measured on a GPU.
+    mixed_graphs: bool = False
+    mixed_graph_tokens: int = 128
     prefix_cache: bool = True
     seed: int = 0
     tensor_parallel: int = 1  # ranks (processes, one GPU each) the model is split over
@@ -222,6 +226,10 @@ class EngineConfig:
         if self.fp8_fast_accum not in (None, True, False):
             raise ValueError(
                 f"fp8_fast_accum must be true, false or unset, got {self.fp8_fast_accum!r}"
+            )
+        if not _is_int(self.mixed_graph_tokens) or self.mixed_graph_tokens < 1:
+            raise ValueError(
+                f"mixed_graph_tokens must be a positive integer, got {self.mixed_graph_tokens!r}"
             )
         if self.max_batch_tokens < 1:
             raise ValueError(f"max_batch_tokens must be >= 1, got {self.max_batch_tokens}")

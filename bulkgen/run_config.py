@@ -48,6 +48,7 @@ class RunConfig:
     quantization: str | None = None  # fp8: quantize the weights at load
     kv_cache_dtype: str = "auto"  # fp8 (e4m3, Ada/Hopper GPUs) or int8: about twice the tokens
     fp8_fast_accum: bool | None = None  # None: FP8 GEMMs sum in the tensor cores' accumulator
+    mixed_graphs: bool = False  # steps with prefill replay pieces around attention (no flag yet)
     sync: bool = False
     quiet: bool = False
     overwrite: bool = False
@@ -102,6 +103,7 @@ class RunConfig:
             quantization=self.quantization,
             kv_cache_dtype=self.kv_cache_dtype,
             fp8_fast_accum=self.fp8_fast_accum,
+            mixed_graphs=self.mixed_graphs,
             async_loop=not self.sync,
             prefix_cache=self.prefix_cache,
             tensor_parallel=self.tensor_parallel,

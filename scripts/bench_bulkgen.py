@@ -56,6 +56,7 @@ STATS_KEYS = (
     "max_running_seqs",
     "graph_max_batch",
     "graph_buckets_replaced",
+    "mixed_graph_steps",
 )
 
 # Engine names that are `bulkgen run` options: FP8 weights; FP8 KV cache; both (issue 13); the
@@ -67,7 +68,14 @@ ENGINE_OPTIONS = {
     # The same with FP8 GEMMs summing exactly (--no-fp8-fast-accum; fast accumulation is the
     # default since 0cbf7c0's measurements, which ran it as engine bulkgen-fp8fa).
     "bulkgen-fp8exact": {"quantization": "fp8", "kv_cache_dtype": "fp8", "fp8_fast_accum": False},
-    "bulkgen-int8kv": {"kv_cache_dtype": "int8"},  # int8 KV, a scale per token and kv head
+    "bulkgen-int8kv": {"kv_cache_dtype": "int8"},
+    # Steps with prefill through CUDA graphs of everything but attention (mixed_graphs.py).
+    "bulkgen-mixedgraphs": {"mixed_graphs": True},
+    "bulkgen-fp8-mixedgraphs": {
+        "quantization": "fp8",
+        "kv_cache_dtype": "fp8",
+        "mixed_graphs": True,
+    },  # int8 KV, a scale per token and kv head
     "bulkgen-invariant": {"batch_invariant": True},  # issue 15's cost: compare with bulkgen
 }
 

@@ -14,11 +14,14 @@
 #   sweep (issue 16, bf16): trt with TRT_PROMPTS requests at --max-num-seqs SWEEP_SEQS (default
 #      256,512,1024,auto; TRT_TIMEOUT_S for all; about 105 s a run at 1,000 requests);
 #   chunks: bulk (512 prompts) bf16 and FP8 at --max-batch-tokens 2048,4096,8192: fewer, larger
-#      mixed steps, whose eager launches cost the host 23-38 ms each at 0cbf7c0 (FP8 runs 93-96%
+#      mixed steps, which cost the engine thread 23-45 ms each at 0cbf7c0 (FP8 runs 93-96%
 #      busy); about 60 s a run, CHUNKS_TIMEOUT_S (default 480) for all six;
 #   eager: the host's launch time of one mixed step (441 decoding rows, a 1,607-token chunk)
 #      against a decode step, bf16 and FP8, with the launch's Python profile
 #      (bench_eager_host.py; where do the 23-38 ms go?), about 2 minutes;
+#   pieces: bulk (512 prompts) bf16 and FP8 with and without EngineConfig.mixed_graphs (steps
+#      with prefill replaying CUDA graphs of everything but attention), about 4-5 minutes, and
+#      their GPU test first;
 #   mixed: a mixed step's attention (16-448 decoding rows of 1,500 tokens and a 1,536-token
 #      prefill chunk), the varlen kernel alone against triton_backend.SPLIT_MIXED_MIN_ROWS, about a minute;
 #   rows: bf16 and FP8 GEMM time per row at the decode graphs' sizes past 256 (bench_fp8_mm.py
@@ -86,6 +89,13 @@ if want eager; then
     timeout 120 python3 scripts/bench_eager_host.py --profile $fp8 2>&1 | grep -v -i warn \
       | tee -a "$OUT/eager.jsonl" | cut -c1-400
   done
+fi
+if want pieces; then
+  OUT=$WORK/tests TESTS=1 BENCH=0 PYTEST_ARGS="tests/test_mixed_graphs.py" timeout 120 \
+    scripts/gpu_check.sh > /dev/null 2>&1
+  tail -3 "$WORK/tests/gpu_tests.log" | tee "$OUT/pieces_tests.txt"
+  bench bulk 330 --workloads bulk --num-prompts 512 \
+    --engines bulkgen,bulkgen-mixedgraphs,bulkgen-fp8,bulkgen-fp8-mixedgraphs
 fi
 if want mixed; then  # mixed steps' attention: the varlen kernel alone against the split
   timeout 120 python3 scripts/bench_attention.py --mixed 2>&1 | grep -v -i warn \

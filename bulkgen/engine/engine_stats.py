@@ -39,5 +39,9 @@ def engine_stats(engine: Engine) -> dict:
         **(engine.runner.graphs.stats if engine.runner.graphs else {}),
         "decode_graph_steps": engine.runner.graph_steps,
         "eager_decode_steps": engine.runner.eager_decode_steps,
+        # Steps with prefill through mixed_graphs.py's pieces (None: EngineConfig.mixed_graphs off)
+        "mixed_graph_steps": engine.runner.mixed_graphs.steps
+        if engine.runner.mixed_graphs
+        else None,
         **(engine.monitor.stats if engine.monitor is not None else {}),
     }

@@ -46,6 +46,8 @@ def auto_num_blocks(
     activations = torch.cuda.max_memory_allocated(device) - before
     graphs = cfg.cuda_graphs and model.attention.graph_safe
     graph_pool = _graph_pool_bytes(probe, cfg, device) if graphs else 0
+    if cfg.mixed_graphs and cfg.cuda_graphs:
+        graph_pool += activations  # mixed_graphs.py's pool: a piece's intermediates at most
     del probe
     torch.cuda.empty_cache()
     free, _ = torch.cuda.mem_get_info(device)

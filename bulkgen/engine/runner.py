@@ -25,6 +25,7 @@ from bulkgen.config import EngineConfig
 from bulkgen.engine.graphs import DecodeGraphs
 from bulkgen.engine.host_out import HostOut
 from bulkgen.engine.inputs import InputPacker, PackedStep, StepInputs
+from bulkgen.engine.mixed_graphs import mixed_graphs_for
 from bulkgen.engine.penalty_state import PenaltyState
 from bulkgen.engine.plan import Plan, ScheduledSeq
 from bulkgen.engine.sampler import SamplingTensors, sample, top_logprobs, unpack_bitmask
@@ -104,6 +105,10 @@ class ModelRunner:
                 device,
                 self.compute_stream,
             )
+        # Steps with prefill: pieces around attention in CUDA graphs (EngineConfig.mixed_graphs).
+        self.mixed_graphs = (
+            mixed_graphs_for(model, self.kv, ecfg, device, self.compute_stream) if graphs else None
+        )
         self.graph_steps = 0  # decode steps replayed from a graph
         self.eager_decode_steps = 0  # decode steps that ran eagerly (reported in stats.json)
         self.out_turn = 0
@@ -149,7 +154,11 @@ class ModelRunner:
                 logits = self.graphs.replay(input_ids, inp.positions, meta)
             else:
                 self.eager_decode_steps += meta.decode_only
-                hidden = self.model(input_ids, inp.positions, meta, self.kv)
+                pieces = self.mixed_graphs
+                if pieces is not None and input_ids.shape[0] <= pieces.max_tokens:
+                    hidden = pieces.run(input_ids, inp.positions, meta)
+                else:
+                    hidden = self.model(input_ids, inp.positions, meta, self.kv)
                 logits = None
                 if packed.sizes[2]:  # rows that sample
                     logits = self.model.compute_logits(hidden[inp.logits_indices])
@@ -219,6 +228,8 @@ class ModelRunner:
         if self.graphs is not None:
             self.graphs.capture()
             self.graphs.calibrate()
+        if self.mixed_graphs is not None and self.cuda:
+            self.mixed_graphs.capture()
 
     def _sample(
         self,

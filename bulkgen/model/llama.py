@@ -84,7 +84,7 @@ class Attention(nn.Module):
         # An fp8 KV cache's scales (kv_fp8.py): 1.0 unless the checkpoint has calibrated ones.
         self.k_scale = self.v_scale = 1.0
 
-    def forward(
+    def qkv_cache(
         self,
         x: torch.Tensor,
         positions: torch.Tensor,
@@ -92,6 +92,8 @@ class Attention(nn.Module):
         rotary: Rotary,
         kv: tuple[torch.Tensor, ...],
     ) -> torch.Tensor:
+        """The rotated queries [T, heads, head_dim]; keys and values are written to the cache
+        (at meta.slot_mapping: the only metadata read here)."""
         cfg = self.cfg
         q, k, v = self.qkv_proj(x).split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
         q = q.view(-1, cfg.num_heads, cfg.head_dim)
@@ -109,8 +111,16 @@ class Attention(nn.Module):
         else:
             q, k = self.ops.rotary(q, k, positions, rotary.cos, rotary.sin)
             self.backend.write_kv(k, v, *cache)
-        o = self.backend.attend(q, k_cache, v_cache, meta, self.scale, k_scale, v_scale)
-        return self.tp.all_reduce(self.o_proj(o.reshape(-1, cfg.q_size)))
+        return q
+
+    def attend(self, q: torch.Tensor, meta: AttnMetadata, kv: tuple[torch.Tensor, ...]):
+        """Attention of the queries over the cache: [T, heads, head_dim]."""
+        k_cache, v_cache, *scales = kv
+        k_scale, v_scale = scales if scales else (self.k_scale, self.v_scale)
+        return self.backend.attend(q, k_cache, v_cache, meta, self.scale, k_scale, v_scale)
+
+    def project(self, o: torch.Tensor) -> torch.Tensor:
+        return self.tp.all_reduce(self.o_proj(o.reshape(-1, self.cfg.q_size)))
 
 
 class MLP(nn.Module):
@@ -136,7 +146,10 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(
+    # A layer is begin (up to the queries, keys and values in the cache), attention, end; the
+    # model's forward runs the three in turn, and engine/mixed_graphs.py captures what lies
+    # between two attentions (one layer's end and the next one's begin) in CUDA graphs.
+    def begin(
         self,
         h: torch.Tensor,
         residual: torch.Tensor | None,
@@ -145,16 +158,20 @@ class DecoderLayer(nn.Module):
         rotary: Rotary,
         kv: tuple[torch.Tensor, ...],
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(h, residual) -> (mlp output, residual before it); the sum is the layer's output.
-
-        Keeping the residual apart lets each add share one kernel with the norm after it.
-        """
-        norm1, norm2 = self.input_layernorm, self.post_attention_layernorm
+        """(h, residual) -> (queries, the residual stream h + residual). Keeping the residual
+        apart lets each add share one kernel with the norm after it."""
+        norm1 = self.input_layernorm
         if residual is None:
             x, residual = self.ops.rms_norm(h, norm1.weight, norm1.eps), h
         else:
             x, residual = self.ops.add_rms_norm(h, residual, norm1.weight, norm1.eps)
-        h = self.self_attn(x, positions, meta, rotary, kv)
+        return self.self_attn.qkv_cache(x, positions, meta, rotary, kv), residual
+
+    def end(self, o: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(attention output, residual) -> (mlp output, residual before it); the sum is the
+        layer's output."""
+        norm2 = self.post_attention_layernorm
+        h = self.self_attn.project(o)
         x, residual = self.ops.add_rms_norm(h, residual, norm2.weight, norm2.eps)
         return self.mlp(x), residual
 
@@ -204,7 +221,11 @@ class LlamaForCausalLM(nn.Module):
         ((k, v, k_scales, v_scales) for an int8 cache)."""
         h, residual = self.model.embed_tokens(input_ids), None
         for layer, kv in zip(self.model.layers, kv_cache, strict=True):
-            h, residual = layer(h, residual, positions, meta, self.rotary, kv)
+            q, residual = layer.begin(h, residual, positions, meta, self.rotary, kv)
+            h, residual = layer.end(layer.self_attn.attend(q, meta, kv), residual)
+        return self.final_norm(h, residual)
+
+    def final_norm(self, h: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         norm = self.model.norm
         return self.ops.add_rms_norm(h, residual, norm.weight, norm.eps)[0]
 

@@ -1,0 +1,152 @@
+"""CUDA graphs for steps with prefill (EngineConfig.mixed_graphs, off until measured on a GPU):
+everything but attention, captured in pieces.
+
+A step with prefill (a mixed step: decoding rows beside prompt chunks) cannot replay a decode
+graph: its attention's launch depends on the step's sequences. Run eagerly, it cost the H200
+runs' engine thread 23 ms (bf16) to 38 ms (FP8) a step at 0cbf7c0 (median; how much of that is
+launches, scripts/bench_eager_host.py is to say), more than an FP8 mixed step's GPU time. Here
+only attention stays eager. The rest is cut at each attention into
+num_layers + 1 pieces: piece 0 is the embeddings and layer 0's begin (norm, qkv, rotary, KV
+write); piece i is layer i-1's end (o_proj, norm, MLP) and layer i's begin; the last piece is
+the last layer's end and the final norm (llama.py: DecoderLayer.begin / end). Each piece is
+captured once per token bucket (multiples of EngineConfig.mixed_graph_tokens up to
+max_batch_tokens). A step of T tokens is padded to its bucket: padding tokens write no KV
+(slot -1) and sit at position 0, and their rows are never read (attention covers the step's own
+tokens, logits are gathered from them).
+
+Pieces exchange their results through static buffers shared by every piece and bucket (the
+queries, the attention output, the residual stream, the final hidden state), so no tensor of the
+graphs' shared memory pool outlives a capture: the pool holds one piece's intermediates at a
+time. On the CPU the pieces run eagerly through the same buffers (tests).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from bulkgen.config import EngineConfig
+from bulkgen.model.attention.metadata import AttnMetadata
+from bulkgen.model.llama import LlamaForCausalLM
+
+
+def token_buckets(max_tokens: int, step: int) -> list[int]:
+    """Multiples of step below max_tokens, and max_tokens itself."""
+    return sorted({*range(step, max_tokens, step), max_tokens})
+
+
+class MixedGraphs:
+    def __init__(
+        self,
+        model: LlamaForCausalLM,
+        kv_cache: Sequence[tuple[torch.Tensor, ...]],
+        max_tokens: int,
+        step: int,
+        device: torch.device,
+        stream: torch.cuda.Stream | None,
+    ) -> None:
+        self.model, self.kv_cache, self.stream = model, kv_cache, stream
+        self.buckets = token_buckets(max_tokens, step)
+        n, cfg = self.buckets[-1], model.cfg
+        dtype = model.model.embed_tokens.weight.dtype
+        self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)
+        self.positions = torch.zeros(n, dtype=torch.int64, device=device)
+        self.slots = torch.full((n,), -1, dtype=torch.int64, device=device)
+        self.q = torch.zeros(n, cfg.num_heads, cfg.head_dim, dtype=dtype, device=device)
+        self.o = torch.zeros_like(self.q)
+        self.residual = torch.zeros(n, cfg.hidden_size, dtype=dtype, device=device)
+        self.hidden = torch.zeros_like(self.residual)
+        self.cuda = device.type == "cuda"
+        self.pool = torch.cuda.graph_pool_handle() if self.cuda else None
+        self.graphs: dict[int, list[torch.cuda.CUDAGraph]] = {}
+        self.steps = 0  # steps run through the pieces (stats.json)
+
+    @property
+    def max_tokens(self) -> int:
+        return self.buckets[-1]
+
+    def bucket_for(self, tokens: int) -> int:
+        return next(b for b in self.buckets if b >= tokens)
+
+    def _piece(self, i: int, bucket: int) -> None:
+        """Piece i at a bucket's size, from the static buffers into them."""
+        model, layers = self.model, self.model.model.layers
+        if i == 0:
+            h, residual = model.model.embed_tokens(self.input_ids[:bucket]), None
+        else:
+            h, residual = layers[i - 1].end(self.o[:bucket], self.residual[:bucket])
+        if i == len(layers):
+            self.hidden[:bucket].copy_(model.final_norm(h, residual))
+            return
+        meta = self._write_meta(bucket)
+        args = (self.positions[:bucket], meta, model.rotary, self.kv_cache[i])
+        q, residual = layers[i].begin(h, residual, *args)
+        self.q[:bucket].copy_(q)
+        self.residual[:bucket].copy_(residual)
+
+    def _write_meta(self, bucket: int) -> AttnMetadata:
+        """What a layer's begin reads of the metadata: the slots its keys and values go to."""
+        empty = self.slots[:0]
+        return AttnMetadata(self.slots[:bucket], empty, empty, empty, 0, 0, False)
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        """Each bucket's pieces, largest bucket first, in one shared memory pool (after one
+        eager pass of them: kernels compile and cuBLAS picks its algorithms outside capture)."""
+        pieces = len(self.model.model.layers) + 1
+        for bucket in reversed(self.buckets):
+            self.slots[:bucket].fill_(-1)  # the passes write nothing into the cache
+            with torch.cuda.stream(self.stream):
+                for i in range(pieces):
+                    self._piece(i, bucket)
+            self.stream.synchronize()
+            graphs = []
+            for i in range(pieces):
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
+                    self._piece(i, bucket)
+                graphs.append(graph)
+            self.graphs[bucket] = graphs
+
+    @torch.inference_mode()
+    def run(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttnMetadata
+    ) -> torch.Tensor:
+        """Hidden states [T, hidden] after the final norm of a step of T <= max_tokens tokens, on
+        the current stream; a view of the static buffer, valid until the next step's run."""
+        tokens = input_ids.shape[0]
+        bucket = self.bucket_for(tokens)
+        self.input_ids[:tokens].copy_(input_ids)
+        self.positions[:tokens].copy_(positions)
+        self.positions[tokens:bucket].zero_()
+        self.slots[:tokens].copy_(meta.slot_mapping)
+        self.slots[tokens:bucket].fill_(-1)
+        layers = self.model.model.layers
+        graphs = self.graphs.get(bucket)
+        for i in range(len(layers) + 1):
+            if i:
+                attention = layers[i - 1].self_attn
+                self.o[:tokens].copy_(attention.attend(self.q[:tokens], meta, self.kv_cache[i - 1]))
+            if graphs is not None:
+                graphs[i].replay()
+            else:
+                self._piece(i, bucket)
+        self.steps += 1
+        return self.hidden[:tokens]
+
+
+def mixed_graphs_for(
+    model: LlamaForCausalLM,
+    kv_cache: Sequence[tuple[torch.Tensor, ...]],
+    cfg: EngineConfig,
+    device: torch.device,
+    stream: torch.cuda.Stream | None,
+) -> MixedGraphs | None:
+    """The runner's pieces when cfg.mixed_graphs (captured on CUDA where cuda_graphs allows,
+    run eagerly on the CPU), else None."""
+    if not cfg.mixed_graphs or (device.type == "cuda" and not cfg.cuda_graphs):
+        return None
+    return MixedGraphs(
+        model, kv_cache, cfg.max_batch_tokens, cfg.mixed_graph_tokens, device, stream
+    )

@@ -1,0 +1,74 @@
+"""Steps with prefill through pieces around attention (EngineConfig.mixed_graphs): on the CPU the
+pieces run eagerly through the same static buffers and padding as the CUDA graphs replay them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_engine import PROMPTS, encode_all, hf_greedy
+
+from bulkgen import LLM, SamplingParams
+from bulkgen.config import EngineConfig
+from bulkgen.engine.mixed_graphs import MixedGraphs, token_buckets
+
+
+def test_buckets_are_multiples_of_the_step_up_to_the_step_budget():
+    assert token_buckets(2048, 128) == list(range(128, 2049, 128))
+    assert token_buckets(300, 128) == [128, 256, 300]
+    assert token_buckets(100, 128) == [100]
+
+
+def test_the_setting_is_checked():
+    assert EngineConfig(model="-").mixed_graphs is False
+    with pytest.raises(ValueError, match="mixed_graph_tokens must be a positive integer"):
+        EngineConfig(model="-", mixed_graph_tokens=0)
+
+
+def test_a_padded_step_through_the_pieces_equals_the_forward(tiny_model_dir):
+    engine = LLM(str(tiny_model_dir), device="cpu", dtype="float32").engine
+    runner = engine.runner
+    pieces = MixedGraphs(runner.model, runner.kv, 64, 16, torch.device("cpu"), None)
+    lengths = [1, 1, 1, 20]  # three decoding rows' tokens and a chunk: 23 tokens, bucket 32
+    seq_lens = [9, 30, 4, 20]
+    backend = runner.model.attention
+    starts = torch.tensor([0, *lengths]).cumsum(0).to(torch.int32)
+    tables = torch.arange(4 * 4, dtype=torch.int32).view(4, 4)
+    # Sequence b's blocks are 4b..4b+3 (16 tokens each): its token at position p is slot 64b + p.
+    positions = torch.cat([torch.arange(s - q, s) for q, s in zip(lengths, seq_lens, strict=True)])
+    seq_of = torch.repeat_interleave(torch.arange(4), torch.tensor(lengths))
+    slots = seq_of * 64 + positions
+    meta = backend.metadata(slots, starts, torch.tensor(seq_lens, dtype=torch.int32),
+                            tables, lengths, seq_lens)  # fmt: skip
+    ids = torch.randint(5, 200, (23,))
+    want = runner.model(ids, positions, meta, runner.kv)
+    got = pieces.run(ids, positions, meta)
+    assert got.shape == want.shape and torch.equal(got, want)
+    assert pieces.steps == 1 and pieces.bucket_for(23) == 32
+    assert (pieces.slots[23:32] == -1).all(), "padding tokens write no KV"
+
+
+def test_the_engine_gives_transformers_greedy_tokens_with_pieces(tiny_model_dir):
+    ids = encode_all(tiny_model_dir, PROMPTS)
+    llm = LLM(str(tiny_model_dir), device="cpu", dtype="float32", mixed_graphs=True,
+              mixed_graph_tokens=16, max_batch_tokens=40)  # fmt: skip
+    outs = llm.generate(ids, SamplingParams(max_tokens=12, temperature=0.0))
+    assert [o.token_ids for o in outs] == hf_greedy(tiny_model_dir, ids, 12)
+    stats = llm.engine.stats
+    assert stats["mixed_graph_steps"] > 0, "the prefill and mixed steps went through the pieces"
+    assert (
+        LLM(str(tiny_model_dir), device="cpu", dtype="float32").engine.stats["mixed_graph_steps"]
+        is None
+    )
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_steps_with_prefill_replay_pieces_with_the_eager_tokens(tiny_model_dir):
+    ids = encode_all(tiny_model_dir, PROMPTS)
+    kw = dict(device="cuda", dtype="float32", max_batch_tokens=40, mixed_graph_tokens=16)
+    params = SamplingParams(max_tokens=24, temperature=0.0)
+    pieces = LLM(str(tiny_model_dir), mixed_graphs=True, **kw)
+    assert sorted(pieces.engine.runner.mixed_graphs.graphs) == [16, 32, 40]
+    outs = pieces.generate(ids, params)
+    assert [o.token_ids for o in outs] == hf_greedy(tiny_model_dir, ids, 24)
+    assert pieces.engine.stats["mixed_graph_steps"] > 0
