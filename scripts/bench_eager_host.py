@@ -8,7 +8,7 @@ same rows, on an engine of the 8B shape with dummy weights. The GPU is first giv
 on the compute stream, so the launches never wait for it: host ms is the launch calls alone, GPU
 ms the step's kernels (CUDA events). --profile adds the launch's Python functions by own time.
 
-    python scripts/bench_eager_host.py --rows 441 --context 1500 --chunk 1607 [--fp8]
+    python scripts/bench_eager_host.py --rows 441 --chunk 1607 [--fp8] [--mixed-graphs]
 
 Prints one JSON line per step kind. On the CPU (--device cpu --model DIR) it runs for a smoke
 test only: there the kernels run inside the launch.
@@ -94,6 +94,11 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=1500)
     ap.add_argument("--chunk", type=int, default=1607)
     ap.add_argument("--fp8", action="store_true", help="FP8 weights and KV cache")
+    ap.add_argument(
+        "--mixed-graphs",
+        action="store_true",
+        help="the mixed step through mixed_graphs.py's pieces",
+    )
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--device", default="cuda")
@@ -107,6 +112,7 @@ def main() -> None:
         max_model_len=args.context + args.chunk + 16,
         max_batch_tokens=max(2048, args.rows + args.chunk),
         prefix_cache=False,
+        mixed_graphs=args.mixed_graphs,
         **({"dtype": "float32"} if args.device == "cpu" else {}),
         **options,
     )
@@ -115,7 +121,8 @@ def main() -> None:
     for kind, chunk in (("mixed", args.chunk), ("decode", 0)):
         plan = step_plan(args.rows, args.context, chunk, engine.cfg.block_size, num_blocks)
         line = {"step": kind, "rows": args.rows, "context": args.context, "chunk": chunk}
-        line.update(fp8=args.fp8, **time_launches(engine, plan, args.reps, args.profile))
+        line.update(fp8=args.fp8, mixed_graphs=args.mixed_graphs)
+        line.update(time_launches(engine, plan, args.reps, args.profile))
         print(json.dumps(line), flush=True)
     engine.close()
 

@@ -17,8 +17,8 @@
 #      mixed steps, which cost the engine thread 23-45 ms each at 0cbf7c0 (FP8 runs 93-96%
 #      busy); about 60 s a run, CHUNKS_TIMEOUT_S (default 480) for all six;
 #   eager: the host's launch time of one mixed step (441 decoding rows, a 1,607-token chunk)
-#      against a decode step, bf16 and FP8, with the launch's Python profile
-#      (bench_eager_host.py; where do the 23-38 ms go?), about 2 minutes;
+#      against a decode step, bf16 and FP8, eager and through mixed_graphs.py's pieces, with the
+#      launch's Python profile (bench_eager_host.py; where do the 23-45 ms go?), about 4 minutes;
 #   pieces: bulk (512 prompts) bf16 and FP8 with and without EngineConfig.mixed_graphs (steps
 #      with prefill replaying CUDA graphs of everything but attention), about 4-5 minutes, and
 #      their GPU test first;
@@ -85,8 +85,8 @@ want blog && bench blog 100 --workloads blog --engines bulkgen,bulkgen-fp8
 want chunks && bench bulk "${CHUNKS_TIMEOUT_S:-480}" --workloads bulk --engines bulkgen,bulkgen-fp8 \
   --num-prompts 512 --max-batch-tokens 2048,4096,8192
 if want eager; then
-  for fp8 in "" --fp8; do
-    timeout 120 python3 scripts/bench_eager_host.py --profile $fp8 2>&1 | grep -v -i warn \
+  for opts in "" --fp8 --mixed-graphs "--fp8 --mixed-graphs"; do
+    timeout 120 python3 scripts/bench_eager_host.py --profile $opts 2>&1 | grep -v -i warn \
       | tee -a "$OUT/eager.jsonl" | cut -c1-400
   done
 fi

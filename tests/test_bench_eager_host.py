@@ -25,3 +25,10 @@ def test_a_mixed_and_a_decode_step_launch_and_are_timed(tiny_model_dir):
     assert line["profile_own_ms"] and all(len(row) == 3 for row in line["profile_own_ms"])
     decode = step_plan(5, 40, 0, engine.cfg.block_size, blocks)
     assert decode.decode_only and time_launches(engine, decode, 1, False)["host_ms_median"] > 0
+
+
+def test_with_mixed_graphs_the_mixed_step_goes_through_the_pieces(tiny_model_dir):
+    engine = LLM(str(tiny_model_dir), device="cpu", dtype="float32", mixed_graphs=True).engine
+    plan = step_plan(5, 40, 23, engine.cfg.block_size, engine.scheduler.blocks.num_blocks)
+    time_launches(engine, plan, reps=1, profile=False)
+    assert engine.runner.mixed_graphs.steps == 3, "two untimed launches and one timed"
