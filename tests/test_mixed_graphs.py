@@ -47,7 +47,9 @@ def test_a_padded_step_through_the_pieces_equals_the_forward(tiny_model_dir):
     assert (pieces.slots[23:32] == -1).all(), "padding tokens write no KV"
 
 
-def test_the_engine_gives_transformers_greedy_tokens_with_pieces(tiny_model_dir):
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])  # plain, qkv bias, q/k norm
+def test_the_engine_gives_transformers_greedy_tokens_with_pieces(tiny_models, arch):
+    tiny_model_dir = tiny_models[arch]
     ids = encode_all(tiny_model_dir, PROMPTS)
     llm = LLM(str(tiny_model_dir), device="cpu", dtype="float32", mixed_graphs=True,
               mixed_graph_tokens=16, max_batch_tokens=40)  # fmt: skip
@@ -59,6 +61,16 @@ def test_the_engine_gives_transformers_greedy_tokens_with_pieces(tiny_model_dir)
         LLM(str(tiny_model_dir), device="cpu", dtype="float32").engine.stats["mixed_graph_steps"]
         is None
     )
+
+
+def test_an_int8_cache_gives_the_same_tokens_through_the_pieces(tiny_model_dir):
+    ids = encode_all(tiny_model_dir, PROMPTS)
+    kw = dict(device="cpu", dtype="float32", kv_cache_dtype="int8", max_batch_tokens=40)
+    params = SamplingParams(max_tokens=12, temperature=0.0)
+    eager = LLM(str(tiny_model_dir), **kw).generate(ids, params)
+    pieces = LLM(str(tiny_model_dir), mixed_graphs=True, mixed_graph_tokens=16, **kw)
+    assert [o.token_ids for o in pieces.generate(ids, params)] == [o.token_ids for o in eager]
+    assert pieces.engine.stats["mixed_graph_steps"] > 0
 
 
 @pytest.mark.gpu
