@@ -73,6 +73,13 @@ def test_an_int8_cache_gives_the_same_tokens_through_the_pieces(tiny_model_dir):
     assert pieces.engine.stats["mixed_graph_steps"] > 0
 
 
+def test_two_tensor_parallel_ranks_run_the_pieces_with_the_tokens_of_one_process(tiny_model_dir):
+    from test_tensor_parallel import greedy_tokens
+
+    kw = dict(mixed_graphs=True, mixed_graph_tokens=16, max_batch_tokens=40)
+    assert greedy_tokens(tiny_model_dir, tensor_parallel=2, **kw) == greedy_tokens(tiny_model_dir)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_gpu_steps_with_prefill_replay_pieces_with_the_eager_tokens(tiny_model_dir):
