@@ -16,6 +16,9 @@ def test_buckets_are_multiples_of_the_step_up_to_the_step_budget():
     assert token_buckets(2048, 128) == list(range(128, 2049, 128))
     assert token_buckets(300, 128) == [128, 256, 300]
     assert token_buckets(100, 128) == [100]
+    large = token_buckets(8192, 128)
+    assert len(large) <= 24 and large[-1] == 8192 and all(b % 16 == 0 for b in large)
+    assert large[:2] == [352, 704], "steps of ceil(8192 / 24) rounded up to 16 tokens"
 
 
 def test_the_setting_is_checked():

@@ -31,8 +31,12 @@ from bulkgen.model.attention.metadata import AttnMetadata
 from bulkgen.model.llama import LlamaForCausalLM
 
 
-def token_buckets(max_tokens: int, step: int) -> list[int]:
-    """Multiples of step below max_tokens, and max_tokens itself."""
+def token_buckets(max_tokens: int, step: int, most: int = 24) -> list[int]:
+    """Multiples of step below max_tokens, and max_tokens itself; past `most` buckets the step
+    grows (in multiples of 16) so that a large step budget does not capture hundreds of pieces'
+    graphs more (each bucket is num_layers + 1 graphs and one eager pass at start-up)."""
+    at_least = -(-max_tokens // most)  # ceil(max_tokens / most)
+    step = max(step, -(-at_least // 16) * 16)
     return sorted({*range(step, max_tokens, step), max_tokens})
 
 
