@@ -106,11 +106,18 @@ class MixedGraphs:
                     self._piece(i, bucket)
             self.stream.synchronize()
             graphs = []
-            for i in range(pieces):
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
-                    self._piece(i, bucket)
-                graphs.append(graph)
+            with torch.cuda.stream(self.stream):
+                for i in range(pieces):
+                    # capture_begin/end rather than torch.cuda.graph(), whose entry syncs the
+                    # device and empties the allocator's cache (older torch: also gc.collect()),
+                    # hundreds of times here.
+                    graph = torch.cuda.CUDAGraph()
+                    graph.capture_begin(self.pool)
+                    try:
+                        self._piece(i, bucket)
+                    finally:
+                        graph.capture_end()
+                    graphs.append(graph)
             self.graphs[bucket] = graphs
 
     @torch.inference_mode()
