@@ -19,9 +19,9 @@
 #   eager: the host's launch time of one mixed step (441 decoding rows, a 1,607-token chunk)
 #      against a decode step, bf16 and FP8, eager and through mixed_graphs.py's pieces, with the
 #      launch's Python profile (bench_eager_host.py; where do the 23-45 ms go?), about 4 minutes;
-#   pieces: bulk (512 prompts) bf16 and FP8 with and without EngineConfig.mixed_graphs (steps
-#      with prefill replaying CUDA graphs of everything but attention), about 4-5 minutes, and
-#      their GPU test first;
+#   pieces: bulk (512 prompts) bf16 and FP8, and blog bf16, with and without
+#      EngineConfig.mixed_graphs (steps with prefill replaying CUDA graphs of everything but
+#      attention), about 7 minutes, and their GPU test first;
 #   mixed: a mixed step's attention (16-448 decoding rows of 1,500 tokens and a 1,536-token
 #      prefill chunk), the varlen kernel alone against triton_backend.SPLIT_MIXED_MIN_ROWS, about a minute;
 #   rows: bf16 and FP8 GEMM time per row at the decode graphs' sizes past 256 (bench_fp8_mm.py
@@ -96,6 +96,7 @@ if want pieces; then
   tail -3 "$WORK/tests/gpu_tests.log" | tee "$OUT/pieces_tests.txt"
   bench bulk 330 --workloads bulk --num-prompts 512 \
     --engines bulkgen,bulkgen-mixedgraphs,bulkgen-fp8,bulkgen-fp8-mixedgraphs
+  bench blog 150 --workloads blog --engines bulkgen,bulkgen-mixedgraphs  # busy: its prefills
 fi
 if want mixed; then  # mixed steps' attention: the varlen kernel alone against the split
   timeout 120 python3 scripts/bench_attention.py --mixed 2>&1 | grep -v -i warn \
