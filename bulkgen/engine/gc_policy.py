@@ -20,12 +20,21 @@ def freeze_startup_objects() -> None:
 
 
 def release_dead_engines(device: torch.device) -> None:
-    """Before an engine loads and sizes its KV cache: an earlier engine of this process that
-    nothing references any more is garbage held in reference cycles, and its own
-    freeze_startup_objects() put it out of the collector's reach. Unfrozen and collected here,
-    its weights and cache go back to the device (a second 8B engine in one process otherwise
-    found no memory left for its cache). The new engine freezes its own objects again."""
+    """Before an engine loads onto a GPU and sizes its KV cache: an earlier engine of this process
+    that nothing references any more but that is held in reference cycles is garbage that
+    freeze_startup_objects() put out of the collector's reach; collected here, its weights and
+    cache go back to the device (a second 8B engine in one process otherwise found no memory
+    left for its cache on the H200). Only on CUDA: there an engine's start takes seconds and its
+    memory is the scarce one, while the collection costs about 0.2 s with torch and transformers
+    loaded (hundreds of CPU engines in the test suite); CPU engines hold no cycles (tested)."""
+    if device.type != "cuda":
+        return
+    collect_frozen_garbage()
+    torch.cuda.empty_cache()
+
+
+def collect_frozen_garbage() -> None:
+    """Unfreeze what freeze_startup_objects() froze and collect it (the new engine freezes its
+    own objects again at the end of its start)."""
     gc.unfreeze()
     gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
