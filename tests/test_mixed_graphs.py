@@ -66,6 +66,15 @@ def test_the_engine_gives_transformers_greedy_tokens_with_pieces(tiny_models, ar
     )
 
 
+def test_the_warm_up_s_steps_are_not_counted(tiny_model_dir):
+    from bulkgen.engine.warmup import warmup_plans
+
+    engine = LLM(str(tiny_model_dir), device="cpu", dtype="float32", mixed_graphs=True).engine
+    plans = warmup_plans(engine.cfg, 64, engine.scheduler.blocks.num_blocks)
+    engine.runner.warm_up(plans[:1])  # the longest prefill: through the pieces
+    assert engine.stats["mixed_graph_steps"] == 0
+
+
 def test_an_int8_cache_gives_the_same_tokens_through_the_pieces(tiny_model_dir):
     ids = encode_all(tiny_model_dir, PROMPTS)
     kw = dict(device="cpu", dtype="float32", kv_cache_dtype="int8", max_batch_tokens=40)

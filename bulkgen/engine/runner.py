@@ -223,6 +223,8 @@ class ModelRunner:
         for plan in plans:
             self.launch(plan).wait()
         self.graph_steps = self.eager_decode_steps = 0  # stats count the engine's own steps
+        if self.mixed_graphs is not None:
+            self.mixed_graphs.steps = 0
 
     def capture_graphs(self) -> None:
         if self.graphs is not None:
