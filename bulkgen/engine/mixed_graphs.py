@@ -61,8 +61,7 @@ class MixedGraphs:
         self.o = torch.zeros_like(self.q)
         self.residual = torch.zeros(n, cfg.hidden_size, dtype=dtype, device=device)
         self.hidden = torch.zeros_like(self.residual)
-        self.cuda = device.type == "cuda"
-        self.pool = torch.cuda.graph_pool_handle() if self.cuda else None
+        self.pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else None
         self.graphs: dict[int, list[torch.cuda.CUDAGraph]] = {}
         self.steps = 0  # steps run through the pieces (stats.json)
 
