@@ -171,7 +171,7 @@ def main() -> None:
             if sweep != seqs_list:
                 print(f"{workload}: {requests} requests; not run: {set(seqs_list) - set(sweep)}")
             runs = [
-                (eng, sampling, seqs)
+                (eng, sampling, seqs, tokens)
                 for eng in engines
                 for sampling in (["greedy"] if eng.startswith("transformers") else sampling_list)
                 for seqs in (seqs_list[:1] if eng.startswith("transformers") else sweep)
