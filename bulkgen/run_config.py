@@ -48,7 +48,7 @@ class RunConfig:
     quantization: str | None = None  # fp8: quantize the weights at load
     kv_cache_dtype: str = "auto"  # fp8 (e4m3, Ada/Hopper GPUs) or int8: about twice the tokens
     fp8_fast_accum: bool | None = None  # None: FP8 GEMMs sum in the tensor cores' accumulator
-    mixed_graphs: bool = False  # steps with prefill replay pieces around attention (no flag yet)
+    mixed_graphs: bool | None = None  # None: prefill steps replay pieces on one CUDA device
     sync: bool = False
     quiet: bool = False
     overwrite: bool = False

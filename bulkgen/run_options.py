@@ -243,6 +243,13 @@ _OPTIONS = [
         "--no-fp8-fast-accum sums exactly.",
     ),
     click.option(
+        "--mixed-graphs/--no-mixed-graphs",
+        default=None,
+        help="Steps with prompt tokens replay CUDA graphs of everything but attention, cutting "
+        "their launch time (on an H200: 32 -> 10 ms a 2,048-token step): on by default on one "
+        "GPU, off on the CPU and under tensor parallelism.",
+    ),
+    click.option(
         "--kv-cache-dtype",
         type=click.Choice(["auto", "fp8", "int8"]),
         default="auto",

@@ -69,13 +69,14 @@ ENGINE_OPTIONS = {
     # default since 0cbf7c0's measurements, which ran it as engine bulkgen-fp8fa).
     "bulkgen-fp8exact": {"quantization": "fp8", "kv_cache_dtype": "fp8", "fp8_fast_accum": False},
     "bulkgen-int8kv": {"kv_cache_dtype": "int8"},
-    # Steps with prefill through CUDA graphs of everything but attention (mixed_graphs.py).
-    "bulkgen-mixedgraphs": {"mixed_graphs": True},
-    "bulkgen-fp8-mixedgraphs": {
+    # Steps with prefill launched eagerly, not through mixed_graphs.py's pieces (the default on
+    # one GPU since db9498e's measurements, which ran them as bulkgen-mixedgraphs).
+    "bulkgen-eagermixed": {"mixed_graphs": False},
+    "bulkgen-fp8-eagermixed": {
         "quantization": "fp8",
         "kv_cache_dtype": "fp8",
-        "mixed_graphs": True,
-    },  # int8 KV, a scale per token and kv head
+        "mixed_graphs": False,
+    },
     "bulkgen-invariant": {"batch_invariant": True},  # issue 15's cost: compare with bulkgen
 }
 

@@ -21,7 +21,8 @@
 #      launch's Python profile (bench_eager_host.py; where do the 23-45 ms go?), about 4 minutes;
 #   pieces: bulk (512 prompts) bf16 and FP8, and blog bf16, with and without
 #      EngineConfig.mixed_graphs (steps with prefill replaying CUDA graphs of everything but
-#      attention), about 7 minutes, and their GPU test first;
+#      attention; the default on one GPU since db9498e: engines *-eagermixed turn it off), about
+#      5 minutes (305 s at db9498e), and their GPU test first;
 #   mixed: a mixed step's attention (16-448 decoding rows of 1,500 tokens and a 1,536-token
 #      prefill chunk), the varlen kernel alone against triton_backend.SPLIT_MIXED_MIN_ROWS, about a minute;
 #   rows: bf16 and FP8 GEMM time per row at the decode graphs' sizes past 256 (bench_fp8_mm.py
@@ -95,8 +96,8 @@ if want pieces; then
     scripts/gpu_check.sh > /dev/null 2>&1
   tail -3 "$WORK/tests/gpu_tests.log" | tee "$OUT/pieces_tests.txt"
   bench bulk 330 --workloads bulk --num-prompts 512 \
-    --engines bulkgen,bulkgen-mixedgraphs,bulkgen-fp8,bulkgen-fp8-mixedgraphs
-  bench blog 150 --workloads blog --engines bulkgen,bulkgen-mixedgraphs  # busy: its prefills
+    --engines bulkgen-eagermixed,bulkgen,bulkgen-fp8-eagermixed,bulkgen-fp8
+  bench blog 150 --workloads blog --engines bulkgen-eagermixed,bulkgen  # busy: its prefills
 fi
 if want mixed; then  # mixed steps' attention: the varlen kernel alone against the split
   timeout 120 python3 scripts/bench_attention.py --mixed 2>&1 | grep -v -i warn \

@@ -9,7 +9,7 @@ from test_engine import PROMPTS, encode_all, hf_greedy
 
 from bulkgen import LLM, SamplingParams
 from bulkgen.config import EngineConfig
-from bulkgen.engine.mixed_graphs import MixedGraphs, token_buckets
+from bulkgen.engine.mixed_graphs import MixedGraphs, resolve_mixed_graphs, token_buckets
 
 
 def test_buckets_are_multiples_of_the_step_up_to_the_step_budget():
@@ -22,9 +22,28 @@ def test_buckets_are_multiples_of_the_step_up_to_the_step_budget():
 
 
 def test_the_setting_is_checked():
-    assert EngineConfig(model="-").mixed_graphs is False
+    assert EngineConfig(model="-").mixed_graphs is None
+    with pytest.raises(ValueError, match="mixed_graphs must be true, false or unset"):
+        EngineConfig(model="-", mixed_graphs="yes")
     with pytest.raises(ValueError, match="mixed_graph_tokens must be a positive integer"):
         EngineConfig(model="-", mixed_graph_tokens=0)
+
+
+def test_unset_means_on_for_one_cuda_device_with_graphs_only():
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    unset = EngineConfig(model="-")
+    assert resolve_mixed_graphs(unset, cuda) is True
+    assert resolve_mixed_graphs(unset, cpu) is False, "on the CPU the pieces only run eagerly"
+    assert resolve_mixed_graphs(EngineConfig(model="-", cuda_graphs=False), cuda) is False
+    assert resolve_mixed_graphs(EngineConfig(model="-", tensor_parallel=2), cuda) is False
+    for given in (True, False):
+        assert resolve_mixed_graphs(EngineConfig(model="-", mixed_graphs=given), cpu) is given
+        assert resolve_mixed_graphs(EngineConfig(model="-", mixed_graphs=given), cuda) is given
+
+
+def test_a_cpu_engine_runs_prefill_eagerly_unless_asked(tiny_model_dir):
+    engine = LLM(str(tiny_model_dir), device="cpu", dtype="float32").engine
+    assert engine.cfg.mixed_graphs is False and engine.runner.mixed_graphs is None
 
 
 def test_a_padded_step_through_the_pieces_equals_the_forward(tiny_model_dir):

@@ -31,6 +31,7 @@ from bulkgen.engine.gc_policy import freeze_startup_objects, release_dead_engine
 from bulkgen.engine.grammar import GrammarCompiler, load_tokenizer
 from bulkgen.engine.host_times import HostTimes
 from bulkgen.engine.kv_sizing import auto_num_blocks
+from bulkgen.engine.mixed_graphs import resolve_mixed_graphs
 from bulkgen.engine.model_files import model_dir, read_eos_ids, resolve_device
 from bulkgen.engine.monitor import GpuMonitor
 from bulkgen.engine.request import Request, RequestOutput
@@ -91,6 +92,9 @@ class Engine:
         fast_accum = resolve_fast_accum(cfg.fp8_fast_accum, self.quantization)
         cfg = self.cfg = dataclasses.replace(cfg, fp8_fast_accum=fast_accum)  # as stats.json says
         self.tp, self.group, self.device = join(cfg, mcfg, given_config, rank, self.device)
+        cfg = self.cfg = dataclasses.replace(
+            cfg, mixed_graphs=resolve_mixed_graphs(cfg, self.device)
+        )
         self.dtype = resolve_dtype(cfg.dtype, self.device, mcfg)
         self.kv_dtype = resolve_kv_dtype(cfg.kv_cache_dtype, self.dtype)
         self.eos_token_ids = read_eos_ids(self.model_dir, model_config)

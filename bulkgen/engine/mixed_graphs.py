@@ -146,6 +146,15 @@ class MixedGraphs:
         return self.hidden[:tokens]
 
 
+def resolve_mixed_graphs(cfg: EngineConfig, device: torch.device) -> bool:
+    """EngineConfig.mixed_graphs as the engine runs it: unset means on for one CUDA device with
+    cuda_graphs; off on the CPU (the pieces would only run eagerly there) and over several ranks
+    (the pieces' collectives under capture have not run on GPUs)."""
+    if cfg.mixed_graphs is not None:
+        return cfg.mixed_graphs
+    return device.type == "cuda" and cfg.cuda_graphs and cfg.tensor_parallel == 1
+
+
 def mixed_graphs_for(
     model: LlamaForCausalLM,
     kv_cache: Sequence[tuple[torch.Tensor, ...]],
