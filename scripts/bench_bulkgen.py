@@ -57,6 +57,10 @@ STATS_KEYS = (
     "graph_max_batch",
     "graph_buckets_replaced",
     "mixed_graph_steps",
+    "host_mixed_launch_ms_per_step_median",
+    "alloc_retries",
+    "alloc_syncs",
+    "device_mallocs",
 )
 
 # Engine names that are `bulkgen run` options: FP8 weights; FP8 KV cache; both (issue 13); the

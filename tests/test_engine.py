@@ -242,6 +242,9 @@ def test_stats_report_host_time_per_step(tiny_model_dir):
         assert sum(phases[p][i] for p in ("schedule", "launch", "update")) == pytest.approx(total)
     for name in ("host_decode", "host_mixed", "host_schedule", "host_launch", "host_update"):
         assert 0 <= stats[f"{name}_ms_per_step_median"] <= stats[f"{name}_ms_per_step_p99"]
+    assert list(times.mixed_launch) == [phases["launch"][0]], "the prefill step's launch"
+    assert stats["host_mixed_launch_ms_per_step_median"] == round(1e3 * phases["launch"][0], 3)
+    assert stats["alloc_retries"] is None and stats["device_mallocs"] is None  # CPU: not kept
 
 
 def test_recomputed_tokens_count_what_preemption_made_the_engine_compute_again(tiny_model_dir):

@@ -25,6 +25,7 @@ import random
 import time
 
 from bulkgen.config import EngineConfig, SamplingParams
+from bulkgen.engine.alloc_counts import AllocatorCounts
 from bulkgen.engine.blocks import BlockManager
 from bulkgen.engine.engine_stats import engine_stats
 from bulkgen.engine.gc_policy import freeze_startup_objects, release_dead_engines
@@ -148,6 +149,7 @@ class Engine:
         self.async_loop = cfg.async_loop  # settable, so one loaded engine can run both loops
         self.num_steps = 0
         self.host_times = HostTimes()  # each step's host time, by kind and phase (stats.json)
+        self.allocator = AllocatorCounts(self.device)  # cudaMalloc and retries while running
         self.startup_s = time.perf_counter() - t0
         freeze_startup_objects()
 

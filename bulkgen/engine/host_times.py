@@ -18,6 +18,7 @@ class HostTimes:
         self.total = array.array("d")
         self.kind = {"decode": array.array("d"), "mixed": array.array("d")}
         self.phase = {name: array.array("d") for name in PHASES}
+        self.mixed_launch = array.array("d")  # the launch phase of steps with prefill
 
     def record(self, decode_only: bool, phases: tuple[float, float, float]) -> None:
         """One step's seconds in each of PHASES (the wait for the device already taken out)."""
@@ -26,12 +27,16 @@ class HostTimes:
         self.kind["decode" if decode_only else "mixed"].append(total)
         for name, seconds in zip(PHASES, phases, strict=True):
             self.phase[name].append(seconds)
+        if not decode_only:
+            self.mixed_launch.append(phases[1])
 
     @property
     def stats(self) -> dict:
-        """host_ms_per_step_*, host_{decode,mixed}_ms_per_step_*, host_{phase}_ms_per_step_*."""
+        """host_ms_per_step_*, host_{decode,mixed}_ms_per_step_*, host_{phase}_ms_per_step_*,
+        host_mixed_launch_ms_per_step_*."""
         return step_time_stats(
             host=self.total,
+            host_mixed_launch=self.mixed_launch,
             **{f"host_{kind}": seconds for kind, seconds in self.kind.items()},
             **{f"host_{name}": seconds for name, seconds in self.phase.items()},
         )
