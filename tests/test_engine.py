@@ -262,10 +262,10 @@ def test_recomputed_tokens_count_what_preemption_made_the_engine_compute_again(t
     computed, requests = [0], set()
     original = scheduler._scheduled
 
-    def counting(req, n):
+    def counting(req, n, num_tokens=None):
         computed[0] += n
         requests.add(req)
-        return original(req, n)
+        return original(req, n, num_tokens)
 
     scheduler._scheduled = counting
     tight.generate(ids, params)

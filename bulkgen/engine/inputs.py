@@ -9,11 +9,13 @@ guards its reuse.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from itertools import chain
 
 import numpy as np
 import torch
 
+from bulkgen.config import SamplingParams
 from bulkgen.engine.plan import Plan
 from bulkgen.engine.request import Request
 
@@ -61,6 +63,10 @@ class PackedStep:
     seq_lens: list[int]
     fresh_penalized: list[Request]  # penalised requests in their first step since (re)admission
     host: tuple[np.ndarray, np.ndarray] | None = None  # the packed ints and floats (host copies)
+    # The distinct sampling parameters of the rows that sample (the sampler's choices of path
+    # read these, not every row), and whether any input token is the previous step's sample.
+    sampled_params: list[SamplingParams] = field(default_factory=list)
+    from_prev: bool = False
 
     def unpack(self) -> StepInputs:
         """Views and dtype casts; call on the compute stream after it waited for `ready`."""
@@ -157,19 +163,31 @@ class InputPacker:
         samples: list[tuple[int, int, int, int, int]] = []  # token, seed, top_k, position, row
         floats: list[tuple[float, ...]] = []
         fresh = []
+        distinct: dict[int, SamplingParams] = {}  # the sampled rows' parameters, by identity
+        last_params = None
+        from_prev = False
+        # The per-row work of every step: bound methods and locals (decode rows are most rows).
+        add_position, add_slot, add_id, add_prev = (
+            positions.append,
+            slots.append,
+            ids.append,
+            prev.append,
+        )
+        add_row, add_end = rows.append, ends.append
         for s in seqs:
             req, start, n = s.request, s.start, s.num_tokens
             blocks, row = req.block_ids, req.table_row
             end = start + n
             if n == 1:  # decode rows: the common case, kept to a few appends
-                positions.append(start)
-                slots.append(blocks[start // bs] * bs + start % bs)
+                add_position(start)
+                add_slot(blocks[start // bs] * bs + start % bs)
                 if s.from_prev:
-                    ids.append(0)
-                    prev.append(row)
+                    from_prev = True
+                    add_id(0)
+                    add_prev(row)
                 else:
-                    ids.append(req.token_at(start))
-                    prev.append(-1)
+                    add_id(req.token_at(start))
+                    add_prev(-1)
             else:
                 span = np.arange(start, end)
                 positions.extend(span.tolist())
@@ -183,10 +201,12 @@ class InputPacker:
                     fresh.append(req)
                 updates.extend((row, c, blocks[c]) for c in range(synced, len(blocks)))
                 req.num_synced_blocks = len(blocks)
-            rows.append(row)
-            ends.append(end)
+            add_row(row)
+            add_end(end)
             if s.sample:
                 p = req.params
+                if p is not last_params:  # rows mostly share one SamplingParams
+                    distinct[id(p)] = last_params = p
                 samples.append((len(positions) - 1, req.seed, max(p.top_k, 0), end, row))
                 floats.append(p.sampling_floats)
         T, B, S, U = len(positions), len(seqs), len(samples), len(updates)
@@ -194,7 +214,8 @@ class InputPacker:
         starts = np.fromiter((s.start for s in seqs), np.int64, B)
         np.cumsum(np.asarray(ends, np.int64) - starts, out=qsl[1:])
         per_token = np.asarray([ids, prev, positions, slots], np.int64).reshape(4, T)
-        per_sample = np.asarray(samples, np.int64).reshape(S, 5).T
+        # fromiter over the flattened tuples: about 1.6x asarray's speed on a list of tuples.
+        per_sample = np.fromiter(chain.from_iterable(samples), np.int64, 5 * S).reshape(S, 5).T
         per_update = np.asarray(updates, np.int64).reshape(U, 3).T
         ints = np.concatenate(
             [
@@ -205,13 +226,26 @@ class InputPacker:
                 _padded_rows(per_update, 2),
             ]
         )
-        per_field = np.asarray(floats, np.float32).reshape(S, len(FLOAT_FIELDS)).T
+        nf = len(FLOAT_FIELDS)
+        per_field = np.fromiter(chain.from_iterable(floats), np.float32, nf * S).reshape(S, nf).T
         flat = _padded_rows(per_field, 4)
         turn = self.turn
         dev_ints, dev_floats, ready = self._copy(ints, flat, stream)
         q_lens = np.diff(qsl).tolist()
         sizes, host = (T, B, S, U), (ints, flat)
-        return PackedStep(dev_ints, dev_floats, ready, sizes, turn, q_lens, ends, fresh, host)
+        return PackedStep(
+            dev_ints,
+            dev_floats,
+            ready,
+            sizes,
+            turn,
+            q_lens,
+            ends,
+            fresh,
+            host,
+            list(distinct.values()),
+            from_prev,
+        )
 
     def load(
         self,

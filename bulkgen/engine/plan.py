@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from bulkgen.engine.request import Request
 
 
-@dataclass
+@dataclass(slots=True)
 class ScheduledSeq:
     request: Request
     start: int  # position of the first query token (tokens before it are in the cache)

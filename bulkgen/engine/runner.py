@@ -27,7 +27,7 @@ from bulkgen.engine.host_out import HostOut
 from bulkgen.engine.inputs import InputPacker, PackedStep, StepInputs
 from bulkgen.engine.mixed_graphs import mixed_graphs_for
 from bulkgen.engine.penalty_state import PenaltyState
-from bulkgen.engine.plan import Plan, ScheduledSeq
+from bulkgen.engine.plan import Plan
 from bulkgen.engine.sampler import SamplingTensors, sample, top_logprobs, unpack_bitmask
 from bulkgen.engine.step import Forward, Step
 from bulkgen.engine.tables import DeviceTables
@@ -126,10 +126,9 @@ class ModelRunner:
     def forward(self, plan: Plan) -> Forward:
         """Enqueue the step's forward pass; sample() enqueues its sampling (with a mask)."""
         packed = self.packer.pack(plan, self.copy_stream)
-        from_prev = any(s.from_prev for s in plan.seqs)
         if self.followers is not None:
-            self.followers.send(packed, from_prev)
-        return self.forward_packed(packed, from_prev, plan)
+            self.followers.send(packed, packed.from_prev)
+        return self.forward_packed(packed, packed.from_prev, plan)
 
     @torch.inference_mode()
     def forward_packed(self, packed: PackedStep, from_prev: bool, plan: Plan | None) -> Forward:
@@ -177,7 +176,7 @@ class ModelRunner:
                 if self.cuda:  # stream order: sampled after the upload, reused after `done`
                     allowed = self.mask_device[: mask.shape[0]]
                     allowed.copy_(mask, non_blocking=True)
-            ids, lp = self._sample(fwd.plan.sampled, fwd.inp, fwd.logits, allowed)
+            ids, lp = self._sample(fwd.packed, fwd.inp, fwd.logits, allowed)
             if self.tp.size > 1 and ids.numel():
                 self.tp.broadcast(ids)  # the other ranks' last-token tables
             self.tables.record(fwd.inp, ids)
@@ -235,17 +234,18 @@ class ModelRunner:
 
     def _sample(
         self,
-        sampled: list[ScheduledSeq],
+        packed: PackedStep,
         inp: StepInputs,
         logits: torch.Tensor | None,
         allowed: torch.Tensor | None,
     ):
         """Penalties, then sampling (the fused Triton sampler on CUDA, the torch reference
         elsewhere) restricted to the allowed tokens; logprobs are those of the model's own
-        distribution (before penalties and mask)."""
-        if not sampled:
+        distribution (before penalties and mask). The choices of path read the step's distinct
+        sampling parameters (packed.sampled_params), not every row's."""
+        if not packed.sizes[2]:
             return inp.seeds.new_empty(0), None
-        params = [s.request.params for s in sampled]
+        params = packed.sampled_params
         scores = logits
         if any(p.penalized for p in params):
             scores = self.penalties.apply(logits, inp)

@@ -120,11 +120,6 @@ class Scheduler:
 
     # ---- planning --------------------------------------------------------------------------
 
-    def _generation_done(self, req: Request) -> bool:
-        """Known at plan time: the tokens in hand and in flight already reach a length limit."""
-        generated = len(req.output_ids) + req.num_pending
-        return generated >= req.params.max_tokens or req.num_tokens >= self.max_model_len
-
     def _reserve(self, req: Request, end: int) -> bool:
         if end <= len(req.block_ids) * self.blocks.block_size:
             return True  # the common decode case: the token fits in the last block
@@ -151,22 +146,28 @@ class Scheduler:
     def schedule(self) -> Plan:
         plan = Plan()
         budget = self.cfg.max_batch_tokens
-        # Running requests first, oldest first: a decode step (or the rest of a chunked prefill).
+        # Running requests first, oldest first: a decode step (or the rest of a chunked prefill);
+        # the per-row work of every step, in locals (_reserve only past the request's last block).
+        running, seqs, max_len = self.running, plan.seqs, self.max_model_len
+        bs = self.blocks.block_size
         i = 0
-        while i < len(self.running) and budget > 0:
-            req = self.running[i]
-            if self._generation_done(req):
-                i += 1
+        while i < len(running) and budget > 0:
+            req = running[i]
+            generated = len(req.output_ids) + req.num_pending
+            total = len(req.prompt_ids) + generated  # req.num_tokens
+            if generated >= req.params.max_tokens or total >= max_len:
+                i += 1  # known at plan time: the tokens in hand and in flight reach a limit
                 continue
-            n = min(req.num_tokens - req.num_computed, budget)
-            while not self._reserve(req, req.num_computed + n):
-                victim = self.running[-1]
-                self._preempt(victim)
-                if victim is req:
-                    break
-            if req.status is not Status.RUNNING:
-                break  # req preempted itself: nothing newer is left to run
-            plan.seqs.append(self._scheduled(req, n))
+            computed = req.num_computed
+            n = min(total - computed, budget)
+            if computed + n > len(req.block_ids) * bs:
+                while not self._reserve(req, computed + n):
+                    self._preempt(victim := running[-1])
+                    if victim is req:
+                        break
+                if req.status is not Status.RUNNING:
+                    break  # req preempted itself: nothing newer is left to run
+            seqs.append(self._scheduled(req, n, total))
             budget -= n
             i += 1
         # Then admit waiting requests while seats, budget and the horizon rule allow.
@@ -196,7 +197,9 @@ class Scheduler:
             plan.seqs.append(self._scheduled(req, n))
             budget -= n
         if not plan.seqs and not self.running and self.waiting and not self.waiting[0].num_pending:
-            self._finish_too_long(self.waiting[0])
+            # Nothing runs, so every block is free, and still it does not fit: it never will. It
+            # ends at the length it reached (its prompt alone was checked to fit at admission).
+            self._finish(self.waiting[0], "length")
         return plan
 
     def _take_cached_prefix(self, req: Request) -> None:
@@ -223,51 +226,58 @@ class Scheduler:
             req.last_key = self.blocks.register(req.block_ids[i], req.last_key, tokens)
             req.num_hashed_blocks += 1
 
-    def _scheduled(self, req: Request, n: int) -> ScheduledSeq:
+    def _scheduled(self, req: Request, n: int, num_tokens: int | None = None) -> ScheduledSeq:
+        """n tokens of req from its first uncomputed one (num_tokens: req.num_tokens, if known)."""
         start = req.num_computed
-        sample = start + n == req.num_tokens
-        from_prev = req.num_pending > 0 and sample
-        assert not (req.num_pending and n > 1), "a pending token is only ever decoded alone"
-        req.num_computed += n
+        end = start + n
+        sample = end == (req.num_tokens if num_tokens is None else num_tokens)
+        pending = req.num_pending
+        from_prev = pending > 0 and sample
+        assert not (pending and n > 1), "a pending token is only ever decoded alone"
+        req.num_computed = end
         if start < req.max_computed:
-            self.num_recomputed += min(req.num_computed, req.max_computed) - start
-        req.max_computed = max(req.max_computed, req.num_computed)
+            self.num_recomputed += min(end, req.max_computed) - start
+        if end > req.max_computed:
+            req.max_computed = end
         if sample:
-            req.num_pending += 1
-        if (start + n) // self.blocks.block_size > req.num_hashed_blocks:  # a block may be full
+            req.num_pending = pending + 1
+        if end // self.blocks.block_size > req.num_hashed_blocks:  # a block may be full
             self._register_full_blocks(req)
         return ScheduledSeq(req, start, n, sample, from_prev)
-
-    def _finish_too_long(self, req: Request) -> None:
-        """Nothing runs, so every block is free, and still req does not fit: it never will.
-
-        It ends at the length it reached (its prompt alone was checked to fit at admission).
-        """
-        self._finish(req, "length")
 
     # ---- applying a step's results ---------------------------------------------------------
 
     def update(self, plan: Plan, result: StepResult) -> None:
-        bs = self.blocks.block_size
+        bs, eos, max_len = self.blocks.block_size, self.eos_ids, self.max_model_len
+        generated = 0
         for row, (seq, token) in enumerate(zip(plan.sampled, result.ids, strict=True)):
             req = seq.request
             req.num_pending -= 1
-            if req.is_finished:
+            if req.status is Status.FINISHED:
                 continue  # finished at the previous step: this extra token is discarded
-            req.output_ids.append(token)
-            self.num_generated += 1
+            (out := req.output_ids).append(token)
+            generated += 1
             if req.num_computed // bs > req.num_hashed_blocks:  # a block may be full
                 self._register_full_blocks(req)
-            if req.params.logprobs is not None:
+            params, matcher = req.params, req.matcher
+            if params.logprobs is not None:
                 self._record_logprobs(req, result, row)
-            if req.matcher is not None and not req.matcher.advance(token):
+            if matcher is not None and not matcher.advance(token):
                 # The mask allows only what the matcher accepts: a bug, kept to this row.
-                req.error = f"grammar rejected sampled token {token}: {req.matcher.error}"
+                req.error = f"grammar rejected sampled token {token}: {matcher.error}"
                 self._finish(req, "error")
                 continue
-            reason = self._stop_reason(req, token)
-            if reason:
-                self._finish(req, reason)
+            if (  # anything _stop_reason could stop on (most rows: none)
+                token in eos
+                or token in params.stop_token_ids
+                or matcher is not None
+                or len(out) >= params.max_tokens
+                or len(req.prompt_ids) + len(out) >= max_len
+            ):
+                reason = self._stop_reason(req, token)
+                if reason:
+                    self._finish(req, reason)
+        self.num_generated += generated
 
     @staticmethod
     def _record_logprobs(req: Request, result: StepResult, row: int) -> None:
