@@ -23,6 +23,9 @@
 #      EngineConfig.mixed_graphs (steps with prefill replaying CUDA graphs of everything but
 #      attention; the default on one GPU since db9498e: engines *-eagermixed turn it off), about
 #      5 minutes (305 s at db9498e), and their GPU test first;
+#   spy: trt at 256 rows (SPY_PROMPTS, default 400) under py-spy, --gil then --idle (about 2.5
+#      minutes): who holds the interpreter while decode steps are launched, where the engine
+#      thread's time goes in a run (spy_*.txt, spy.jsonl from scripts/spy_summary.py);
 #   mixed: a mixed step's attention (16-448 decoding rows of 1,500 tokens and a 1,536-token
 #      prefill chunk), the varlen kernel alone against triton_backend.SPLIT_MIXED_MIN_ROWS, about a minute;
 #   rows: bf16 and FP8 GEMM time per row at the decode graphs' sizes past 256 (bench_fp8_mm.py
@@ -98,6 +101,23 @@ if want pieces; then
   bench bulk 330 --workloads bulk --num-prompts 512 \
     --engines bulkgen-eagermixed,bulkgen,bulkgen-fp8-eagermixed,bulkgen-fp8
   bench blog 150 --workloads blog --engines bulkgen-eagermixed,bulkgen  # busy: its prefills
+fi
+if want spy; then  # who holds the interpreter during a run (issue 10: decode steps' host time
+  # in a run, 2.8 ms at 256 rows, against 1.0-1.2 ms for the same work alone): py-spy (its wheel
+  # in .whl) samples trt at 256 rows, --gil only the thread holding it, --idle every thread
+  # wherever it waits; scripts/spy_summary.py gives shares by thread and by the engine's phase.
+  [ -x /tmp/site/bin/py-spy ] || python3 -m pip install -q --no-index --no-deps --target /tmp/site \
+    $(ls .whl/py_spy-*.whl /tmp/whl/py_spy-*.whl 2> /dev/null | head -1)
+  mkdir -p "$WORK/spy"
+  for mode in ${SPY_MODES:-gil idle}; do
+    timeout "${SPY_TIMEOUT_S:-150}" /tmp/site/bin/py-spy record --subprocesses --threads "--$mode" \
+      --nonblocking --rate 200 --format raw -o "$OUT/spy_$mode.txt" -- env OUT="$WORK/spy" TESTS=0 \
+      scripts/gpu_check.sh --workloads trt --engines bulkgen --num-prompts "${SPY_PROMPTS:-400}" \
+      --max-num-seqs 256 > "$WORK/spy/out.txt" 2>&1
+    cat "$WORK/spy/bench.jsonl" 2> /dev/null | tee -a "$OUT/bench.jsonl" | cut -c1-300
+    rm -f "$WORK/spy/bench.jsonl"
+    python3 scripts/spy_summary.py "$OUT/spy_$mode.txt" | tee -a "$OUT/spy.jsonl" | cut -c1-600
+  done
 fi
 if want mixed; then  # mixed steps' attention: the varlen kernel alone against the split
   timeout 120 python3 scripts/bench_attention.py --mixed 2>&1 | grep -v -i warn \
