@@ -30,6 +30,7 @@ from bench_bulkgen import (
     distinct_settings,
     engine_options,
     run_bulkgen,
+    run_list,
     seq_setting,
     tensor_parallel,
 )
@@ -144,6 +145,7 @@ def main() -> None:
         help="record the engine thread's stack whenever NVML sees the GPU idle mid-run "
         "(diagnostic; printed to bench.log and kept in the result JSON)",
     )
+    ap.add_argument("--dry-run", action="store_true", help="print the runs, run nothing")
     ap.add_argument("--bandwidth", type=float, help=argparse.SUPPRESS)
     ap.add_argument("--flops", type=float, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -152,7 +154,7 @@ def main() -> None:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    ceilings = measure_ceilings()
+    ceilings = {"copy_bw_gbs": 0, "bf16_tflops": 0} if args.dry_run else measure_ceilings()
     print(json.dumps({"ceilings": ceilings, "git_commit": git_commit()}), flush=True)
     model_dir = model_folder(Path(args.tokenizer), args.shape)
     series = {}
@@ -161,22 +163,16 @@ def main() -> None:
     tokens_list = [v.strip() for v in args.max_batch_tokens.split(",") if v.strip()] or [""]
     for workload in args.workloads.split(","):
         for engine in args.engines.split(","):
-            engines = (
-                ["transformers-sync", "transformers-async"]
-                if engine == "transformers"
-                else [engine]
-            )
             requests = len(make_workload(workload, args.out_len, args.num_prompts))
             sweep = distinct_settings(seqs_list, requests)
             if sweep != seqs_list:
                 print(f"{workload}: {requests} requests; not run: {set(seqs_list) - set(sweep)}")
-            runs = [
-                (eng, sampling, seqs, tokens)
-                for eng in engines
-                for sampling in (["greedy"] if eng.startswith("transformers") else sampling_list)
-                for seqs in (seqs_list[:1] if eng.startswith("transformers") else sweep)
-                for tokens in (tokens_list[:1] if eng.startswith("transformers") else tokens_list)
-            ]
+            runs = run_list(engine, sampling_list, sweep, tokens_list)
+            if args.dry_run:  # what would run, without a GPU (checked by the CPU tests)
+                for eng, sampling, seqs, tokens in runs:
+                    run = {"workload": workload, "engine": eng, "sampling": sampling}
+                    print(json.dumps({**run, "max_num_seqs": seqs, "max_batch_tokens": tokens}))
+                continue
             for eng, sampling, seqs, tokens in runs:
                 tag = "" if len(seqs_list) == 1 else f"-seqs{seqs}"
                 tag += f"-tokens{tokens}" if len(tokens_list) > 1 else ""
@@ -291,7 +287,8 @@ def main() -> None:
                 print(json.dumps(line), flush=True)
                 with open(out / "bench.jsonl", "a") as f:
                     f.write(json.dumps(line) + "\n")
-    plot(series, out / "bench.png")
+    if series:
+        plot(series, out / "bench.png")
 
 
 if __name__ == "__main__":

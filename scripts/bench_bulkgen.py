@@ -107,6 +107,22 @@ def seq_setting(value: str) -> int | str:
     return value if value == "auto" else int(value)
 
 
+def run_list(
+    engine: str, sampling: list[str], seqs: list[str], tokens: list[str]
+) -> list[tuple[str, str, str, str]]:
+    """(engine, sampling, max_num_seqs, max_batch_tokens) of each run one --engines entry stands
+    for: transformers as its sync and async forms, greedy, at the first settings only; a bulkgen
+    engine at every sampling setting, max_num_seqs and max_batch_tokens of the sweep."""
+    engines = ["transformers-sync", "transformers-async"] if engine == "transformers" else [engine]
+    runs = []
+    for eng in engines:
+        hf = eng.startswith("transformers")
+        for setting in ["greedy"] if hf else sampling:
+            for seq in seqs[:1] if hf else seqs:
+                runs += [(eng, setting, seq, tok) for tok in (tokens[:1] if hf else tokens)]
+    return runs
+
+
 def distinct_settings(settings: list[str], requests: int) -> list[str]:
     """A sweep's settings without the numbers that cannot change a run: once one setting admits
     every request at once, a larger one runs the same requests the same way (400 requests at 512
