@@ -5,7 +5,9 @@
 #   mm: scripts/tune_fp8_mm.py --write-table (cuBLASLt or the Triton FP8 GEMM per shape and
 #      rows, bulkgen/model/fp8_gemm_table.json, fixup candidates included: about 2-3
 #      minutes), before the benches use it;
-#   tests: the GPU tests but the long batch-invariant ones (about 2 minutes);
+#   tests: the engine's GPU tests (the engine on CUDA against transformers, FP8, pieces, admission,
+#      structured output; 3.3 minutes warm); kernels: the other GPU tests but the long
+#      batch-invariant ones (the kernels against their references);
 #   trt (TRT_PROMPTS requests, default 1000; TRT_TIMEOUT_S, default 420, for all three): bf16
 #      auto, FP8 KV auto, FP8 weights+KV auto (1,000 requests: wall_s 103-109 s in bf16 at
 #      191156c; each run also spends 15-40 s starting: process, dummy weights, warm-up, graphs);
@@ -64,13 +66,25 @@ if want mm; then
   cp bulkgen/model/fp8_gemm_table.json "$OUT/" 2> /dev/null
 fi
 
-if want tests; then
-  OUT=$WORK/tests TESTS=1 BENCH=0 PYTEST_ARGS="--maxfail=10 --ignore=tests/test_gpu_batch_invariant.py \
-    --ignore=tests/test_invariant_matmul.py tests" timeout 330 scripts/gpu_check.sh > /dev/null 2>&1
+# The engine's GPU tests (3.3 minutes warm at 4e6cee5), then the kernels' own (more than 5
+# minutes on a fresh machine: the whole GPU suite did not fit one step's 330 s at 857eb9d).
+ENGINE_TESTS="tests/test_gpu_engine.py tests/test_mixed_graphs.py tests/test_triton_stage.py \
+  tests/test_gpu_fp8.py tests/test_fp8_fast_accum.py tests/test_mixed_split.py tests/test_admission.py \
+  tests/test_gpu_structured_output.py"
+gpu_tests() {  # gpu_tests <step> <limit> <pytest args...>
+  local step=$1 limit=$2
+  shift 2
+  OUT=$WORK/tests TESTS=1 BENCH=0 PYTEST_ARGS="--maxfail=10 $*" timeout "$limit" scripts/gpu_check.sh \
+    > /dev/null 2>&1
   { tail -3 "$WORK/tests/gpu_tests.log"; grep -E "FAILED|^E " "$WORK/tests/gpu_tests.log" | head -40; } \
-    | tee "$OUT/tests.txt"
-  [ -d .whl ] && mv .whl /tmp/whl  # installed once above; not again by each bench below
+    | tee "$OUT/$step.txt"
+}
+want tests && gpu_tests tests 330 $ENGINE_TESTS
+if want kernels; then
+  gpu_tests kernels 420 $(for f in $ENGINE_TESTS tests/test_gpu_batch_invariant.py \
+    tests/test_invariant_matmul.py; do echo "--ignore=$f"; done) tests
 fi
+if [ -d .whl ] && { want tests || want kernels; }; then mv .whl /tmp/whl; fi  # installed once
 
 bench() {  # bench <folder> <timeout> <bench.py args...>
   local dir=$WORK/$1 limit=$2

@@ -24,7 +24,9 @@ from collections.abc import Sequence
 
 import torch
 
-from bulkgen.model.attention.metadata import AttnMetadata, DecodeGraphBuffers
+from bulkgen.engine.inputs import StepInputs
+from bulkgen.engine.tables import DeviceTables
+from bulkgen.model.attention.metadata import DecodeGraphBuffers
 from bulkgen.model.llama import LlamaForCausalLM
 
 
@@ -61,7 +63,10 @@ class DecodeGraphs:
         device: torch.device,
         stream: torch.cuda.Stream,
     ) -> None:
+        from bulkgen.engine.triton_stage import stage_decode_inputs  # Triton: CUDA only
+
         self.model, self.kv_cache, self.stream = model, kv_cache, stream
+        self.stage = stage_decode_inputs
         self.buckets = bucket_sizes(max_seqs)
         n = self.buckets[-1]
         self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)
@@ -139,15 +144,14 @@ class DecodeGraphs:
         return self.buckets[self.serve[i]]
 
     @torch.inference_mode()
-    def replay(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttnMetadata
-    ) -> torch.Tensor:
-        """Float32 logits [b, vocab] of a decode step of b rows, on the current stream."""
-        b = input_ids.shape[0]
+    def replay_step(self, inp: StepInputs, tables: DeviceTables) -> torch.Tensor:
+        """Float32 logits [b, vocab] of a decode step of b rows, on the current stream: its inputs
+        staged into the static buffers by one kernel (triton_stage.py), the bucket's graph
+        replayed, the lm_head run on the step's own rows."""
+        b = inp.positions.shape[0]
         bucket = self.bucket_for(b)
         graph, hidden = self.graphs[bucket]
-        self.input_ids[:b].copy_(input_ids)
-        self.positions[:b].copy_(positions)
-        self.meta.fill(meta, bucket)
+        self.stage(inp, tables.last_token, tables.block_table, self.input_ids, self.positions,
+                   self.meta, bucket)  # fmt: skip
         graph.replay()
         return self.model.compute_logits(hidden[:b])

@@ -31,8 +31,8 @@ class StepInputs:
     prev_row: torch.Tensor  # [T] table row whose last sampled token is the input, or -1
     positions: torch.Tensor  # [T]
     slot_mapping: torch.Tensor  # [T]
-    query_start_loc: torch.Tensor  # [B + 1] int32
-    seq_lens: torch.Tensor  # [B] int32
+    query_start_loc: torch.Tensor  # [B + 1] int64 (cast where used: graph steps never need it)
+    seq_lens: torch.Tensor  # [B] int64
     rows: torch.Tensor  # [B] table row of each sequence
     logits_indices: torch.Tensor  # [S] rows of the step's tokens whose next token is sampled
     seeds: torch.Tensor  # [S]
@@ -69,7 +69,7 @@ class PackedStep:
     from_prev: bool = False
 
     def unpack(self) -> StepInputs:
-        """Views and dtype casts; call on the compute stream after it waited for `ready`."""
+        """Views, no kernels; call on the compute stream after it waited for `ready`."""
         T, B, S, U = self.sizes
         lengths = [T, T, T, T, B + 1, B, B, S, S, S, S, S, U, U, U]
         fields = self.ints.split([_pad(n, 2) for n in lengths])
@@ -83,8 +83,8 @@ class PackedStep:
             prev_row=prev,
             positions=pos,
             slot_mapping=slot,
-            query_start_loc=qsl.int(),
-            seq_lens=sl.int(),
+            query_start_loc=qsl,
+            seq_lens=sl,
             rows=rows,
             logits_indices=li,
             seeds=sd,
@@ -93,7 +93,7 @@ class PackedStep:
             sample_rows=sr,
             update_rows=ur,
             update_cols=uc,
-            update_blocks=ub.int(),
+            update_blocks=ub,
             **floats,
         )
 

@@ -34,7 +34,6 @@ from bulkgen.engine.tables import DeviceTables
 from bulkgen.model.attention.kv_fp8 import FP8_DTYPE, resolve_kv_dtype
 from bulkgen.model.attention.kv_int8 import INT8_DTYPE, scale_bytes_per_token
 from bulkgen.model.attention.kv_layout import allocate_kv_cache
-from bulkgen.model.attention.metadata import AttnMetadata
 from bulkgen.model.config import ModelConfig
 from bulkgen.model.llama import LlamaForCausalLM
 from bulkgen.model.parallel_layers import TensorParallel
@@ -139,28 +138,28 @@ class ModelRunner:
             inp = packed.unpack()
             self.tables.apply_updates(inp)
             self.penalties.reset(packed.fresh_penalized)
+            if self._graphable(packed):
+                self.graph_steps += 1
+                logits = self.graphs.replay_step(inp, self.tables)
+                return Forward(plan, packed, inp, logits)
             input_ids = self.tables.input_ids(inp, from_prev)
             meta = self.attention.metadata(
                 inp.slot_mapping,
-                inp.query_start_loc,
-                inp.seq_lens,
+                inp.query_start_loc.int(),
+                inp.seq_lens.int(),
                 self.tables.block_tables(inp),
                 packed.query_lens,
                 packed.seq_lens,
             )
-            if self._graphable(packed, meta):
-                self.graph_steps += 1
-                logits = self.graphs.replay(input_ids, inp.positions, meta)
+            self.eager_decode_steps += meta.decode_only
+            pieces = self.mixed_graphs
+            if pieces is not None and input_ids.shape[0] <= pieces.max_tokens:
+                hidden = pieces.run(input_ids, inp.positions, meta)
             else:
-                self.eager_decode_steps += meta.decode_only
-                pieces = self.mixed_graphs
-                if pieces is not None and input_ids.shape[0] <= pieces.max_tokens:
-                    hidden = pieces.run(input_ids, inp.positions, meta)
-                else:
-                    hidden = self.model(input_ids, inp.positions, meta, self.kv)
-                logits = None
-                if packed.sizes[2]:  # rows that sample
-                    logits = self.model.compute_logits(hidden[inp.logits_indices])
+                hidden = self.model(input_ids, inp.positions, meta, self.kv)
+            logits = None
+            if packed.sizes[2]:  # rows that sample
+                logits = self.model.compute_logits(hidden[inp.logits_indices])
         return Forward(plan, packed, inp, logits)
 
     @torch.inference_mode()
@@ -209,12 +208,12 @@ class ModelRunner:
                 self.mask_device = torch.empty(shape, dtype=torch.int32, device=self.device)
         return self.mask_host[:rows]
 
-    def _graphable(self, packed: PackedStep, meta: AttnMetadata) -> bool:
+    def _graphable(self, packed: PackedStep) -> bool:
         """Decode steps whose every row samples replay a graph, whatever their sampling."""
-        if self.graphs is None or not self.graphs.graphs or not meta.decode_only:
+        if self.graphs is None or not self.graphs.graphs:
             return False  # warm-up runs before the capture: its decode steps run eagerly
-        _, seqs, sampled, _ = packed.sizes
-        return seqs <= self.graphs.max_batch and sampled == seqs
+        tokens, seqs, sampled, _ = packed.sizes
+        return tokens == seqs <= self.graphs.max_batch and sampled == seqs
 
     def warm_up(self, plans: list[Plan]) -> None:
         """Run plans whose results are dropped (their fake requests write only their own blocks

@@ -25,7 +25,8 @@ class DeviceTables:
 
     def apply_updates(self, inp: StepInputs) -> None:
         if inp.update_rows.numel():
-            self.block_table[inp.update_rows, inp.update_cols] = inp.update_blocks
+            blocks = inp.update_blocks.to(torch.int32)
+            self.block_table[inp.update_rows, inp.update_cols] = blocks
 
     def block_tables(self, inp: StepInputs) -> torch.Tensor:
         """[B, max_blocks_per_seq] int32 block tables of the step's sequences."""
