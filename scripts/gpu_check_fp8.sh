@@ -25,9 +25,10 @@
 #      EngineConfig.mixed_graphs (steps with prefill replaying CUDA graphs of everything but
 #      attention; the default on one GPU since db9498e: engines *-eagermixed turn it off), about
 #      5 minutes (305 s at db9498e), and their GPU test first;
-#   spy: trt at 256 rows (SPY_PROMPTS, default 400) under py-spy, --gil then --idle (about 2.5
-#      minutes): who holds the interpreter while decode steps are launched, where the engine
-#      thread's time goes in a run (spy_*.txt, spy.jsonl from scripts/spy_summary.py);
+#   spy: trt at 256 rows (400 requests; SPY_ARGS: other bench.py arguments, e.g. blog's) under
+#      py-spy, --gil then --idle (about 2.5 minutes): who holds the interpreter while decode
+#      steps are launched, where the engine thread's time goes in a run (spy_*.txt, spy.jsonl
+#      from scripts/spy_summary.py);
 #   mixed: a mixed step's attention (16-448 decoding rows of 1,500 tokens and a 1,536-token
 #      prefill chunk), the varlen kernel alone against triton_backend.SPLIT_MIXED_MIN_ROWS, about a minute;
 #   rows: bf16 and FP8 GEMM time per row at the decode graphs' sizes past 256 (bench_fp8_mm.py
@@ -38,6 +39,8 @@
 # Every step has its own timeout; bench lines are appended to $OUT/bench.jsonl as each finishes
 # (at most 8 files come back). All steps take more than one call (600 s): STEPS picks. A fresh
 # machine costs about a minute of device time before the command starts.
+# Measured calls at 857eb9d-4e6cee5 (2026-12-01, second session): "tests eager" 417 s on a fresh
+# machine (tests cut at 330 s), "pieces" 306 s, "trt" 366 s (fresh), "blog" 87 s.
 # Measured calls at 49fbb99-5ba166a (2026-12-01): "tune mm" 224 s, "tests bulk blog" 441 s
 # (tests 184 s), "sweep" of 3 settings at 1,000 requests 540 s (a fourth was cut). On a fresh
 # machine (cold Triton cache) the tests took more than 220 s (b5209a1): their limit is 330 s.
@@ -126,8 +129,8 @@ if want spy; then  # who holds the interpreter during a run (issue 10: decode st
   for mode in ${SPY_MODES:-gil idle}; do
     timeout "${SPY_TIMEOUT_S:-150}" /tmp/site/bin/py-spy record --subprocesses --threads "--$mode" \
       --nonblocking --rate 200 --format raw -o "$OUT/spy_$mode.txt" -- env OUT="$WORK/spy" TESTS=0 \
-      scripts/gpu_check.sh --workloads trt --engines bulkgen --num-prompts "${SPY_PROMPTS:-400}" \
-      --max-num-seqs 256 > "$WORK/spy/out.txt" 2>&1
+      scripts/gpu_check.sh ${SPY_ARGS:---workloads trt --engines bulkgen --num-prompts 400 \
+      --max-num-seqs 256} > "$WORK/spy/out.txt" 2>&1
     cat "$WORK/spy/bench.jsonl" 2> /dev/null | tee -a "$OUT/bench.jsonl" | cut -c1-300
     rm -f "$WORK/spy/bench.jsonl"
     python3 scripts/spy_summary.py "$OUT/spy_$mode.txt" | tee -a "$OUT/spy.jsonl" | cut -c1-600
