@@ -15,7 +15,7 @@ if not torch.cuda.is_available():
 
 import pytest  # noqa: E402
 
-from bulkgen.engine.triton_stage import stage_decode_inputs  # noqa: E402
+from bulkgen.engine.triton_stage import stage_decode_inputs, warm_up_staging  # noqa: E402
 from bulkgen.model.attention.metadata import AttnMetadata, DecodeGraphBuffers  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -88,6 +88,18 @@ def test_the_kernel_stages_what_the_torch_ops_did(b, bucket, width):
     from_prev = inp.prev_row >= 0
     assert torch.equal(ids1[:b][from_prev], last_token[inp.prev_row[from_prev]])
     assert torch.equal(ids1[:b][~from_prev], inp.input_ids[~from_prev])
+
+
+def test_the_warm_up_stages_a_one_row_step_of_table_row_0():
+    last_token = torch.tensor([42, 43], dtype=torch.int64, device=DEVICE)
+    block_table = torch.arange(2 * 300, dtype=torch.int32, device=DEVICE).view(2, 300)
+    ids = torch.full((4,), 7, dtype=torch.int64, device=DEVICE)
+    positions = torch.full((4,), 9, dtype=torch.int64, device=DEVICE)
+    meta = DecodeGraphBuffers(4, 300, DEVICE)
+    warm_up_staging(last_token, block_table, ids, positions, meta)
+    assert ids.tolist() == [0, 7, 7, 7] and positions.tolist() == [0, 9, 9, 9]
+    assert meta.slot_mapping[0] == -1 and meta.seq_lens[0] == 1, "writes no KV"
+    assert torch.equal(meta.block_tables[0], block_table[0])
 
 
 @pytest.mark.gpu

@@ -63,10 +63,10 @@ class DecodeGraphs:
         device: torch.device,
         stream: torch.cuda.Stream,
     ) -> None:
-        from bulkgen.engine.triton_stage import stage_decode_inputs  # Triton: CUDA only
+        from bulkgen.engine.triton_stage import stage_decode_inputs, warm_up_staging  # CUDA only
 
         self.model, self.kv_cache, self.stream = model, kv_cache, stream
-        self.stage = stage_decode_inputs
+        self.stage, self.warm_stage = stage_decode_inputs, warm_up_staging
         self.buckets = bucket_sizes(max_seqs)
         n = self.buckets[-1]
         self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)
@@ -142,6 +142,13 @@ class DecodeGraphs:
     def bucket_for(self, b: int) -> int:
         i = next(i for i, s in enumerate(self.buckets) if s >= b)
         return self.buckets[self.serve[i]]
+
+    def warm_up_staging(self, tables: DeviceTables) -> None:
+        """Compile the staging kernel now rather than at the run's first decode step."""
+        with torch.cuda.stream(self.stream):
+            self.warm_stage(tables.last_token, tables.block_table, self.input_ids, self.positions,
+                            self.meta)  # fmt: skip
+        self.stream.synchronize()
 
     @torch.inference_mode()
     def replay_step(self, inp: StepInputs, tables: DeviceTables) -> torch.Tensor:

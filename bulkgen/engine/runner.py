@@ -228,6 +228,7 @@ class ModelRunner:
         if self.graphs is not None:
             self.graphs.capture()
             self.graphs.calibrate()
+            self.graphs.warm_up_staging(self.tables)  # its kernel compiled before the first step
         if self.mixed_graphs is not None and self.cuda:
             self.mixed_graphs.capture()
 

@@ -77,17 +77,38 @@ def stage_decode_inputs(
     """Fill the graphs' static inputs (input_ids, positions, meta) for a decode step of
     b = len(inp.positions) <= bucket rows, on the current stream. inp's seq_lens are the packed
     int64 ones (StepInputs keeps them uncast)."""
-    b = inp.positions.shape[0]
+    step = (inp.input_ids, inp.prev_row, inp.positions, inp.slot_mapping, inp.seq_lens, inp.rows)
+    _launch(step, last_token, block_table, input_ids, positions, meta, bucket)
+
+
+def warm_up_staging(
+    last_token: torch.Tensor,
+    block_table: torch.Tensor,
+    input_ids: torch.Tensor,
+    positions: torch.Tensor,
+    meta: DecodeGraphBuffers,
+) -> None:
+    """Compile the kernel before the run (its one variant: b is not specialised on, the step's
+    int64 fields are 16-byte aligned views, the widths are the engine's): a one-row step of table
+    row 0, staged into row 0 of the buffers, which every replay stages again."""
+    one = torch.zeros(1, dtype=torch.int64, device=last_token.device)
+    step = (one, one - 1, one, one - 1, one + 1, one)  # host token 0, position 0, slot -1
+    _launch(step, last_token, block_table, input_ids, positions, meta, 1)
+
+
+def _launch(step, last_token, block_table, input_ids, positions, meta, bucket: int) -> None:
+    ids, prev, pos, slots, seq_lens, rows = step
+    b = pos.shape[0]
     width = block_table.shape[1]
     assert meta.block_tables.shape[1] == width and b <= bucket <= input_ids.shape[0]
-    assert inp.seq_lens.dtype == torch.int64 and block_table.dtype == torch.int32
+    assert seq_lens.dtype == torch.int64 and block_table.dtype == torch.int32
     _stage_decode_kernel[(bucket,)](
-        inp.input_ids,
-        inp.prev_row,
-        inp.positions,
-        inp.slot_mapping,
-        inp.seq_lens,
-        inp.rows,
+        ids,
+        prev,
+        pos,
+        slots,
+        seq_lens,
+        rows,
         last_token,
         block_table,
         block_table.stride(0),
