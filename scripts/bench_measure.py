@@ -117,16 +117,21 @@ class Sampler:
 
     @property
     def max_idle_gap_s(self) -> float:
-        """The longest run of NVML-idle samples between the first and the last token counted
-        (a mid-run compile or a host stall; the 50 ms sampling bounds its resolution)."""
+        """The longest run of samples in which NVML saw the GPU idle and the token count did not
+        move, between the first and the last token counted (a mid-run compile or a host stall;
+        the 50 ms sampling bounds its resolution). NVML's utilisation is the busy share of its
+        own last sample period, so as a run starts it reads 0 while the first steps already
+        produce tokens: a trt run's first four samples at 0cbf7c0 read 0 while its count rose
+        2, 6, 12, 12, which the old rule reported as a 0.15 s gap."""
         final = self.series[-1][2] if self.series else 0
-        longest, start = 0.0, None
+        longest, start, before = 0.0, None, None
         for t, util, tokens in self.series:
-            if util == 0 and 0 < tokens < final:
+            if util == 0 and 0 < tokens < final and tokens == before:
                 start = t if start is None else start
                 longest = max(longest, t - start)
             else:
                 start = None
+            before = tokens
         return round(longest, 3)
 
 

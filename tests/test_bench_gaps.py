@@ -33,3 +33,26 @@ def test_the_report_sums_gaps_by_size_and_lists_the_largest_first():
         "40 us after x before y",
         "3 us after b before c",
     ]
+
+
+def idle_gap(series) -> float:
+    from bench_measure import Sampler
+
+    sampler = Sampler.__new__(Sampler)  # the series only: no NVML here
+    sampler.series = series
+    return sampler.max_idle_gap_s
+
+
+def test_nvml_lag_at_the_start_is_no_gap_while_tokens_flow():
+    # 0cbf7c0's trt run: NVML read 0 for four samples while the first steps made tokens.
+    start = [(0.71, 0, 0), (0.76, 0, 0), (0.81, 0, 2), (0.86, 0, 6), (0.91, 0, 12), (0.96, 0, 12)]
+    running = [(1.01 + 0.05 * i, 100, 20 + 10 * i) for i in range(5)]
+    assert idle_gap([*start, *running, (1.5, 100, 1000)]) == 0.0
+
+
+def test_a_stall_mid_run_is_the_time_the_count_stood_still_with_the_gpu_idle():
+    before = [(0.05 * i, 100, 10 * i) for i in range(1, 6)]  # tokens 10..50
+    stall = [(0.30, 0, 50), (0.35, 0, 50), (0.40, 0, 50), (0.45, 0, 50)]  # a compile, say
+    after = [(0.50, 100, 60), (0.55, 100, 70), (0.60, 100, 80)]
+    assert idle_gap([*before, *stall, *after]) == 0.15
+    assert idle_gap([*before, *stall[:1], *after]) == 0.0, "one sample: no stretch"
