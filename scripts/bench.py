@@ -265,9 +265,12 @@ def main() -> None:
                     "stats_decode_bw_eff",
                     *STATS_KEYS,
                     "max_idle_gap_s",
+                    "first_token_s",
                 ):
                     if r.get(key) is not None:
                         line[key] = r[key]
+                if r.get("gpu_busy_run") is not None:  # NVML's first busy sample to its last
+                    line["gpu_busy_run"] = round(r["gpu_busy_run"], 1)
                 if r.get("tensor_parallel", 1) > 1:
                     line["tensor_parallel"] = r["tensor_parallel"]
                     line["note"] = "roofline: the group's summed bandwidth and FLOP rate"

@@ -249,6 +249,8 @@ def run_bulkgen(
         "out_tokens": stats["completion_tokens"],
         "gpu_busy": holder["sampler"].busy,
         "max_idle_gap_s": holder["sampler"].max_idle_gap_s,
+        "gpu_busy_run": holder["sampler"].busy_run,
+        "first_token_s": holder["sampler"].first_token_s,
         "startup_s": round(holder["startup_s"], 1),
         "peak_mem_gb": round(torch.cuda.max_memory_allocated() / 1e9, 1),
         "series": holder["sampler"].series,

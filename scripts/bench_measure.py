@@ -116,6 +116,24 @@ class Sampler:
         return float(np.mean(rates)) if rates else float("nan")
 
     @property
+    def busy_run(self) -> float | None:
+        """Mean utilisation from NVML's first busy sample to its last: the GPU's busy share
+        while the run worked. NVML reports the busy share of its own last sample period, so its
+        readings trail the GPU by about that period at both ends (at 0cbf7c0 a trt run read 0 for
+        four samples while its first tokens came, and 100 for two after its last); `busy` also
+        counts the pipeline's start before the first step (0.7 s of a trt run)."""
+        busy = [i for i, (_, util, _) in enumerate(self.series) if util > 0]
+        if not busy:
+            return None
+        return float(np.mean([u for _, u, _ in self.series[busy[0] : busy[-1] + 1]]))
+
+    @property
+    def first_token_s(self) -> float | None:
+        """Seconds from the sampler's start (the engine's, in bench runs) to the first token
+        counted, at the sampling's 50 ms resolution: the pipeline's start."""
+        return next((t for t, _, tokens in self.series if tokens > 0), None)
+
+    @property
     def max_idle_gap_s(self) -> float:
         """The longest run of samples in which NVML saw the GPU idle and the token count did not
         move, between the first and the last token counted (a mid-run compile or a host stall;

@@ -56,3 +56,19 @@ def test_a_stall_mid_run_is_the_time_the_count_stood_still_with_the_gpu_idle():
     after = [(0.50, 100, 60), (0.55, 100, 70), (0.60, 100, 80)]
     assert idle_gap([*before, *stall, *after]) == 0.15
     assert idle_gap([*before, *stall[:1], *after]) == 0.0, "one sample: no stretch"
+
+
+def test_busy_over_the_run_is_nvml_from_its_first_busy_sample_to_its_last():
+    from bench_measure import Sampler
+
+    sampler = Sampler.__new__(Sampler)
+    start = [(0.05 * i, 0, 0) for i in range(1, 5)]  # the pipeline starting: no token yet
+    lag = [(0.25, 0, 2), (0.30, 0, 6)]  # NVML still reads the idle period before the first step
+    run = [(0.35, 100, 10), (0.40, 90, 20), (0.45, 0, 20), (0.50, 100, 30), (0.55, 100, 40)]
+    tail = [(0.60, 100, 40), (0.65, 0, 40)]  # NVML trails the end too
+    sampler.series = [*start, *lag, *run, *tail]
+    assert sampler.busy_run == sum([100, 90, 0, 100, 100, 100]) / 6
+    assert sampler.busy == sum(u for _, u, _ in sampler.series) / 13
+    assert sampler.first_token_s == 0.25
+    sampler.series = start
+    assert sampler.busy_run is None and sampler.first_token_s is None
