@@ -262,6 +262,7 @@ def main() -> None:
                     line["note"] = f"first {r['num_prompts']} prompts of the workload"
                 for key in (
                     "stats_gpu_busy_pct",
+                    "stats_gpu_busy_run_pct",
                     "stats_decode_bw_eff",
                     *STATS_KEYS,
                     "max_idle_gap_s",

@@ -262,6 +262,7 @@ def run_bulkgen(
         "tensor_parallel": tp,
         # what stats.json tells a user: the engine's own NVML busy and decode bandwidth
         "stats_gpu_busy_pct": stats.get("gpu_busy_pct"),
+        "stats_gpu_busy_run_pct": stats.get("gpu_busy_run_pct"),
         "stats_decode_bw_eff": stats.get("decode_bandwidth_efficiency"),
         **{k: stats.get(k) for k in STATS_KEYS},
     }

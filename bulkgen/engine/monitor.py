@@ -1,10 +1,12 @@
 """How close a run came to the hardware: NVML GPU busy and decode bandwidth efficiency.
 
 GPU busy is NVML's utilisation sampled every 50 ms in a background thread (nothing on the step
-path). Decode efficiency counts the bytes each decode step must read (weights once, plus the
-live KV of its sequences) over the host time between decode launches, against a device-to-device
-copy's bandwidth measured once at startup: in the async loop the host is paced by the device, so
-that time is the device's.
+path), over every sample (gpu_busy_pct) and from NVML's first busy sample to its last
+(gpu_busy_run_pct): NVML reports the busy share of its own last sample period, so it reads 0 for
+a few samples after the first step. Decode efficiency counts the bytes each decode step must
+read (weights once, plus the live KV of its sequences) over the host time between decode
+launches, against a device-to-device copy's bandwidth measured once at startup: in the async
+loop the host is paced by the device, so that time is the device's.
 """
 
 from __future__ import annotations
@@ -97,6 +99,10 @@ class GpuMonitor:
         out = {"copy_bandwidth_gbs": round(self.copy_bandwidth / 1e9, 1)}
         if self._samples:
             out["gpu_busy_pct"] = round(sum(self._samples) / len(self._samples), 1)
+            busy = [i for i, util in enumerate(self._samples) if util > 0]
+            if busy:  # NVML trails the GPU by its own sample period: read from its first busy one
+                run = self._samples[busy[0] : busy[-1] + 1]
+                out["gpu_busy_run_pct"] = round(sum(run) / len(run), 1)
         if self.decode_s > 0:
             achieved = self.decode_bytes / self.decode_s
             out["decode_bandwidth_gbs"] = round(achieved / 1e9, 1)
