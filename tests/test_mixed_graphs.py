@@ -122,3 +122,21 @@ def test_gpu_steps_with_prefill_replay_pieces_with_the_eager_tokens(tiny_model_d
     outs = pieces.generate(ids, params)
     assert [o.token_ids for o in outs] == hf_greedy(tiny_model_dir, ids, 24)
     assert pieces.engine.stats["mixed_graph_steps"] > 0
+
+
+@pytest.mark.parametrize("flag,steps", [("--mixed-graphs", True), ("--no-mixed-graphs", False)])
+def test_the_flag_reaches_the_engine(tmp_path, tiny_model_dir, flag, steps):
+    import json
+
+    from click.testing import CliRunner
+
+    from bulkgen.cli import main
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"Tell me about {w}"}) + "\n" for w in "ab"))
+    args = ["run", prompts, "--model", tiny_model_dir, "--out", tmp_path / "out", "--quiet"]
+    args += ["--device", "cpu", "--max-tokens", "4", flag]
+    result = CliRunner().invoke(main, [str(a) for a in args])
+    assert result.exit_code == 0, result.output
+    stats = json.loads((tmp_path / "out" / "stats.json").read_text())
+    assert (stats["mixed_graph_steps"] is not None and stats["mixed_graph_steps"] > 0) is steps
