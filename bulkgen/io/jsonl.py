@@ -91,7 +91,8 @@ def read_jsonl(reader: Reader, source: Source) -> Iterator[list[Row]]:
                     row = faulted(reader, default_id, index, lineno, e)
                 batch.append(row)
                 index += 1
-                if len(batch) >= reader.batch_rows:
+                first = index == len(batch)  # no batch handed out yet
+                if len(batch) >= (reader.first_batch_rows if first else reader.batch_rows):
                     yield batch
                     batch = []
     except READ_ERRORS as e:

@@ -34,6 +34,9 @@ from bulkgen.row import Row
 from bulkgen.structured import GrammarChecks
 
 BATCH_ROWS = 1024
+# The first batch is smaller, so that the engine starts on its first rows while the reader and
+# the tokenizer convert, check and encode the rest of a full batch.
+FIRST_BATCH_ROWS = 64
 # Counting newlines costs a read of the file: do it only up to this size.
 _COUNT_JSONL_BYTES = 4 << 30
 
@@ -55,6 +58,7 @@ class Reader:
         self.id_column = id_column
         self.keep_columns = keep_columns
         self.batch_rows = batch_rows
+        self.first_batch_rows = min(FIRST_BATCH_ROWS, batch_rows)
         # With --prompt-template: the columns it uses, put in Row.columns; the prompt column
         # is then optional.
         self.template_columns = template_columns

@@ -74,6 +74,18 @@ def _record_batches(source: Source, columns: list[str], batch_rows: int):
                     yield batch.slice(start, batch_rows).select(columns)
 
 
+def _ramped(batches, first_rows: int):
+    """The record batches with the first one's leading first_rows rows handed out alone."""
+    batch = next(batches, None)
+    if batch is None:
+        return
+    if batch.num_rows > first_rows:
+        yield batch.slice(0, first_rows)
+        batch = batch.slice(first_rows)
+    yield batch
+    yield from batches
+
+
 def read_table(reader: Reader, source: Source) -> Iterator[list[Row]]:
     schema = table_schema(source)
     used = [reader.id_column, reader.prompt_column, *reader.keep_columns, *PARAM_COLUMNS]
@@ -85,7 +97,7 @@ def read_table(reader: Reader, source: Source) -> Iterator[list[Row]]:
     trusted = frozenset(n for n in reader.keep_columns if schema.field(n).type == types.get(n))
     prefix = source.name + ":"
     index = 0
-    batches = _record_batches(source, columns, reader.batch_rows)
+    batches = _ramped(_record_batches(source, columns, reader.batch_rows), reader.first_batch_rows)
     while True:
         try:
             batch = next(batches, None)

