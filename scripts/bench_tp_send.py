@@ -25,7 +25,9 @@ def measure(tokens: int, seqs: int, steps: int = 2000) -> dict:
     ints = np.arange(4 * tokens + 8 * seqs + 31, dtype=np.int64)
     floats = np.ones(6 * seqs, np.float32)
     sizes = (tokens, seqs, seqs, 10)
-    packed = PackedStep(None, None, None, sizes, 0, [1] * seqs, [1] * seqs, [], (ints, floats))
+    packed = PackedStep(
+        None, None, None, sizes, 0, [1] * seqs, [1] * seqs, [], (ints, floats), from_prev=True
+    )
     read, write = os.pipe()
     fcntl.fcntl(write, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
     reader = subprocess.Popen([sys.executable, "-c", _DRAIN], stdin=read)
@@ -34,7 +36,7 @@ def measure(tokens: int, seqs: int, steps: int = 2000) -> dict:
     with os.fdopen(write, "wb") as pipe:
         for _ in range(steps):
             t0 = time.perf_counter()
-            payload = encode_step(packed, True)
+            payload = encode_step(packed)
             pipe.write(FRAME.pack(len(payload)) + payload)
             pipe.flush()
             times.append(time.perf_counter() - t0)

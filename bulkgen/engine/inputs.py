@@ -254,12 +254,15 @@ class InputPacker:
         sizes: tuple[int, int, int, int],
         query_lens: list[int],
         seq_lens: list[int],
+        from_prev: bool,
         stream,
     ) -> PackedStep:
         """A step another process packed (a tensor-parallel rank's copy of rank 0's step)."""
         turn = self.turn
         dev_ints, dev_floats, ready = self._copy(ints, floats, stream)
-        return PackedStep(dev_ints, dev_floats, ready, sizes, turn, query_lens, seq_lens, [])
+        return PackedStep(
+            dev_ints, dev_floats, ready, sizes, turn, query_lens, seq_lens, [], from_prev=from_prev
+        )
 
     def _copy(self, ints: np.ndarray, floats: np.ndarray, stream):
         i = self.turn

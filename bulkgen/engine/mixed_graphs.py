@@ -1,17 +1,17 @@
-"""CUDA graphs for steps with prefill (EngineConfig.mixed_graphs, off until measured on a GPU):
+"""CUDA graphs for steps with prefill (EngineConfig.mixed_graphs; on by default on one GPU):
 everything but attention, captured in pieces.
 
 A step with prefill (a mixed step: decoding rows beside prompt chunks) cannot replay a decode
-graph: its attention's launch depends on the step's sequences. Run eagerly, it cost the H200
-runs' engine thread 23 ms (bf16) to 38 ms (FP8) a step at 0cbf7c0 (median; how much of that is
-launches, scripts/bench_eager_host.py is to say), more than an FP8 mixed step's GPU time. Here
-only attention stays eager. The rest is cut at each attention into
-num_layers + 1 pieces: piece 0 is the embeddings and layer 0's begin (norm, qkv, rotary, KV
-write); piece i is layer i-1's end (o_proj, norm, MLP) and layer i's begin; the last piece is
-the last layer's end and the final norm (llama.py: DecoderLayer.begin / end). Each piece is
-captured once per token bucket (multiples of EngineConfig.mixed_graph_tokens up to
-max_batch_tokens). A step of T tokens is padded to its bucket: padding tokens write no KV
-(slot -1) and sit at position 0, and their rows are never read (attention covers the step's own
+graph: its attention's launch depends on the step's sequences. Launched eagerly, a step of 441
+decoding rows and a 1,607-token chunk took the H200's host 32 ms in bf16 and 44 ms with FP8
+weights (scripts/bench_eager_host.py, 857eb9d), more than an FP8 mixed step's GPU time (40 ms);
+through these pieces 10 and 14 ms. Here only attention stays eager. The rest is cut at each
+attention into num_layers + 1 pieces: piece 0 is the embeddings and layer 0's begin (norm, qkv,
+rotary, KV write); piece i is layer i-1's end (o_proj, norm, MLP) and layer i's begin; the last
+piece is the last layer's end and the final norm (llama.py: DecoderLayer.begin / end). Each
+piece is captured once per token bucket (multiples of EngineConfig.mixed_graph_tokens up to
+max_batch_tokens). A step of T tokens is padded to its bucket: padding tokens write no KV (slot
+-1) and sit at position 0, and their rows are never read (attention covers the step's own
 tokens, logits are gathered from them).
 
 Pieces exchange their results through static buffers shared by every piece and bucket (the

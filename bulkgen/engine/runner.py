@@ -126,11 +126,11 @@ class ModelRunner:
         """Enqueue the step's forward pass; sample() enqueues its sampling (with a mask)."""
         packed = self.packer.pack(plan, self.copy_stream)
         if self.followers is not None:
-            self.followers.send(packed, packed.from_prev)
-        return self.forward_packed(packed, packed.from_prev, plan)
+            self.followers.send(packed)
+        return self.forward_packed(packed, plan)
 
     @torch.inference_mode()
-    def forward_packed(self, packed: PackedStep, from_prev: bool, plan: Plan | None) -> Forward:
+    def forward_packed(self, packed: PackedStep, plan: Plan | None) -> Forward:
         """The forward pass of a packed step (plan None: a follower's copy of rank 0's step)."""
         with self._stream_ctx():
             if packed.ready is not None:
@@ -142,7 +142,7 @@ class ModelRunner:
                 self.graph_steps += 1
                 logits = self.graphs.replay_step(inp, self.tables)
                 return Forward(plan, packed, inp, logits)
-            input_ids = self.tables.input_ids(inp, from_prev)
+            input_ids = self.tables.input_ids(inp, packed.from_prev)
             meta = self.attention.metadata(
                 inp.slot_mapping,
                 inp.query_start_loc.int(),

@@ -83,9 +83,9 @@ def join(
     return group.tp, group, device
 
 
-def encode_step(packed: PackedStep, from_prev: bool) -> bytes:
+def encode_step(packed: PackedStep) -> bytes:
     ints, floats = packed.host
-    body = (packed.sizes, packed.query_lens, packed.seq_lens, from_prev)
+    body = (packed.sizes, packed.query_lens, packed.seq_lens, packed.from_prev)
     return pickle.dumps((body, ints.tobytes(), floats.tobytes()), protocol=5)
 
 
@@ -133,9 +133,9 @@ class RankGroup:
 
     # ---- steps --------------------------------------------------------------------------
 
-    def send(self, packed: PackedStep, from_prev: bool) -> None:
+    def send(self, packed: PackedStep) -> None:
         """Every other rank's copy of this step (rank 0's runner calls it before its forward)."""
-        self._write(encode_step(packed, from_prev))
+        self._write(encode_step(packed))
 
     def _write(self, payload: bytes) -> None:
         frame = FRAME.pack(len(payload)) + payload

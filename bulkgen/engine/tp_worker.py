@@ -39,9 +39,10 @@ def follow(runner, inp: BinaryIO) -> None:
             sizes,
             query_lens,
             seq_lens,
+            from_prev,
             runner.copy_stream,
         )
-        runner.sample(runner.forward_packed(packed, from_prev, None))
+        runner.sample(runner.forward_packed(packed, None))
 
 
 def _watch_parent() -> None:
