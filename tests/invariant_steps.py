@@ -5,7 +5,8 @@ build_step lays a step out as the engine would: each part (sequence, end, q_len)
 `end` positions cached (in freshly shuffled blocks, so no two steps place a sequence alike) and
 queries its last q_len positions; every slot that no part has written yet holds NaN, so a kernel
 that reads one shows. With pad_to the step is a decode step padded to a CUDA-graph bucket through
-DecodeGraphBuffers, exactly as the decode graphs feed it.
+DecodeGraphBuffers, as the decode graphs see it (fill_graph_buffers: what the engine's staging
+kernel, triton_stage.py, writes; tested equal in test_triton_stage.py).
 """
 
 from __future__ import annotations
@@ -130,7 +131,7 @@ def build_step(
     if pad_to is not None:
         assert meta.decode_only and pad_to >= len(parts)
         buffers = DecodeGraphBuffers(pad_to, width, device)
-        buffers.fill(meta, pad_to)
+        fill_graph_buffers(buffers, meta, pad_to)
         meta = buffers.view(pad_to)  # no host lengths, as in a graph...
         # ...but the torch backends (never captured) read them: a padding row is 1 token long.
         meta.query_lens_host = [1] * pad_to
@@ -157,3 +158,14 @@ def run_step(
     step = build_step(parts, shape, device, pad_to)
     out = attend(backend, step, shape)
     return [out[rows] for rows in step.rows]
+
+
+def fill_graph_buffers(buffers: DecodeGraphBuffers, meta: AttnMetadata, bucket: int) -> None:
+    """A step's metadata of b <= bucket rows copied in; rows b.. are padding: they write no KV
+    (slot -1) and attend to one token of whatever block their stale table row names."""
+    b = meta.seq_lens.shape[0]
+    buffers.slot_mapping[:b].copy_(meta.slot_mapping)
+    buffers.slot_mapping[b:bucket].fill_(-1)
+    buffers.seq_lens[:b].copy_(meta.seq_lens)
+    buffers.seq_lens[b:bucket].fill_(1)
+    buffers.block_tables[:b].copy_(meta.block_tables)

@@ -22,7 +22,14 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
 import pytest  # noqa: E402
-from invariant_steps import Shape, attend, build_step, make_sequence, run_step  # noqa: E402
+from invariant_steps import (  # noqa: E402
+    Shape,
+    attend,
+    build_step,
+    fill_graph_buffers,
+    make_sequence,
+    run_step,
+)
 
 from bulkgen.model.attention import get_backend, triton_decode, triton_prefill  # noqa: E402
 from bulkgen.model.attention.kv_fp8 import FP8_DTYPE  # noqa: E402
@@ -236,7 +243,7 @@ def test_gpu_decode_replayed_from_a_cuda_graph_with_padding_rows_gives_the_prefi
     for parts, step in zip(steps, layouts, strict=True):
         for static, fresh in ((k_cache, step.k_cache), (v_cache, step.v_cache)):
             static[: fresh.shape[0]].copy_(fresh)
-        buffers.fill(step.meta, bucket)  # rows len(parts).. are padding
+        fill_graph_buffers(buffers, step.meta, bucket)  # rows len(parts).. are padding
         q[: len(parts)].copy_(step.q)
         q[len(parts) :].normal_()
         graph.replay()

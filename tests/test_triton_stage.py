@@ -1,5 +1,5 @@
 """triton_stage.py: one kernel stages a decode step's inputs into the decode graphs' static buffers
-exactly as the torch ops did (the last-token gather, DecodeGraphBuffers.fill's copies and padding,
+exactly as the torch ops did (the last-token gather, the graphs' former fill: copies and padding,
 the block tables' gather). Without CUDA the kernel runs under the Triton interpreter (set before
 triton is imported)."""
 
@@ -14,6 +14,7 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
 import pytest  # noqa: E402
+from invariant_steps import fill_graph_buffers  # noqa: E402
 
 from bulkgen.engine.triton_stage import stage_decode_inputs, warm_up_staging  # noqa: E402
 from bulkgen.model.attention.metadata import AttnMetadata, DecodeGraphBuffers  # noqa: E402
@@ -38,7 +39,8 @@ def step(b: int, table_rows: int, gen: torch.Generator) -> SimpleNamespace:
 
 
 def torch_staging(inp, last_token, block_table, ids, positions, meta, bucket):
-    """What the runner did before the kernel: tables.input_ids, metadata, then graphs' fill."""
+    """What the runner did before the kernel: tables.input_ids, metadata, then the graphs' fill
+    (now fill_graph_buffers, the tests' reference)."""
     prev = last_token[inp.prev_row.clamp(min=0)]
     b = inp.positions.shape[0]
     ids[:b].copy_(torch.where(inp.prev_row >= 0, prev, inp.input_ids))
@@ -52,7 +54,7 @@ def torch_staging(inp, last_token, block_table, ids, positions, meta, bucket):
         max_seq_len=int(inp.seq_lens.max()),
         decode_only=True,
     )
-    meta.fill(step_meta, bucket)
+    fill_graph_buffers(meta, step_meta, bucket)
 
 
 CASES = [(5, 8, 5), (13, 16, 300), (32, 32, 64), (1, 4, 257)]  # rows, bucket, table width

@@ -56,13 +56,3 @@ class DecodeGraphBuffers:
             max_seq_len=0,  # unused by graph-safe decode attention
             decode_only=True,
         )
-
-    def fill(self, meta: AttnMetadata, bucket: int) -> None:
-        """Copy a step's metadata of b <= bucket rows in; rows b.. are padding: they write no KV
-        (slot -1) and attend to one token of whatever block their stale table row names."""
-        b = meta.seq_lens.shape[0]
-        self.slot_mapping[:b].copy_(meta.slot_mapping)
-        self.slot_mapping[b:bucket].fill_(-1)
-        self.seq_lens[:b].copy_(meta.seq_lens)
-        self.seq_lens[b:bucket].fill_(1)
-        self.block_tables[:b].copy_(meta.block_tables)
