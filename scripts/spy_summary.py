@@ -25,11 +25,11 @@ PHASES = (
     ("sample", "ModelRunner.sample"),
     ("wait", "Step.synchronize"),
     ("update", "Scheduler.update"),
-    ("stop_strings", "Engine._check_stops"),
+    ("stop_strings", "Engine.take_progress"),
 )
 
 # Stacks of the start (imports, loading, warm-up) are counted apart: the question is the run.
-STARTUP = {"Engine.__init__", "_find_and_load", "Engine._init", "_run_module_as_main_imports"}
+STARTUP = {"Engine.__init__", "_find_and_load"}
 
 
 def parse(lines) -> list[tuple[str, list[str], int]]:
