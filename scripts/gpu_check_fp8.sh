@@ -101,7 +101,7 @@ want trt && bench trt "${TRT_TIMEOUT_S:-420}" --workloads trt --engines bulkgen,
   --num-prompts "$TRT_PROMPTS"
 want sweep && bench trt "${TRT_TIMEOUT_S:-480}" --workloads trt --engines bulkgen \
   --num-prompts "$TRT_PROMPTS" --max-num-seqs "${SWEEP_SEQS:-256,512,1024,auto}"
-want bulk && bench bulk 210 --workloads bulk --engines bulkgen,bulkgen-fp8,bulkgen-fp8exact --num-prompts 512
+want bulk && bench bulk 210 --workloads bulk --engines "${BULK_ENGINES:-bulkgen,bulkgen-fp8,bulkgen-fp8exact}" --num-prompts 512
 want blog && bench blog 100 --workloads blog --engines bulkgen,bulkgen-fp8
 want chunks && bench bulk "${CHUNKS_TIMEOUT_S:-480}" --workloads bulk --engines bulkgen,bulkgen-fp8 \
   --num-prompts 512 --max-batch-tokens 2048,4096,8192
@@ -123,14 +123,19 @@ if want spy; then  # who holds the interpreter during a run (issue 10: decode st
   # in a run, 2.8 ms at 256 rows, against 1.0-1.2 ms for the same work alone): py-spy (its wheel
   # in .whl) samples trt at 256 rows, --gil only the thread holding it, --idle every thread
   # wherever it waits; scripts/spy_summary.py gives shares by thread and by the engine's phase.
-  [ -x /tmp/site/bin/py-spy ] || python3 -m pip install -q --no-index --no-deps --target /tmp/site \
-    $(ls .whl/py_spy-*.whl /tmp/whl/py_spy-*.whl 2> /dev/null | head -1)
+  # py-spy stops at its root's first child's exit when the root is not Python (a shell script's
+  # version check ended the recording at b3009eb): the root is bench.py itself, with the
+  # environment gpu_check.sh would give it.
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
+    $(ls .whl/*.whl 2> /dev/null || ls /tmp/whl/*.whl) > /dev/null 2>&1
   mkdir -p "$WORK/spy"
   for mode in ${SPY_MODES:-gil idle}; do
-    timeout "${SPY_TIMEOUT_S:-150}" /tmp/site/bin/py-spy record --subprocesses --threads "--$mode" \
-      --nonblocking --rate 200 --format raw -o "$OUT/spy_$mode.txt" -- env OUT="$WORK/spy" TESTS=0 \
-      scripts/gpu_check.sh ${SPY_ARGS:---workloads trt --engines bulkgen --num-prompts 400 \
-      --max-num-seqs 256} > "$WORK/spy/out.txt" 2>&1
+    HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONPATH="$PYTHONPATH:/tmp/site" \
+      timeout "${SPY_TIMEOUT_S:-150}" /tmp/site/bin/py-spy record --subprocesses --threads \
+      "--$mode" --nonblocking --rate 200 --format raw -o "$OUT/spy_$mode.txt" -- \
+      python3 scripts/bench.py --tokenizer .carry --out "$WORK/spy" ${SPY_ARGS:---workloads trt \
+      --engines bulkgen --num-prompts 400 --max-num-seqs 256} > "$WORK/spy/out.txt" 2>&1
+    grep -h '"error"' "$WORK/spy/out.txt" | cut -c1-1500 | tee -a "$OUT/log.txt"
     cat "$WORK/spy/bench.jsonl" 2> /dev/null | tee -a "$OUT/bench.jsonl" | cut -c1-300
     rm -f "$WORK/spy/bench.jsonl"
     python3 scripts/spy_summary.py "$OUT/spy_$mode.txt" | tee -a "$OUT/spy.jsonl" | cut -c1-600
