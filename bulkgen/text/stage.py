@@ -12,14 +12,34 @@ from bulkgen.text.encoder import PromptEncoder
 from bulkgen.text.stop import cut_at_stop, keep_first_tokens, kept_token_counts
 from bulkgen.text.template import ChatTemplate
 
+# Every pattern of transformers' clean-up pass (" ." -> ".", " n't" -> "n't", ...), spaced as
+# the clean-up expects, so that a decode with and one without it differ on this text.
+_PROBE = "a . b ? c ! d , e ' f do n't I 'm it 's we 've they 're"
 
-def _backend(tokenizer):
-    """The Rust tokenizer behind a transformers fast tokenizer, or None for a slow one."""
+
+def _fast_decoder(tokenizer):
+    """(the Rust tokenizer behind a fast tokenizer, the clean-up to apply after it or None) when
+    the two reproduce tokenizer.batch_decode; None for a slow tokenizer or one they do not.
+
+    Whether batch_decode cleans up spaces depends on the transformers version, not only on
+    tokenizer.clean_up_tokenization_spaces (5.24 skips it for BPE models, older versions apply
+    it), so it is observed once on _PROBE, with and without special tokens, not looked up.
+    """
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    # Transformers' own clean-up pass is not in the Rust decoder: keep it where it is asked for.
-    if getattr(tokenizer, "clean_up_tokenization_spaces", False):
+    if backend is None:
         return None
-    return backend
+    probe = tokenizer.encode(_PROBE, add_special_tokens=False)
+    ids = probe + tokenizer.all_special_ids[:1] + probe
+    raw = [backend.decode(ids, skip_special_tokens=skip) for skip in (True, False)]
+    slow = [tokenizer.batch_decode([ids], skip_special_tokens=skip)[0] for skip in (True, False)]
+    clean_up = tokenizer.clean_up_tokenization
+    cleaned = [clean_up(text) for text in raw]
+    telling = cleaned != raw  # else the probe cannot say whether batch_decode cleans up
+    if slow == raw and (telling or not tokenizer.clean_up_tokenization_spaces):
+        return backend, None
+    if slow == cleaned and telling:
+        return backend, clean_up
+    return None
 
 
 # A prompt of token ids holds ints only (bools excluded), checked at C speed: a generator over
@@ -116,7 +136,7 @@ class Detokenize:
 
     def __init__(self, tokenizer) -> None:
         self._tokenizer = tokenizer
-        self._backend = _backend(tokenizer)
+        self._backend, self._clean_up = _fast_decoder(tokenizer) or (None, None)
         self._texts: list[str | None] = []  # at [id]: the token's text alone, once decoded
 
     def __call__(self, rows: list[Row]) -> None:
@@ -174,4 +194,7 @@ class Detokenize:
             return []
         if self._backend is None:
             return self._tokenizer.batch_decode(ids, skip_special_tokens=skip_special)
-        return self._backend.decode_batch(ids, skip_special_tokens=skip_special)
+        texts = self._backend.decode_batch(ids, skip_special_tokens=skip_special)
+        if self._clean_up is not None:  # a chain of str.replace: C speed, short GIL holds
+            texts = list(map(self._clean_up, texts))
+        return texts
