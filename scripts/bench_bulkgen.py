@@ -61,6 +61,13 @@ STATS_KEYS = (
     "alloc_retries",
     "alloc_syncs",
     "device_mallocs",
+    "device_frees",
+    "gpu_gapless_pct",  # the GPU's clock: idle between steps (bulkgen/engine/gpu_gaps.py)
+    "gpu_step_gaps_s",
+    "gpu_step_gaps_before_mixed_s",
+    "gpu_step_gap_max_ms",
+    "gpu_step_gaps_over_1ms",
+    "gpu_step_segments",
 )
 
 # Engine names that are `bulkgen run` options: FP8 weights; FP8 KV cache; both (issue 13); the

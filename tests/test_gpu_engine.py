@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -88,6 +90,35 @@ def test_cuda_stats_report_gpu_busy_and_decode_bandwidth(tiny_model_dir):
     efficiency = stats["decode_bandwidth_gbs"] / stats["copy_bandwidth_gbs"]
     assert stats["decode_bandwidth_efficiency"] == pytest.approx(efficiency, abs=1e-3)
     assert "gpu_busy_pct" in stats  # NVML present on the GPU machine
+
+
+def test_cuda_stats_time_the_gpu_idle_between_steps(tiny_model_dir, monkeypatch):
+    """A host stall of 50 ms before one step leaves the GPU idle that long (a tiny model's step
+    takes well under a millisecond): the events see it; the pause between two generate calls
+    is not counted."""
+    llm = LLM(str(tiny_model_dir), device="cuda", dtype="float32")
+    schedule, calls = llm.engine.scheduler.schedule, []
+
+    def late_schedule():
+        calls.append(None)
+        if len(calls) == 6:
+            time.sleep(0.05)
+        return schedule()
+
+    monkeypatch.setattr(llm.engine.scheduler, "schedule", late_schedule)
+    params = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
+    llm.generate(["Hello"] * 4, params)
+    stats = llm.engine.stats
+    assert 45 <= stats["gpu_step_gap_max_ms"] < 200
+    assert stats["gpu_step_gaps_over_1ms"] >= 1
+    assert stats["gpu_step_gaps_s"] < stats["gpu_steps_span_s"]
+    assert 0 < stats["gpu_gapless_pct"] < 100
+    assert stats["gpu_step_segments"] == 1
+    time.sleep(0.3)
+    llm.generate(["Hello"] * 4, params)
+    again = llm.engine.stats
+    assert again["gpu_step_segments"] == 2
+    assert again["gpu_step_gap_max_ms"] < 200  # the 300 ms between the calls is not a gap
 
 
 def test_every_sampling_setting_decodes_from_graphs_with_the_eager_outputs(tiny_model_dir):

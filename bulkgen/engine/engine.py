@@ -29,6 +29,7 @@ from bulkgen.engine.alloc_counts import AllocatorCounts
 from bulkgen.engine.blocks import BlockManager
 from bulkgen.engine.engine_stats import engine_stats
 from bulkgen.engine.gc_policy import freeze_startup_objects, release_dead_engines
+from bulkgen.engine.gpu_gaps import StepGaps
 from bulkgen.engine.grammar import GrammarCompiler, load_tokenizer
 from bulkgen.engine.host_times import HostTimes
 from bulkgen.engine.kv_sizing import auto_num_blocks
@@ -119,8 +120,7 @@ class Engine:
             cfg.fp8_fast_accum,
         )
         mcfg = model.cfg  # this rank's shape: its KV heads size its cache
-        # The monitor measures copy bandwidth with buffers of its own: before the cache takes
-        # the memory.
+        # The monitor measures copy bandwidth with buffers of its own, before the cache is made.
         cuda0 = self.device.type == "cuda" and self.tp.rank == 0
         self.monitor = self._monitor(model, mcfg) if cuda0 else None
         num_blocks = cfg.num_blocks or auto_num_blocks(
@@ -150,6 +150,7 @@ class Engine:
         self.num_steps = 0
         self.host_times = HostTimes()  # each step's host time, by kind and phase (stats.json)
         self.allocator = AllocatorCounts(self.device)  # cudaMalloc and retries while running
+        self.gaps = StepGaps()  # the GPU's idle time between steps, on its clock (CUDA)
         self.startup_s = time.perf_counter() - t0
         freeze_startup_objects()
 
@@ -254,9 +255,11 @@ class Engine:
             req = self._requests.pop(out.request_id, None)
             self._watched.pop(out.request_id, None)
             self.num_constrained -= req is not None and req.matcher is not None
+        if not self._requests:
+            self.gaps.pause()  # the engine ran dry: a generate() call's end, a pipeline's wait
         if plan:
-            t_end = time.perf_counter()
-            phases = (t_scheduled - t0, t_launched - t_scheduled, t_end - t_launched - waited)
+            phases = (t_scheduled - t0, t_launched - t_scheduled)
+            phases += (time.perf_counter() - t_launched - waited,)
             self.host_times.record(plan.decode_only, phases)
         return done
 
@@ -264,11 +267,12 @@ class Engine:
         """Wait for the launched step (the one host wait of a step), apply its ids; seconds."""
         if self._prev is None:
             return 0.0
+        prev, self._prev = self._prev, None
         t_wait = time.perf_counter()
-        self._prev.synchronize()
+        prev.synchronize()
         waited = time.perf_counter() - t_wait
-        self.scheduler.update(self._prev.plan, self._prev.wait())
-        self._prev = None
+        self.gaps.add(prev)
+        self.scheduler.update(prev.plan, prev.wait())
         return waited
 
     @property

@@ -32,6 +32,7 @@ def engine_stats(engine: Engine) -> dict:
         "cached_prompt_tokens": engine.scheduler.num_cached_tokens,
         **engine.host_times.stats,
         **engine.allocator.stats,
+        **engine.gaps.stats,
         **step_time_stats(mask=engine.mask_s),
         "max_num_seqs": engine.cfg.max_num_seqs,
         **engine.scheduler.admission.stats,

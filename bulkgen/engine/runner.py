@@ -22,6 +22,7 @@ import contextlib
 import torch
 
 from bulkgen.config import EngineConfig
+from bulkgen.engine.gpu_gaps import mark
 from bulkgen.engine.graphs import DecodeGraphs
 from bulkgen.engine.host_out import HostOut
 from bulkgen.engine.inputs import InputPacker, PackedStep, StepInputs
@@ -135,13 +136,14 @@ class ModelRunner:
         with self._stream_ctx():
             if packed.ready is not None:
                 self.compute_stream.wait_event(packed.ready)
+            begin = mark(self.compute_stream) if self.cuda else None  # gpu_gaps.py
             inp = packed.unpack()
             self.tables.apply_updates(inp)
             self.penalties.reset(packed.fresh_penalized)
             if self._graphable(packed):
                 self.graph_steps += 1
                 logits = self.graphs.replay_step(inp, self.tables)
-                return Forward(plan, packed, inp, logits)
+                return Forward(plan, packed, inp, logits, begin)
             input_ids = self.tables.input_ids(inp, packed.from_prev)
             meta = self.attention.metadata(
                 inp.slot_mapping,
@@ -160,7 +162,7 @@ class ModelRunner:
             logits = None
             if packed.sizes[2]:  # rows that sample
                 logits = self.model.compute_logits(hidden[inp.logits_indices])
-        return Forward(plan, packed, inp, logits)
+        return Forward(plan, packed, inp, logits, begin)
 
     @torch.inference_mode()
     def sample(self, fwd: Forward, mask: torch.Tensor | None = None) -> Step:
@@ -179,7 +181,7 @@ class ModelRunner:
             if self.tp.size > 1 and ids.numel():
                 self.tp.broadcast(ids)  # the other ranks' last-token tables
             self.tables.record(fwd.inp, ids)
-            step = self._copy_out(fwd.plan, ids, lp)
+            step = self._copy_out(fwd, ids, lp)
         self.packer.release(fwd.packed, step.done)
         return step
 
@@ -281,10 +283,10 @@ class ModelRunner:
         lp = top_logprobs(logits, ids, max(want), batch_invariant=invariant) if want else None
         return ids, lp
 
-    def _copy_out(self, plan: Plan, ids: torch.Tensor, lp) -> Step:
+    def _copy_out(self, fwd: Forward, ids: torch.Tensor, lp) -> Step:
         n = ids.shape[0]
         if not self.cuda:
-            return Step(plan, ids, lp, None)
+            return Step(fwd.plan, ids, lp, None)
         host = self.host_out[self.out_turn]
         self.out_turn ^= 1
         out = host.ids[:n]
@@ -294,6 +296,5 @@ class ModelRunner:
             lp_host = host.logprobs(n, lp[1].shape[1])
             for h, t in zip(lp_host, lp, strict=True):
                 h.copy_(t, non_blocking=True)
-        done = torch.cuda.Event()
-        done.record(self.compute_stream)
-        return Step(plan, out, lp_host, done)
+        done = mark(self.compute_stream)
+        return Step(fwd.plan, out, lp_host, done, fwd.begin)

@@ -39,6 +39,7 @@ class Step:
     ids: torch.Tensor  # host (pinned) tensors, valid once `done` has fired
     logprob_tensors: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None
     done: torch.cuda.Event | None
+    begin: torch.cuda.Event | None = None  # where its work began (gpu_gaps.py)
 
     def synchronize(self) -> None:
         if self.done is not None:
@@ -69,3 +70,4 @@ class Forward:
     packed: PackedStep
     inp: StepInputs
     logits: torch.Tensor | None
+    begin: torch.cuda.Event | None = None

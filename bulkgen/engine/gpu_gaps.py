@@ -1,0 +1,78 @@
+"""The GPU's idle time between steps, for stats.json, read from the GPU's own clock.
+
+NVML's utilization (monitor.py) is the busy share of its own sample period, sampled every 50 ms,
+so a short run's first and last samples and NVML's lag read as idle: blog runs of 13 s read
+98.2-98.7% busy with no gap visible in their token counts. Here each step records a timing event
+on the compute stream where its work begins (after the copy of its inputs) and where it ends (the
+event the host waits for). From one step's end to the next one's beginning the stream had nothing
+to run, the host not having launched it (or copied its inputs) yet. Summed, that is the run's
+idle time between steps (gpu_step_gaps_s); gpu_gapless_pct is the share of the span from the
+first step's beginning to the last one's end without it. Time when the engine had no request at
+all (between LLM.generate calls, a pipeline waiting for rows) closes a segment and is not
+counted; more than one segment says it happened. Idle time inside a step (an eager step launched
+slower than the GPU runs it) is not seen here; NVML's figure includes it. CUDA only: on the CPU
+steps carry no events and the stats are empty.
+"""
+
+from __future__ import annotations
+
+import array
+
+import torch
+
+from bulkgen.engine.step import Step
+
+
+def mark(stream: torch.cuda.Stream) -> torch.cuda.Event:
+    """A timing event recorded on stream now (in stream order)."""
+    event = torch.cuda.Event(enable_timing=True)
+    event.record(stream)
+    return event
+
+
+class StepGaps:
+    def __init__(self) -> None:
+        self.first_begin = None  # the current segment's (steps while the engine had requests)
+        self.last_done = None
+        self.span_s = 0.0  # the closed segments'
+        self.segments = 0
+        self.gaps = {"decode": array.array("d"), "mixed": array.array("d")}  # by the next step
+
+    def add(self, step: Step) -> None:
+        """A completed step (its done event has fired), steps in launch order; a step without
+        events (the CPU) is skipped."""
+        begin, done = step.begin, step.done
+        if begin is None:
+            return
+        if self.last_done is None:
+            self.first_begin = begin
+            self.segments += 1
+        else:
+            gap_s = self.last_done.elapsed_time(begin) / 1e3
+            self.gaps["decode" if step.plan.decode_only else "mixed"].append(gap_s)
+        self.last_done = done
+
+    def pause(self) -> None:
+        """The engine has no request left: the time until its next step is not between steps."""
+        if self.last_done is not None:
+            self.span_s += self.first_begin.elapsed_time(self.last_done) / 1e3
+            self.first_begin = self.last_done = None
+
+    @property
+    def stats(self) -> dict:
+        span_s = self.span_s
+        if self.last_done is not None:
+            span_s += self.first_begin.elapsed_time(self.last_done) / 1e3
+        if not self.segments:
+            return {}
+        every = [*self.gaps["decode"], *self.gaps["mixed"]]
+        idle_s = sum(every)
+        return {
+            "gpu_steps_span_s": round(span_s, 3),
+            "gpu_step_gaps_s": round(idle_s, 4),
+            "gpu_step_gaps_before_mixed_s": round(sum(self.gaps["mixed"]), 4),
+            "gpu_step_gap_max_ms": round(max(every, default=0.0) * 1e3, 3),
+            "gpu_step_gaps_over_1ms": sum(g > 1e-3 for g in every),
+            "gpu_gapless_pct": round(100 * (1 - idle_s / span_s), 2) if span_s > 0 else None,
+            "gpu_step_segments": self.segments,  # > 1: the engine ran dry between them
+        }
