@@ -28,8 +28,19 @@ PHASES = (
     ("stop_strings", "Engine.take_progress"),
 )
 
-# Stacks of the start (imports, loading, warm-up) are counted apart: the question is the run.
-STARTUP = {"Engine.__init__", "_find_and_load"}
+# Stacks outside the run (imports, loading, warm-up, the job's checks and its tokenizer's load;
+# bench.py's ceilings, workloads and plots) are counted apart: the question is the run. At
+# 1b6e621 the main thread's preflight (the tokenizer's load) counted as the run's. Samples
+# without a Python frame (native code holding the interpreter, when is unknown) are apart too.
+STARTUP = {
+    "Engine.__init__",
+    "_find_and_load",
+    "checked_parts",
+    "measure_ceilings",
+    "PreTrainedTokenizerBase.from_pretrained",
+    "make_workload",
+    "plot",
+}
 
 
 def parse(lines) -> list[tuple[str, list[str], int]]:
@@ -51,10 +62,13 @@ def summarize(rows, engine_thread: str, top: int) -> dict:
     threads: collections.Counter = collections.Counter()
     leaves: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     phases: collections.Counter = collections.Counter()
-    startup = 0
+    startup = native = 0
     for name, frames, count in rows:
         if any(f in STARTUP for f in frames):
             startup += count
+            continue
+        if not frames:
+            native += count
             continue
         threads[name] += count
         leaves[name][frames[-1] if frames else "?"] += count
@@ -65,6 +79,7 @@ def summarize(rows, engine_thread: str, top: int) -> dict:
     return {
         "samples": total,
         "startup_samples": startup,
+        "no_python_frame_samples": native,
         "thread_share": {t: round(c / total, 3) for t, c in threads.most_common()},
         "engine_phase_share": {
             p: round(c / (threads[engine_thread] or 1), 3) for p, c in phases.most_common()
