@@ -58,6 +58,9 @@ STATS_KEYS = (
     "graph_buckets_replaced",
     "mixed_graph_steps",
     "host_mixed_launch_ms_per_step_median",
+    "host_decode_launch_ms_per_step_median",  # wall, against the engine thread's CPU clock:
+    "host_decode_launch_cpu_ms_per_step_median",  # the rest is waiting (host_times.py)
+    "host_mixed_launch_cpu_ms_per_step_median",
     "alloc_retries",
     "alloc_syncs",
     "device_mallocs",

@@ -243,6 +243,14 @@ def test_stats_report_host_time_per_step(tiny_model_dir):
     for name in ("host_decode", "host_mixed", "host_schedule", "host_launch", "host_update"):
         assert 0 <= stats[f"{name}_ms_per_step_median"] <= stats[f"{name}_ms_per_step_p99"]
     assert list(times.mixed_launch) == [phases["launch"][0]], "the prefill step's launch"
+    assert list(times.decode_launch) == list(phases["launch"][1:])
+    # The launch on the engine thread's CPU clock: one value a step, by kind; on the CPU the
+    # forward's work is partly on torch's own threads, so it is below the wall time, not zero.
+    cpu = times.launch_cpu
+    assert len(cpu["mixed"]) == 1 and len(cpu["decode"]) == len(times.decode_launch)
+    assert all(0 < c for c in [*cpu["mixed"], *cpu["decode"]])
+    for kind in ("decode", "mixed"):
+        assert 0 < stats[f"host_{kind}_launch_cpu_ms_per_step_median"]
     assert stats["host_mixed_launch_ms_per_step_median"] == round(1e3 * phases["launch"][0], 3)
     assert stats["alloc_retries"] is None and stats["device_mallocs"] is None  # CPU: not kept
 

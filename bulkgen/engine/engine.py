@@ -226,7 +226,7 @@ class Engine:
     def _step(self) -> list[RequestOutput]:
         t0 = time.perf_counter()
         plan = self.scheduler.schedule()
-        t_scheduled = time.perf_counter()
+        t_scheduled, cpu_scheduled = time.perf_counter(), time.thread_time()
         launched = forward = None
         if plan:
             self.num_steps += 1
@@ -238,7 +238,7 @@ class Engine:
                 self.monitor.step(plan.decode_only, sum(s.end for s in plan.seqs))
         if not self.async_loop:
             self._prev, launched = launched, None
-        t_launched = time.perf_counter()
+        t_launched, cpu_launched = time.perf_counter(), time.thread_time()
         waited = self._apply_prev()
         if forward is not None:
             t_mask = time.perf_counter()  # N applied (matchers advanced); N+1's forward runs
@@ -260,7 +260,7 @@ class Engine:
         if plan:
             phases = (t_scheduled - t0, t_launched - t_scheduled)
             phases += (time.perf_counter() - t_launched - waited,)
-            self.host_times.record(plan.decode_only, phases)
+            self.host_times.record(plan.decode_only, phases, cpu_launched - cpu_scheduled)
         return done
 
     def _apply_prev(self) -> float:

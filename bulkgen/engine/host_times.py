@@ -2,7 +2,10 @@
 its wait for the device, whole and split by the step's kind (decode only: a graph replay; with
 prefill: an eager forward) and by phase (scheduling; building the inputs and launching;
 applying the previous step's ids and collecting finished requests), so that a slow step says
-where its time went."""
+where its time went. The launch phase is also timed on the engine thread's CPU clock
+(host_{decode,mixed}_launch_cpu_*): what the wall clock has beyond it is time the thread did not
+run, waiting for the interpreter (another stage holding it) or blocked in a driver call that
+sleeps; a driver that spins counts as CPU."""
 
 from __future__ import annotations
 
@@ -19,24 +22,32 @@ class HostTimes:
         self.kind = {"decode": array.array("d"), "mixed": array.array("d")}
         self.phase = {name: array.array("d") for name in PHASES}
         self.mixed_launch = array.array("d")  # the launch phase of steps with prefill
+        self.decode_launch = array.array("d")
+        self.launch_cpu = {"decode": array.array("d"), "mixed": array.array("d")}
 
-    def record(self, decode_only: bool, phases: tuple[float, float, float]) -> None:
-        """One step's seconds in each of PHASES (the wait for the device already taken out)."""
+    def record(
+        self, decode_only: bool, phases: tuple[float, float, float], launch_cpu: float
+    ) -> None:
+        """One step's seconds in each of PHASES (the wait for the device already taken out), and
+        the engine thread's CPU seconds in the launch phase."""
         total = sum(phases)
         self.total.append(total)
-        self.kind["decode" if decode_only else "mixed"].append(total)
+        kind = "decode" if decode_only else "mixed"
+        self.kind[kind].append(total)
         for name, seconds in zip(PHASES, phases, strict=True):
             self.phase[name].append(seconds)
-        if not decode_only:
-            self.mixed_launch.append(phases[1])
+        (self.decode_launch if decode_only else self.mixed_launch).append(phases[1])
+        self.launch_cpu[kind].append(launch_cpu)
 
     @property
     def stats(self) -> dict:
         """host_ms_per_step_*, host_{decode,mixed}_ms_per_step_*, host_{phase}_ms_per_step_*,
-        host_mixed_launch_ms_per_step_*."""
+        host_{decode,mixed}_launch_ms_per_step_* and host_{decode,mixed}_launch_cpu_*."""
         return step_time_stats(
             host=self.total,
+            host_decode_launch=self.decode_launch,
             host_mixed_launch=self.mixed_launch,
+            **{f"host_{kind}_launch_cpu": s for kind, s in self.launch_cpu.items()},
             **{f"host_{kind}": seconds for kind, seconds in self.kind.items()},
             **{f"host_{name}": seconds for name, seconds in self.phase.items()},
         )
