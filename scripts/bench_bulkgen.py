@@ -71,6 +71,12 @@ STATS_KEYS = (
     "gpu_step_gap_max_ms",
     "gpu_step_gaps_over_1ms",
     "gpu_step_segments",
+    "gpu_steps_span_s",
+    "gpu_decode_steps_s",  # the GPU's time in each kind of step (gpu_gaps.py)
+    "gpu_mixed_steps_s",
+    "gpu_decode_ms_per_step_median",
+    "gpu_mixed_ms_per_step_median",
+    "gpu_mixed_ms_per_step_p99",
 )
 
 # Engine names that are `bulkgen run` options: FP8 weights; FP8 KV cache; both (issue 13); the

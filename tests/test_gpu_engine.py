@@ -114,6 +114,9 @@ def test_cuda_stats_time_the_gpu_idle_between_steps(tiny_model_dir, monkeypatch)
     assert stats["gpu_step_gaps_s"] < stats["gpu_steps_span_s"]
     assert 0 < stats["gpu_gapless_pct"] < 100
     assert stats["gpu_step_segments"] == 1
+    assert 0 < stats["gpu_decode_ms_per_step_median"] and 0 < stats["gpu_mixed_steps_s"]
+    steps_s = stats["gpu_decode_steps_s"] + stats["gpu_mixed_steps_s"] + stats["gpu_step_gaps_s"]
+    assert steps_s == pytest.approx(stats["gpu_steps_span_s"], abs=2e-3)  # they fill the span
     time.sleep(0.3)
     llm.generate(["Hello"] * 4, params)
     again = llm.engine.stats

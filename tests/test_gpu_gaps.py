@@ -43,6 +43,13 @@ def test_gaps_between_steps_by_the_kind_of_step_after_them():
     assert st["gpu_step_gaps_over_1ms"] == 1
     assert st["gpu_gapless_pct"] == pytest.approx(87.0)
     assert st["gpu_step_segments"] == 1
+    # The steps' own GPU time by kind; with the gaps it fills the span exactly.
+    assert st["gpu_decode_steps_s"] == pytest.approx(0.0298)
+    assert st["gpu_mixed_steps_s"] == pytest.approx(0.005)
+    assert st["gpu_decode_ms_per_step_median"] == pytest.approx(10.0)
+    assert st["gpu_mixed_ms_per_step_median"] == pytest.approx(5.0)
+    total = st["gpu_decode_steps_s"] + st["gpu_mixed_steps_s"] + st["gpu_step_gaps_s"]
+    assert total == pytest.approx(st["gpu_steps_span_s"])
 
 
 def test_time_without_requests_is_not_a_gap():
@@ -59,6 +66,7 @@ def test_time_without_requests_is_not_a_gap():
     assert st["gpu_step_gaps_s"] == pytest.approx(0.003)
     assert st["gpu_step_gap_max_ms"] == pytest.approx(2.0)
     assert st["gpu_gapless_pct"] == pytest.approx(92.5)
+    assert st["gpu_decode_steps_s"] == pytest.approx(0.037), "the pause is in no step either"
 
 
 def test_a_cpu_engine_reports_no_gpu_gaps(tiny_model_dir):

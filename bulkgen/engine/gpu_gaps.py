@@ -1,4 +1,5 @@
-"""The GPU's idle time between steps, for stats.json, read from the GPU's own clock.
+"""The GPU's time in each kind of step and its idle time between steps, for stats.json, read
+from the GPU's own clock.
 
 NVML's utilization (monitor.py) is the busy share of its own sample period, sampled every 50 ms,
 so a short run's first and last samples and NVML's lag read as idle: blog runs of 13 s read
@@ -10,8 +11,12 @@ idle time between steps (gpu_step_gaps_s); gpu_gapless_pct is the share of the s
 first step's beginning to the last one's end without it. Time when the engine had no request at
 all (between LLM.generate calls, a pipeline waiting for rows) closes a segment and is not
 counted; more than one segment says it happened. Idle time inside a step (an eager step launched
-slower than the GPU runs it) is not seen here; NVML's figure includes it. CUDA only: on the CPU
-steps carry no events and the stats are empty.
+slower than the GPU runs it) is not seen here; NVML's figure includes it.
+
+The same events time each step from its beginning to its end (gpu_decode_ms_per_step_*,
+gpu_mixed_ms_per_step_*, their sums gpu_decode_steps_s and gpu_mixed_steps_s): where a run's GPU
+time goes, decode steps or steps with prefill (idle time inside a step included). CUDA only: on
+the CPU steps carry no events and the stats are empty.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import array
 
 import torch
 
+from bulkgen.engine.monitor import step_time_stats
 from bulkgen.engine.step import Step
 
 
@@ -37,6 +43,7 @@ class StepGaps:
         self.span_s = 0.0  # the closed segments'
         self.segments = 0
         self.gaps = {"decode": array.array("d"), "mixed": array.array("d")}  # by the next step
+        self.steps = {"decode": array.array("d"), "mixed": array.array("d")}  # begin to done
 
     def add(self, step: Step) -> None:
         """A completed step (its done event has fired), steps in launch order; a step without
@@ -44,12 +51,13 @@ class StepGaps:
         begin, done = step.begin, step.done
         if begin is None:
             return
+        kind = "decode" if step.plan.decode_only else "mixed"
         if self.last_done is None:
             self.first_begin = begin
             self.segments += 1
         else:
-            gap_s = self.last_done.elapsed_time(begin) / 1e3
-            self.gaps["decode" if step.plan.decode_only else "mixed"].append(gap_s)
+            self.gaps[kind].append(self.last_done.elapsed_time(begin) / 1e3)
+        self.steps[kind].append(begin.elapsed_time(done) / 1e3)
         self.last_done = done
 
     def pause(self) -> None:
@@ -75,4 +83,7 @@ class StepGaps:
             "gpu_step_gaps_over_1ms": sum(g > 1e-3 for g in every),
             "gpu_gapless_pct": round(100 * (1 - idle_s / span_s), 2) if span_s > 0 else None,
             "gpu_step_segments": self.segments,  # > 1: the engine ran dry between them
+            "gpu_decode_steps_s": round(sum(self.steps["decode"]), 4),
+            "gpu_mixed_steps_s": round(sum(self.steps["mixed"]), 4),
+            **step_time_stats(gpu_decode=self.steps["decode"], gpu_mixed=self.steps["mixed"]),
         }
