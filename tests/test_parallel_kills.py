@@ -41,7 +41,7 @@ def worker_pids(parent: int) -> list[int]:
 def test_a_killed_worker_fails_the_job_and_a_rerun_with_another_n_completes_it(
     tmp_path, tiny_model_dir
 ):
-    rows = 3000
+    rows = 1500
     prompts = write_prompts(tmp_path / "in.jsonl", rows)
     out = tmp_path / "out"
     args = [sys.executable, "-m", "bulkgen.cli", "run", str(prompts), "-m", str(tiny_model_dir),
