@@ -33,6 +33,8 @@
 #      prefill chunk), the varlen kernel alone against triton_backend.SPLIT_MIXED_MIN_ROWS, about a minute;
 #   rows: bf16 and FP8 GEMM time per row at the decode graphs' sizes past 256 (bench_fp8_mm.py
 #      --rows; does a batch of 441, run as 448, cost what 512 does?), about a minute;
+#   ncu: the decode kernel under Nsight Compute at blog's 32 rows (fp8 and bf16) and 256 x 2K
+#      (scripts/ncu_decode.py; about 2 minutes);
 #   diag = host fp8mm prof: host time per step at 256 rows x 2K (bench_host.py); FP8 GEMMs
 #      against bf16 by batch size (bench_fp8_mm.py), the FP8 activation kernels' one- and
 #      two-pass forms (bench_fp8_fused.py); a kernel profile of blog FP8 (its wall_s is no
@@ -162,4 +164,17 @@ fi
 if want prof; then
   bench prof 60 --workloads blog --engines bulkgen-fp8 --profile-at 6
   cp "$WORK"/prof/*kernels.txt "$OUT/" 2> /dev/null
+fi
+if want ncu; then  # the decode kernel under Nsight Compute (clocks left alone): blog's 32 rows
+  # (fp8 read about 2.0 TB/s there at 4489b1e, 44 us a layer), bf16 beside it, and 256 x 2K
+  NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2> /dev/null | head -1)
+  for shape in "fp8 32 1408" "bf16 32 1408" "fp8 256 2048"; do
+    set -- $shape
+    timeout 90 "$NCU" --clock-control none -k regex:_decode_split --launch-skip 2 \
+      --launch-count 1 --section SpeedOfLight --section Occupancy --section WarpStateStats \
+      --section MemoryWorkloadAnalysis --section LaunchStats \
+      python3 scripts/ncu_decode.py "$1" "$2" "$3" > "$OUT/ncu_$1_$2.txt" 2>&1
+    grep -E "Duration|DRAM Throughput|L2 Cache Throughput|Achieved Occupancy|Registers Per|Grid Size" \
+      "$OUT/ncu_$1_$2.txt" | head -8
+  done
 fi
