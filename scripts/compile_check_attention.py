@@ -45,6 +45,7 @@ SCALES = {
 }
 # Kernels that never run over an int8 cache: its values are stored in rows (kv_layout.py).
 ROWS_ONLY = ("write_kv-vslots", "decode-vslots", "prefill-vslots")
+FP8_ONLY = ("decode-prefetch",)  # an experiment of the fp8 cache's launch (triton_decode.py)
 
 
 def _scalars(names: str, kind: str) -> dict[str, str]:
@@ -103,7 +104,10 @@ def write_kv_source(cache: str, v_slots_inner: bool = False) -> ASTSource:
 
 
 def decode_source(
-    cache: str, v_in_registers: bool = False, v_slots_inner: bool = False
+    cache: str,
+    v_in_registers: bool = False,
+    v_slots_inner: bool = False,
+    prefetch_blocks: bool = False,
 ) -> ASTSource:
     v_signature, v_constants = _v_strides(v_slots_inner)
     signature = {
@@ -121,7 +125,7 @@ def decode_source(
         **v_signature,
         **_scalars(
             "GROUP GROUP_PAD HEAD_DIM BLOCK_SIZE BLOCK_N DOT_PRECISION KV_FP8 KV_INT8 DOT_F16 "
-            "V_IN_REGISTERS V_SLOTS_INNER",
+            "V_IN_REGISTERS V_SLOTS_INNER PREFETCH_BLOCKS",
             "constexpr",
         ),
     }
@@ -138,6 +142,7 @@ def decode_source(
         "DOT_F16": eight_bit,
         "V_IN_REGISTERS": eight_bit and v_in_registers,
         "V_SLOTS_INNER": v_slots_inner,
+        "PREFETCH_BLOCKS": prefetch_blocks,
         **v_constants,
     }
     attrs = _aligned(signature)
@@ -152,6 +157,11 @@ def decode_vreg_source(cache: str) -> ASTSource:
 
 def decode_vslots_source(cache: str) -> ASTSource:
     return decode_source(cache, v_slots_inner=True)
+
+
+def decode_prefetch_source(cache: str) -> ASTSource:
+    """The engine's fp8 layout (values slots inner) with each tile's block ids loaded ahead."""
+    return decode_source(cache, v_slots_inner=True, prefetch_blocks=True)
 
 
 def prefill_source(cache: str, invariant: bool = False, v_slots_inner: bool = False) -> ASTSource:
@@ -208,6 +218,7 @@ SOURCES = {
     "decode": decode_source,
     "decode-vreg": decode_vreg_source,
     "decode-vslots": decode_vslots_source,
+    "decode-prefetch": decode_prefetch_source,
     "prefill": prefill_source,
     "prefill-vslots": functools.partial(prefill_source, v_slots_inner=True),
     "invariant": invariant_source,
@@ -253,6 +264,12 @@ def approximate_divisions(ptx: str) -> int:
     return len(re.findall(r"\b(?:div\.(?:approx|full)|rcp\.approx)[.\w]*\.f32\b", ptx))
 
 
+def copy_waits(ptx: str) -> list[int]:
+    """The cp.async.wait_group counts in order: 0 waits for every copy in flight (a loop whose
+    head waits with 0 keeps one tile's copies in flight, not several)."""
+    return [int(n) for n in re.findall(r"\bcp\.async\.wait_group\s+(\d+)", ptx)]
+
+
 def loops(ptx: str) -> int:
     """Backward branches in the PTX: one per loop the compiler kept."""
     labels, count = set(), 0
@@ -267,13 +284,14 @@ def loops(ptx: str) -> int:
 def main() -> None:
     for kernel in SOURCES:
         for cache in CACHE:
-            if cache == "int8" and kernel in ROWS_ONLY:
+            if cache == "int8" and kernel in ROWS_ONLY or cache != "fp8" and kernel in FP8_ONLY:
                 continue
             ptx = compile_ptx(kernel, cache)
             print(f"{kernel:15s} {cache:4s}: {len(ptx):7d} chars of PTX, "
                   f"{instructions(ptx)} instructions, {loops(ptx)} loops, "
                   f"{round_half_even_pairs(ptx)} round-half-even pairs, "
                   f"{approximate_divisions(ptx)} approximate divisions, "
+                  f"copy waits {copy_waits(ptx)}, "
                   f"{shared_byte_reads(ptx)} shared byte reads, "
                   f"{fp8_conversions(ptx)} e4m3 conversions")  # fmt: skip
 

@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Device calls (one H200) for the FP8 decode kernel and issues 13 and 16's FP8 targets:
+#   prefetch: the decode kernel with each tile's block ids loaded ahead (DecodeLaunch.prefetch_
+#      blocks, 3 and 4 stages) against the engine's launch, bf16 and fp8, 32-512 rows
+#      (scripts/ab_decode_prefetch.py, graph-timed; about a minute);
 #   tune: scripts/tune_decode.py --kv-cache-dtype fp8 --write-table (the per-batch launches and the
-#      value layout, rows or slots inner, the engine then uses; 48 launches, about 4 minutes);
+#      value layout, rows or slots inner, the engine then uses; 60 launches with the prefetching
+#      ones, about 5 minutes);
 #   mm: scripts/tune_fp8_mm.py --write-table (cuBLASLt or the Triton FP8 GEMM per shape and
 #      rows, bulkgen/model/fp8_gemm_table.json, fixup candidates included: about 2-3
 #      minutes), before the benches use it;
@@ -61,8 +65,12 @@ STEPS="${STEPS/diag/host fp8mm prof}"
 mkdir -p "$OUT" "$WORK"/{tests,trt,bulk,blog,prof}
 want() { [[ " $STEPS " == *" $1 "* ]]; }
 
+if want prefetch; then  # the decode kernel with block ids loaded ahead (deeper pipelining)
+  timeout 150 python3 scripts/ab_decode_prefetch.py 2>&1 | grep -v -i warn \
+    | tee "$OUT/prefetch.jsonl" | cut -c1-400
+fi
 if want tune; then
-  timeout 330 python3 scripts/tune_decode.py --kv-cache-dtype fp8 --write-table 2>&1 \
+  timeout 420 python3 scripts/tune_decode.py --kv-cache-dtype fp8 --write-table 2>&1 \
     | grep -v -i warn | tee "$OUT/tune.txt" | tail -2
   cp bulkgen/model/attention/decode_tilings.json "$OUT/" 2> /dev/null
 fi

@@ -172,11 +172,17 @@ def test_kernels_compile_for_sm90_with_the_fp8_casts_only_in_the_fp8_variants(
     kernels = ("write_kv", "decode", "decode-vreg", "prefill", "invariant")
     slots_inner = ("write_kv-vslots", "decode-vslots", "prefill-vslots")
     expected = {f"{k} {c}" for k in kernels for c in CACHES + ("int8",)}
-    assert set(counts) == expected | {f"{k} {c}" for k in slots_inner for c in CACHES}
+    experiments = {"decode-prefetch fp8"}  # test_decode_prefetch.py
+    assert set(counts) == expected | {f"{k} {c}" for k in slots_inner for c in CACHES} | experiments
     for variant, n in counts.items():
         assert (n > 0) == variant.endswith("fp8"), counts
     assert byte_reads["decode fp8"] > 0 and byte_reads["decode int8"] > 0, byte_reads
-    for variant in ("decode-vreg fp8", "decode-vslots fp8", "prefill-vslots fp8"):
+    for variant in (
+        "decode-vreg fp8",
+        "decode-vslots fp8",
+        "prefill-vslots fp8",
+        "decode-prefetch fp8",
+    ):
         assert byte_reads[variant] == 0, byte_reads
     assert byte_reads["decode-vreg int8"] == 0, byte_reads
     assert all(n == 0 for v, n in byte_reads.items() if v.endswith("bf16")), byte_reads

@@ -43,6 +43,8 @@ class DecodeLaunch(NamedTuple):
     v_in_registers: bool = False
     # Splits per (sequence, kv head) as measured for this batch bucket; None: num_kv_splits.
     splits: int | None = None
+    # Each tile's block ids loaded one iteration ahead (triton_decode.py: PREFETCH_BLOCKS).
+    prefetch_blocks: bool = False
 
 
 # scripts/tune_decode.py --kv-cache-dtype fp8 --write-table: the fastest launch for an fp8 cache
