@@ -69,3 +69,32 @@ def test_it_compiles_for_sm_90_and_pipelines_the_tiles(attention_compile_check):
     waits = dict(re.findall(pattern, attention_compile_check, re.M))
     assert waits["decode-vslots"].split(", ")[0] == "0"  # every copy waited for, each tile
     assert int(waits["decode-prefetch"].split(", ")[0]) > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, FP8_DTYPE])
+@pytest.mark.parametrize("rows", [32, 256])
+def test_gpu_prefetching_launches_give_the_engines_outputs(kv_dtype, rows):
+    """At the 8B attention shape, in the engine's layout and block size, with 3 and 4 stages:
+    the same bits as the engine's own launch (pipelining moves the loads, not the arithmetic)."""
+    from bulkgen.model.attention.decode_tiling import decode_launch, fp8_v_slots_inner
+    from bulkgen.model.attention.kv_layout import block_size_for, to_slots_inner
+
+    fp8 = kv_dtype == FP8_DTYPE
+    slots_inner = fp8 and fp8_v_slots_inner()
+    block_size = block_size_for(slots_inner)
+    seq_lens = torch.randint(1, 2049, (rows,)).tolist()
+    seq_lens[-1] = 0  # a padding row
+    k, v, tables = caches(seq_lens, block_size, 8, 128, kv_dtype)
+    if slots_inner:
+        v = to_slots_inner(v)
+    q = torch.randn(rows, 32, 128, device=DEVICE).bfloat16()
+    lens = torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE)
+    scales = {"k_scale": K_SCALE, "v_scale": V_SCALE} if fp8 else {}
+    engine = decode_launch(128, fp8, rows)
+    args = (q, k, v, lens, tables, 128**-0.5)
+    plain = paged_decode(*args, launch=engine, **scales)
+    for stages in (3, 4):
+        launch = engine._replace(num_stages=stages, prefetch_blocks=True)
+        assert torch.equal(paged_decode(*args, launch=launch, **scales), plain), stages
