@@ -41,7 +41,7 @@ def main() -> None:
             if slots_inner:
                 v = to_slots_inner(v)
             args = (q, k, v, meta.seq_lens, meta.block_tables, HEAD_DIM**-0.5)
-            engine = decode_launch(HEAD_DIM, fp8, rows)
+            engine = decode_launch(HEAD_DIM, fp8, rows, "fp8" if fp8 else "auto")
             base = graph_ms(lambda a=args, launch=engine: paged_decode(*a, launch=launch))
             variants = {}
             for stages in STAGES:

@@ -107,7 +107,8 @@ def bench_decode(batch: int, context: int, copy_bw: float, kv_dtype, invariant: 
     row_bytes = HEAD_DIM * k_cache.element_size() + (4 if is_int8(k_cache) else 0)
     kv_bytes = 2 * batch * context * NUM_KV_HEADS * row_bytes
     max_context = meta.block_tables.shape[1] * BLOCK_SIZE
-    launch = decode_launch(HEAD_DIM, is_fp8(k_cache) or is_int8(k_cache), batch)
+    kind = "int8" if is_int8(k_cache) else "fp8" if is_fp8(k_cache) else "auto"
+    launch = decode_launch(HEAD_DIM, kind != "auto", batch, kind)
     splits = launch.splits or num_kv_splits(
         batch, NUM_KV_HEADS, max_context, launch.block_n, DEVICE
     )

@@ -52,10 +52,11 @@ SPLITS = (1, 2, 4, 8, 16)
 # its own block size (16 tokens in rows, 64 slots inner: kv_layout.SLOTS_INNER_BLOCK_SIZE).
 # 48 launches in all, about 3 minutes on the H200.
 LAYOUTS = ("rows", "slots_inner")
-# Launches with each tile's block ids loaded ahead (DecodeLaunch.prefetch_blocks), for an 8-bit
-# cache's values slots inner: compiled for sm_90 they keep 2 (3 stages) or 4 (4 stages) groups of
-# copies in flight where the others wait for every copy each tile (compile_check_attention.py's
-# "copy waits"). 12 launches more, stages 2 left out (the same wait either way).
+# Launches with each tile's block ids loaded ahead (DecodeLaunch.prefetch_blocks), in the layout
+# the engine allocates (an 8-bit cache's values slots inner, a 16-bit one's rows: --kv-cache-dtype
+# auto tunes the model dtype's launches, stored under "auto"): compiled for sm_90 they keep 2 (3
+# stages) or 4 (4 stages) groups of copies in flight where the others wait for every copy each
+# tile (compile_check_attention.py's "copy waits"). 12 launches more, stages 2 left out.
 PREFETCH_STAGES = (3, 4)
 
 
@@ -155,7 +156,7 @@ def sweep(fp8: bool, kv_dtype: torch.dtype) -> tuple[list[float], dict[str, list
                 BLOCK_NS, WARPS, STAGES, V_IN_REGISTERS if eight_bit else (False,)
             )
         ]
-        if eight_bit and layout == "slots_inner":
+        if layout == ("slots_inner" if eight_bit else "rows"):  # the engine's own layout
             launches += [
                 DecodeLaunch(block_n, warps, stages, prefetch_blocks=True)
                 for block_n, warps, stages in itertools.product(BLOCK_NS, WARPS, PREFETCH_STAGES)

@@ -92,7 +92,7 @@ def test_gpu_prefetching_launches_give_the_engines_outputs(kv_dtype, rows):
     q = torch.randn(rows, 32, 128, device=DEVICE).bfloat16()
     lens = torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE)
     scales = {"k_scale": K_SCALE, "v_scale": V_SCALE} if fp8 else {}
-    engine = decode_launch(128, fp8, rows)
+    engine = decode_launch(128, fp8, rows, "fp8" if fp8 else "auto")
     args = (q, k, v, lens, tables, 128**-0.5)
     plain = paged_decode(*args, launch=engine, **scales)
     for stages in (3, 4):

@@ -38,7 +38,20 @@ def test_a_measured_table_picks_the_launch_by_batch_size(monkeypatch):
     assert launch(1) == launch(32) == decode_tiling.DecodeLaunch(64, v_in_registers=True)
     assert launch(33) == launch(256) == decode_tiling.DecodeLaunch(128, 8)
     assert launch(257).block_n == launch(4096).block_n == launch(None).block_n == 256
-    assert decode_tiling.decode_launch(128, False, 1).block_n == 64  # bf16 is not tuned
+    assert decode_tiling.decode_launch(128, False, 1).block_n == 64  # no "auto" entry
+
+
+def test_a_16_bit_cache_takes_the_launches_measured_for_the_model_dtype(monkeypatch):
+    """Entries under "auto" (tune_decode.py --kv-cache-dtype auto) serve a bf16/fp16 cache by
+    batch; any other kind without fp8 (a float32 cache: "-") keeps the default tiles."""
+    small = {"max_batch": 32, "block_n": 64, "num_stages": 4, "prefetch_blocks": True}
+    table = {"auto": {"128": [small, {"max_batch": None, "block_n": 32}]}}
+    monkeypatch.setattr(decode_tiling, "measured_launches", lambda: table)
+    launch = functools.partial(decode_tiling.decode_launch, 128, False)
+    assert launch(32, "auto") == decode_tiling.DecodeLaunch(64, 4, 4, prefetch_blocks=True)
+    assert launch(33, "auto") == decode_tiling.DecodeLaunch(32)
+    assert launch(32, "-") == launch(32) == decode_tiling.DecodeLaunch(64)
+    assert decode_tiling.decode_launch(128, True, 32).block_n == 128  # no fp8 entry: 2 x 64
 
 
 def test_the_tuner_keeps_each_batch_sizes_fastest_launch(monkeypatch):

@@ -90,13 +90,17 @@ def decode_launch(
     head_dim: int, fp8: bool, batch: int | None = None, kind: str = "fp8"
 ) -> DecodeLaunch:
     """The split kernel's launch for `batch` sequences over a cache of this head dim and kind:
-    bf16 tiles of decode_block_n tokens; 8-bit ones (fp8 True; kind "fp8" or "int8") as
-    measured (TILINGS_FILE; int8 takes fp8's launches until it has its own: the same bytes a
-    token), else twice the tokens (the same bytes per tile). The batch is a static shape: each
-    CUDA graph keeps one."""
-    if not fp8:
-        return DecodeLaunch(decode_block_n(head_dim))
+    a 16-bit one (fp8 False, kind "auto": the model's dtype) as measured under "auto" in
+    TILINGS_FILE, else tiles of decode_block_n tokens (also for any other fp8-False kind: a
+    float32 cache is never tuned); 8-bit ones (fp8 True; kind "fp8" or "int8") as measured
+    (int8 takes fp8's launches until it has its own: the same bytes a token), else twice the
+    tokens (the same bytes per tile). The batch is a static shape: each CUDA graph keeps one."""
     launches = measured_launches()
+    if not fp8:
+        measured = launches.get("auto", {}).get(str(head_dim)) if kind == "auto" else None
+        if not measured:
+            return DecodeLaunch(decode_block_n(head_dim))
+        return launch_for_batch(measured, batch)
     measured = launches.get(kind, {}).get(str(head_dim)) or launches.get("fp8", {}).get(
         str(head_dim)
     )

@@ -253,7 +253,9 @@ def paged_decode(
     group = num_q_heads // num_kv_heads
     fp8 = is_fp8(k_cache)
     scale_args, int8 = int8_scale_args(k_cache, v_cache, k_scale, v_scale)
-    launch = launch or decode_launch(head_dim, fp8 or int8, batch, "int8" if int8 else "fp8")
+    # A 16-bit cache takes the launches tuned for the model's dtype ("auto"), a float32 one none.
+    kind = "int8" if int8 else "fp8" if fp8 else "auto" if k_cache.element_size() == 2 else "-"
+    launch = launch or decode_launch(head_dim, fp8 or int8, batch, kind)
     block_n = launch.block_n
     if num_splits is None and launch.splits is not None:
         num_splits = launch.splits  # measured for this batch (decode_tilings.json)
