@@ -6,6 +6,8 @@
 #   tune: scripts/tune_decode.py --kv-cache-dtype fp8 --write-table (the per-batch launches and the
 #      value layout, rows or slots inner, the engine then uses; 60 launches with the prefetching
 #      ones, about 5 minutes);
+#   tune16: the same for a 16-bit cache (--kv-cache-dtype auto: 24 launches in the rows layout,
+#      stored under "auto"; about 2 minutes);
 #   mm: scripts/tune_fp8_mm.py --write-table (cuBLASLt or the Triton FP8 GEMM per shape and
 #      rows, bulkgen/model/fp8_gemm_table.json, fixup candidates included: about 2-3
 #      minutes), before the benches use it;
@@ -72,6 +74,12 @@ fi
 if want tune; then
   timeout 420 python3 scripts/tune_decode.py --kv-cache-dtype fp8 --write-table 2>&1 \
     | grep -v -i warn | tee "$OUT/tune.txt" | tail -2
+  cp bulkgen/model/attention/decode_tilings.json "$OUT/" 2> /dev/null
+fi
+
+if want tune16; then  # the 16-bit cache's launches (table kind "auto"), prefetching ones included
+  timeout 240 python3 scripts/tune_decode.py --kv-cache-dtype auto --write-table 2>&1 \
+    | grep -v -i warn | tee "$OUT/tune16.txt" | tail -2
   cp bulkgen/model/attention/decode_tilings.json "$OUT/" 2> /dev/null
 fi
 
