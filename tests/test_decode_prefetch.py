@@ -1,7 +1,8 @@
 """The decode kernel with each tile's block ids loaded one iteration ahead
 (DecodeLaunch.prefetch_blocks, triton_decode.py's PREFETCH_BLOCKS) gives its outputs bit for bit
-without: the same blocks in the same order, no table entry read past a sequence's blocks (the
-tables hold an unusable block id there and unowned slots are NaN). Under the Triton interpreter
+without: the same blocks in the same order, and the block read ahead past a sequence's last tile
+masked (the tables hold a block id far past the cache there, test_triton_kernels.UNUSED_BLOCK;
+a padding row of length 0 reads none). Under the Triton interpreter
 (no CUDA) on tiny shapes; that it compiles for sm_90, and pipelines deeper there, is
 scripts/compile_check_attention.py's "decode-prefetch" (test below); its speed is measured on the
 GPU (scripts/tune_decode.py, gpu_check_fp8.sh step prefetch)."""
