@@ -27,6 +27,9 @@ from bulkgen.model.attention.triton_decode import paged_decode
 
 SHAPES = [(32, 1408), (32, 2048), (256, 2048), (512, 2048)]
 STAGES = (3, 4)
+# At 32 rows a program's tiles in flight may move the best split count (tune_decode.py's split
+# sweep decides for the table); timed here with 3 stages.
+SMALL_BATCH_SPLITS = (1, 2, 4, 8)
 
 
 def main() -> None:
@@ -44,14 +47,19 @@ def main() -> None:
             engine = decode_launch(HEAD_DIM, fp8, rows, "fp8" if fp8 else "auto")
             base = graph_ms(lambda a=args, launch=engine: paged_decode(*a, launch=launch))
             variants = {}
-            for stages in STAGES:
-                launch = engine._replace(num_stages=stages, prefetch_blocks=True)
+            tried = {f"prefetch_stages{n}": {"num_stages": n} for n in STAGES}
+            if rows <= 32:  # the engine's launch at other split counts too, for comparison
+                for n in SMALL_BATCH_SPLITS:
+                    tried[f"prefetch_stages3_splits{n}"] = {"num_stages": 3, "splits": n}
+                    tried[f"engine_splits{n}"] = {"splits": n, "prefetch_blocks": False}
+            for name, fields in tried.items():
+                launch = engine._replace(**{"prefetch_blocks": True, **fields})
                 try:
                     ms = graph_ms(lambda a=args, launch=launch: paged_decode(*a, launch=launch))
                 except Exception as e:  # e.g. out of shared memory: not a candidate
-                    variants[f"prefetch_stages{stages}"] = repr(e)[:120]
+                    variants[name] = repr(e)[:120]
                     continue
-                variants[f"prefetch_stages{stages}"] = {"ms": round(ms, 4), "ratio": ms / base}
+                variants[name] = {"ms": round(ms, 4), "ratio": ms / base}
             kv_bytes = 2 * rows * context * NUM_KV_HEADS * HEAD_DIM * k.element_size()
             line = {
                 "cache": "fp8" if fp8 else "bf16",
