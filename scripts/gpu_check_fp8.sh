@@ -3,9 +3,9 @@
 #   prefetch: the decode kernel with each tile's block ids loaded ahead (DecodeLaunch.prefetch_
 #      blocks, 3 and 4 stages) against the engine's launch, bf16 and fp8, 32-512 rows
 #      (scripts/ab_decode_prefetch.py, graph-timed; about a minute);
-#   tune: scripts/tune_decode.py --kv-cache-dtype fp8 --write-table (the per-batch launches and the
-#      value layout, rows or slots inner, the engine then uses; 60 launches with the prefetching
-#      ones, about 5 minutes);
+#   tune: scripts/tune_decode.py --kv-cache-dtype fp8 --write-table (the per-batch launches the
+#      engine then uses; values slots inner only unless TUNE_LAYOUTS=rows,slots_inner: 36 launches
+#      with the prefetching ones, about 3 minutes; both layouts 60, about 5);
 #   tune16: the same for a 16-bit cache (--kv-cache-dtype auto: 24 launches in the rows layout,
 #      stored under "auto"; about 2 minutes);
 #   mm: scripts/tune_fp8_mm.py --write-table (cuBLASLt or the Triton FP8 GEMM per shape and
@@ -72,7 +72,8 @@ if want prefetch; then  # the decode kernel with block ids loaded ahead (deeper 
     | tee "$OUT/prefetch.jsonl" | cut -c1-400
 fi
 if want tune; then
-  timeout 420 python3 scripts/tune_decode.py --kv-cache-dtype fp8 --write-table 2>&1 \
+  timeout 420 python3 scripts/tune_decode.py --kv-cache-dtype fp8 --write-table \
+    --layouts "${TUNE_LAYOUTS:-slots_inner}" 2>&1 \
     | grep -v -i warn | tee "$OUT/tune.txt" | tail -2
   cp bulkgen/model/attention/decode_tilings.json "$OUT/" 2> /dev/null
 fi

@@ -140,12 +140,14 @@ def sweep_splits(kv_dtype: torch.dtype, layout: str, entries: list[dict]) -> lis
     return with_best_splits(entries, split_times)
 
 
-def sweep(fp8: bool, kv_dtype: torch.dtype) -> tuple[list[float], dict[str, list]]:
+def sweep(
+    fp8: bool, kv_dtype: torch.dtype, layouts: tuple[str, ...] = LAYOUTS
+) -> tuple[list[float], dict[str, list]]:
     """(bf16 kernel's times, {value layout: [(launch, times)]}) measured now, each launch printed
-    as it ends. An fp8 cache is timed with its values in both layouts of kv_layout.py."""
+    as it ends. An fp8 cache is timed with its values in each of `layouts` (kv_layout.py's)."""
     bf16_times = time_launch(shapes(DTYPE), decode_launch(HEAD_DIM, fp8=False))
     results = {}
-    for layout in LAYOUTS if fp8 else LAYOUTS[:1]:
+    for layout in layouts if fp8 else LAYOUTS[:1]:
         torch.cuda.empty_cache()
         inputs = shapes(kv_dtype, layout == "slots_inner")
         results[layout] = []
@@ -206,13 +208,21 @@ def main() -> None:
     ap.add_argument("--kv-cache-dtype", default="fp8", help="fp8, int8 (tuned ones) or auto")
     ap.add_argument("--write-table", action="store_true", help="store the best launches")
     ap.add_argument("--from-log", help="choose from an earlier sweep's lines (no GPU)")
+    ap.add_argument(
+        "--layouts",
+        default=",".join(LAYOUTS),
+        help="an fp8 cache's value layouts to time (slots_inner alone: half the launches; rows "
+        "lost at 08ed75e and 49fbb99)",
+    )
     args = ap.parse_args()
+    layouts = tuple(args.layouts.split(","))
+    assert set(layouts) <= set(LAYOUTS), f"layouts are {LAYOUTS}"
     fp8 = args.kv_cache_dtype == "fp8"
     if args.from_log:
         bf16_times, results = from_log(args.from_log)
         device = f"the sweep in {args.from_log}"
     else:
-        bf16_times, results = sweep(fp8, resolve_kv_dtype(args.kv_cache_dtype, DTYPE))
+        bf16_times, results = sweep(fp8, resolve_kv_dtype(args.kv_cache_dtype, DTYPE), layouts)
         device = torch.cuda.get_device_name()
     layout = best_layout(results)
     table_entries = per_batch_best(results[layout])
@@ -252,7 +262,11 @@ def main() -> None:
         )
         if fp8:
             table["fp8_v_layout"] = layout
-        table["measured"] = f"{device}, scripts/tune_decode.py at {summary['git_commit']}"
+        # Each kind says where its launches were measured (the one "measured" line of tables
+        # before 8e7a333's successors described fp8's alone and would go stale).
+        table.pop("measured", None)
+        by = f"{device}, scripts/tune_decode.py --kv-cache-dtype {args.kv_cache_dtype} at "
+        table.setdefault("measured_by_kind", {})[args.kv_cache_dtype] = by + summary["git_commit"]
         TILINGS_FILE.write_text(json.dumps(table, indent=1) + "\n")
 
 
