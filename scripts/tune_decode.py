@@ -262,8 +262,8 @@ def main() -> None:
         )
         if fp8:
             table["fp8_v_layout"] = layout
-        # Each kind says where its launches were measured (the one "measured" line of tables
-        # before 8e7a333's successors described fp8's alone and would go stale).
+        # Each kind says where its launches were measured (the table's one "measured" line
+        # described fp8's launches alone, and would go stale beside a 16-bit kind's).
         table.pop("measured", None)
         by = f"{device}, scripts/tune_decode.py --kv-cache-dtype {args.kv_cache_dtype} at "
         table.setdefault("measured_by_kind", {})[args.kv_cache_dtype] = by + summary["git_commit"]
