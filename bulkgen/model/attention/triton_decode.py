@@ -10,8 +10,8 @@ each K/V element once and keeping enough CTAs busy:
   into S equal runs of whole BLOCK_N tiles, sized from seq_lens[b] read on the device. Splits past
   the end of a short sequence write a neutral partial (lse = -inf, out = 0). With S == 1 the
   program writes the final output directly and no reduction runs.
-- _decode_reduce_kernel, grid (B, Hq). Merges the S normalised partials of one query head with
-  their log-sum-exps: out = sum_s 2^(lse_s - M) * out_s / sum_s 2^(lse_s - M), M = max_s lse_s.
+- decode_merge.merge_splits, grid (B, Hq): merges the S normalised partials of each query head
+  by their log-sum-exps.
 
 S is chosen from the batch size, kv-head count and block-table width (all static shapes), never
 from the lengths of this step, so the grid and every argument stay the same from one step to the
@@ -45,6 +45,7 @@ import torch
 import triton
 import triton.language as tl
 
+from bulkgen.model.attention.decode_merge import merge_splits
 from bulkgen.model.attention.decode_tiling import DecodeLaunch, decode_launch, num_kv_splits
 from bulkgen.model.attention.kv_fp8 import is_fp8
 from bulkgen.model.attention.kv_layout import v_slots_inner
@@ -200,34 +201,6 @@ def _decode_split_kernel(
         tl.store(part_lse_ptr + part, lse, mask=head_mask)
 
 
-@triton.jit
-def _decode_reduce_kernel(
-    part_out_ptr,
-    part_lse_ptr,
-    out_ptr,
-    NUM_SPLITS: tl.constexpr,
-    SPLITS_PAD: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-):
-    row = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)  # b * Hq + head
-    splits = tl.arange(0, SPLITS_PAD)
-    split_mask = splits < NUM_SPLITS
-    dims = tl.arange(0, HEAD_DIM)
-    lse = tl.load(part_lse_ptr + row * NUM_SPLITS + splits, mask=split_mask, other=float("-inf"))
-    parts = tl.load(
-        part_out_ptr + (row * NUM_SPLITS + splits)[:, None] * HEAD_DIM + dims[None, :],
-        mask=split_mask[:, None],
-        other=0.0,
-    )
-    lse_max = tl.max(lse, axis=0)
-    # All splits empty only for a padding row (seq_len 0); keep it finite: weights 0, out 0.
-    lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)
-    weights = tl.exp2(lse - lse_max)
-    total = tl.sum(weights, axis=0)
-    out = tl.sum(weights[:, None] * parts, axis=0) / tl.where(total > 0, total, 1.0)
-    tl.store(out_ptr + row * HEAD_DIM + dims, out.to(out_ptr.dtype.element_ty))
-
-
 def paged_decode(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -305,13 +278,5 @@ def paged_decode(
         **({"num_stages": launch.num_stages} if launch.num_stages else {}),
     )
     if num_splits > 1:
-        _decode_reduce_kernel[(batch, num_q_heads)](
-            part_out,
-            part_lse,
-            out,
-            NUM_SPLITS=num_splits,
-            SPLITS_PAD=triton.next_power_of_2(num_splits),
-            HEAD_DIM=head_dim,
-            num_warps=4,
-        )
+        merge_splits(part_out, part_lse, out)
     return out
