@@ -242,12 +242,12 @@ def test_stats_report_host_time_per_step(tiny_model_dir):
         assert sum(phases[p][i] for p in ("schedule", "launch", "update")) == pytest.approx(total)
     for name in ("host_decode", "host_mixed", "host_schedule", "host_launch", "host_update"):
         assert 0 <= stats[f"{name}_ms_per_step_median"] <= stats[f"{name}_ms_per_step_p99"]
-    assert list(times.mixed_launch) == [phases["launch"][0]], "the prefill step's launch"
-    assert list(times.decode_launch) == list(phases["launch"][1:])
+    assert list(times.launch["mixed"]) == [phases["launch"][0]], "the prefill step's launch"
+    assert list(times.launch["decode"]) == list(phases["launch"][1:])
     # The launch on the engine thread's CPU clock: one value a step, by kind; on the CPU the
     # forward's work is partly on torch's own threads, so it is below the wall time, not zero.
     cpu = times.launch_cpu
-    assert len(cpu["mixed"]) == 1 and len(cpu["decode"]) == len(times.decode_launch)
+    assert len(cpu["mixed"]) == 1 and len(cpu["decode"]) == len(times.launch["decode"])
     assert all(0 < c for c in [*cpu["mixed"], *cpu["decode"]])
     for kind in ("decode", "mixed"):
         assert 0 < stats[f"host_{kind}_launch_cpu_ms_per_step_median"]

@@ -21,8 +21,8 @@ class HostTimes:
         self.total = array.array("d")
         self.kind = {"decode": array.array("d"), "mixed": array.array("d")}
         self.phase = {name: array.array("d") for name in PHASES}
-        self.mixed_launch = array.array("d")  # the launch phase of steps with prefill
-        self.decode_launch = array.array("d")
+        # The launch phase by kind, on the wall clock and on the engine thread's CPU clock.
+        self.launch = {"decode": array.array("d"), "mixed": array.array("d")}
         self.launch_cpu = {"decode": array.array("d"), "mixed": array.array("d")}
 
     def record(
@@ -36,7 +36,7 @@ class HostTimes:
         self.kind[kind].append(total)
         for name, seconds in zip(PHASES, phases, strict=True):
             self.phase[name].append(seconds)
-        (self.decode_launch if decode_only else self.mixed_launch).append(phases[1])
+        self.launch[kind].append(phases[1])
         self.launch_cpu[kind].append(launch_cpu)
 
     @property
@@ -45,8 +45,7 @@ class HostTimes:
         host_{decode,mixed}_launch_ms_per_step_* and host_{decode,mixed}_launch_cpu_*."""
         return step_time_stats(
             host=self.total,
-            host_decode_launch=self.decode_launch,
-            host_mixed_launch=self.mixed_launch,
+            **{f"host_{kind}_launch": seconds for kind, seconds in self.launch.items()},
             **{f"host_{kind}_launch_cpu": s for kind, s in self.launch_cpu.items()},
             **{f"host_{kind}": seconds for kind, seconds in self.kind.items()},
             **{f"host_{name}": seconds for name, seconds in self.phase.items()},

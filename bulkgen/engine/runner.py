@@ -136,7 +136,7 @@ class ModelRunner:
         with self._stream_ctx():
             if packed.ready is not None:
                 self.compute_stream.wait_event(packed.ready)
-            begin = mark(self.compute_stream) if self.cuda else None  # gpu_gaps.py
+            begin = mark(self.compute_stream) if self.cuda and plan else None  # gpu_gaps.py
             inp = packed.unpack()
             self.tables.apply_updates(inp)
             self.penalties.reset(packed.fresh_penalized)
