@@ -129,3 +129,16 @@ def test_a_decode_the_probe_cannot_explain_stays_on_batch_decode(clean_up, monke
     texts = detokenize.decode(ids, True)
     assert calls and texts == batch_decode(ids, skip_special_tokens=True)
     assert texts[0].endswith("!") and "PARIS" in texts[0]
+
+
+def test_a_tokenizer_the_probe_cannot_run_on_keeps_batch_decode(monkeypatch):
+    tokenizer = bpe(False)
+    ids = rows_of_ids(tokenizer)
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("this tokenizer encodes nothing")
+
+    monkeypatch.setattr(tokenizer, "encode", refuse)  # the probe's first call fails
+    detokenize = Detokenize(tokenizer)  # no error: the fast path is only an optimisation
+    assert detokenize._backend is None
+    assert detokenize.decode(ids, True) == tokenizer.batch_decode(ids, skip_special_tokens=True)

@@ -23,19 +23,25 @@ def _fast_decoder(tokenizer):
 
     Whether batch_decode cleans up spaces depends on the transformers version, not only on
     tokenizer.clean_up_tokenization_spaces (5.24 skips it for BPE models, older versions apply
-    it), so it is observed once on _PROBE, with and without special tokens, not looked up.
+    it), so it is observed once on _PROBE, with and without special tokens, not looked up. A
+    tokenizer the probe cannot run on keeps batch_decode: the fast path is never a job's error.
     """
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:
         return None
-    probe = tokenizer.encode(_PROBE, add_special_tokens=False)
-    ids = probe + tokenizer.all_special_ids[:1] + probe
-    raw = [backend.decode(ids, skip_special_tokens=skip) for skip in (True, False)]
-    slow = [tokenizer.batch_decode([ids], skip_special_tokens=skip)[0] for skip in (True, False)]
-    clean_up = tokenizer.clean_up_tokenization
-    cleaned = [clean_up(text) for text in raw]
+    try:
+        probe = tokenizer.encode(_PROBE, add_special_tokens=False)
+        ids = probe + tokenizer.all_special_ids[:1] + probe
+        both = (True, False)
+        raw = [backend.decode(ids, skip_special_tokens=skip) for skip in both]
+        slow = [tokenizer.batch_decode([ids], skip_special_tokens=skip)[0] for skip in both]
+        clean_up = tokenizer.clean_up_tokenization
+        cleaned = [clean_up(text) for text in raw]
+        cleans_up = getattr(tokenizer, "clean_up_tokenization_spaces", True)
+    except Exception:  # an unusual tokenizer: transformers' own decode, as before the probe
+        return None
     telling = cleaned != raw  # else the probe cannot say whether batch_decode cleans up
-    if slow == raw and (telling or not tokenizer.clean_up_tokenization_spaces):
+    if slow == raw and (telling or not cleans_up):
         return backend, None
     if slow == cleaned and telling:
         return backend, clean_up
