@@ -123,7 +123,7 @@ want trt && bench trt "${TRT_TIMEOUT_S:-420}" --workloads trt --engines bulkgen,
 want sweep && bench trt "${TRT_TIMEOUT_S:-480}" --workloads trt --engines bulkgen \
   --num-prompts "$TRT_PROMPTS" --max-num-seqs "${SWEEP_SEQS:-256,512,1024,auto}"
 want bulk && bench bulk 210 --workloads bulk --engines "${BULK_ENGINES:-bulkgen,bulkgen-fp8,bulkgen-fp8exact}" --num-prompts 512
-want blog && bench blog 100 --workloads blog --engines bulkgen,bulkgen-fp8
+want blog && bench blog "${BLOG_TIMEOUT_S:-100}" --workloads blog --engines bulkgen,bulkgen-fp8
 want chunks && bench bulk "${CHUNKS_TIMEOUT_S:-480}" --workloads bulk --engines bulkgen,bulkgen-fp8 \
   --num-prompts 512 --max-batch-tokens 2048,4096,8192
 if want eager; then
