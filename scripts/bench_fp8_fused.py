@@ -2,11 +2,12 @@
 
     PYTHONPATH=. python scripts/bench_fp8_fused.py
 
-For T rows of the 8B shape: fused.silu_and_mul (bf16 out) beside silu_and_mul_fp8 with two
-passes over 2,048-wide runs and with the whole 14,336-wide row in one tile (one_pass); and
+For T rows of the 8B shape: fused.silu_and_mul (bf16 out) beside silu_and_mul_fp8 in each of its
+forms (two passes over 2,048-wide runs, the whole 14,336-wide row in one tile, and split: a
+program per 2,048-wide chunk of every row, in two launches); and
 fp8_kernels.quantize_rows of a 4,096-wide row (the attention output, o_proj's input) both ways.
 Median microseconds each, and whether the two forms gave the same bits. One JSON line per T; the
-last line says which form won at every T (fp8_fused.ONE_PASS_MAX_ROWS and
+last line says which form won at every T (fp8_fused.default_silu_form and
 fp8_kernels.ONE_PASS_MAX_ROWS should follow it).
 """
 
@@ -23,7 +24,7 @@ from bulkgen.model.fp8_kernels import quantize_rows
 
 WIDTH, HIDDEN = 14336, 4096
 FORMS = {
-    "silu": ("silu_fp8_two_pass", "silu_fp8_one_pass"),
+    "silu": ("silu_fp8_two_pass", "silu_fp8_one_pass", "silu_fp8_split"),
     "quantize": ("quantize_two_pass", "quantize_one_pass"),
 }
 
@@ -37,13 +38,15 @@ def main() -> None:
     for rows in (1, 32, 128, 256, 512, 1024):
         gate_up = torch.randn(rows, 2 * WIDTH, device="cuda", dtype=torch.bfloat16) * 4
         x = torch.randn(rows, HIDDEN, device="cuda", dtype=torch.bfloat16) * 4
-        one, two = silu_and_mul_fp8(gate_up, one_pass=True), silu_and_mul_fp8(gate_up, False)
+        one = silu_and_mul_fp8(gate_up, form="one_pass")
+        two, split = silu_and_mul_fp8(gate_up, "two_pass"), silu_and_mul_fp8(gate_up, "split")
         q_one, q_two = quantize_rows(x, one_pass=True), quantize_rows(x, one_pass=False)
-        same = same_bits(one, two) and same_bits(q_one, q_two)
+        same = same_bits(one, two) and same_bits(one, split) and same_bits(q_one, q_two)
         times = {
             "silu_bf16": median_us(lambda g=gate_up: fused.silu_and_mul(g)),
-            "silu_fp8_two_pass": median_us(lambda g=gate_up: silu_and_mul_fp8(g, one_pass=False)),
-            "silu_fp8_one_pass": median_us(lambda g=gate_up: silu_and_mul_fp8(g, one_pass=True)),
+            "silu_fp8_two_pass": median_us(lambda g=gate_up: silu_and_mul_fp8(g, "two_pass")),
+            "silu_fp8_one_pass": median_us(lambda g=gate_up: silu_and_mul_fp8(g, "one_pass")),
+            "silu_fp8_split": median_us(lambda g=gate_up: silu_and_mul_fp8(g, "split")),
             "quantize_two_pass": median_us(lambda x=x: quantize_rows(x, one_pass=False)),
             "quantize_one_pass": median_us(lambda x=x: quantize_rows(x, one_pass=True)),
         }

@@ -42,6 +42,16 @@ KERNELS = [
         {"gate_up_ptr": "*bf16", **FP8_OUT, "I": "i32", "stride_row": "i32"},
         {"BLOCK": 16384, "LIBDEVICE_EXP": True, "ONE_PASS": True},
     ),
+    (  # silu_and_mul_fp8(form="split"): each chunk's absmax, then each chunk quantized
+        fp8_fused._silu_absmax_kernel,
+        {"gate_up_ptr": "*bf16", "absmax_ptr": "*fp32", "I": "i32", "stride_row": "i32"},
+        {"BLOCK": 2048, "LIBDEVICE_EXP": True},
+    ),
+    (
+        fp8_fused._silu_quantize_kernel,
+        {"gate_up_ptr": "*bf16", "absmax_ptr": "*fp32", **FP8_OUT, "I": "i32", "stride_row": "i32"},
+        {"BLOCK": 2048, "CHUNKS": 8, "LIBDEVICE_EXP": True},
+    ),
 ]
 
 

@@ -18,7 +18,13 @@ import pytest  # noqa: E402
 
 from bulkgen.model import fused  # noqa: E402
 from bulkgen.model.fp8 import Fp8Activation, Fp8Linear, fuse_input_quantization  # noqa: E402
-from bulkgen.model.fp8_fused import add_rms_norm_fp8, rms_norm_fp8, silu_and_mul_fp8  # noqa: E402
+from bulkgen.model.fp8_fused import (  # noqa: E402
+    SILU_FORMS,
+    SPLIT_BLOCK,
+    add_rms_norm_fp8,
+    rms_norm_fp8,
+    silu_and_mul_fp8,
+)
 from bulkgen.model.fp8_kernels import quantize_rows  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -50,13 +56,28 @@ def test_fp8_norms_equal_the_norm_then_the_quantizer(dtype, rows, width):
     assert same(out, quantize_rows(ref)) and torch.equal(new_res, ref_res)
 
 
-@pytest.mark.parametrize("one_pass", [False, True])
+@pytest.mark.parametrize("form", SILU_FORMS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows, width", [(1, 128), (3, 1536), (4, 5000)])  # one run, masked
-def test_fp8_silu_and_mul_equals_silu_and_mul_then_the_quantizer(dtype, rows, width, one_pass):
+def test_fp8_silu_and_mul_equals_silu_and_mul_then_the_quantizer(dtype, rows, width, form):
     gate_up = (torch.randn(rows, 2 * width, device=DEVICE) * 4).to(dtype)
-    out = silu_and_mul_fp8(gate_up, one_pass=one_pass)
+    out = silu_and_mul_fp8(gate_up, form=form)
     assert same(out, quantize_rows(fused.silu_and_mul(gate_up)))
+
+
+def test_the_split_silu_takes_each_rows_scale_from_all_its_chunks():
+    # One large value per row, each in a different 2,048-wide chunk (and a zero row): a chunk's
+    # own absmax would give the other chunks another scale.
+    width = 3 * SPLIT_BLOCK + 100
+    gate_up = torch.randn(4, 2 * width, device=DEVICE) * 0.1
+    for row, col in enumerate((5, SPLIT_BLOCK + 7, 3 * SPLIT_BLOCK + 50)):
+        gate_up[row, col], gate_up[row, width + col] = 6.0, 40.0
+    gate_up[3] = 0.0
+    split = silu_and_mul_fp8(gate_up, form="split")
+    assert same(split, silu_and_mul_fp8(gate_up, form="two_pass"))
+    assert same(split, quantize_rows(fused.silu_and_mul(gate_up)))
+    with pytest.raises(ValueError, match="form"):
+        silu_and_mul_fp8(gate_up, form="three_pass")
 
 
 def test_a_model_with_fused_input_quantization_computes_what_it_did_without(tiny_model_dir):
@@ -115,7 +136,8 @@ def test_fp8_norms_and_silu_on_cuda_at_8b_widths_match_the_unfused_path(rows):
     assert torch.equal(new_res, ref_res)
     gate_up = torch.randn(rows, 2 * 14336, device="cuda", dtype=torch.bfloat16) * 4
     close(silu_and_mul_fp8(gate_up), quantize_rows(fused.silu_and_mul(gate_up)))
-    one_pass = silu_and_mul_fp8(gate_up, one_pass=True)  # the same arithmetic: the same bits
-    two_pass = silu_and_mul_fp8(gate_up, one_pass=False)
-    assert torch.equal(one_pass.q.view(torch.uint8), two_pass.q.view(torch.uint8))
-    assert torch.equal(one_pass.scale, two_pass.scale)
+    one_pass = silu_and_mul_fp8(gate_up, form="one_pass")  # the same arithmetic: the same bits
+    for form in ("two_pass", "split"):
+        other = silu_and_mul_fp8(gate_up, form=form)
+        assert torch.equal(one_pass.q.view(torch.uint8), other.q.view(torch.uint8)), form
+        assert torch.equal(one_pass.scale, other.scale), form

@@ -33,6 +33,12 @@ SILU_BLOCK = 2048  # elements of a row per loop iteration (two passes)
 # rows against two passes' 21.7/23.4/25.1, and lost at 512 and 1,024 (41.5 vs 34.2, 76.0 vs 63.8).
 ONE_PASS_MAX_ROWS = 256
 ONE_PASS_MAX_WIDTH = 16384  # 32 values a thread at 16 warps (the 8B shape's 14,336 fits)
+# The split form: each row in SPLIT_BLOCK-wide chunks, a program per (row, chunk) in two launches
+# (each chunk's absmax, then the row's scale from its chunks' and the chunk quantized, silu
+# computed again from L2). One pass gives a row one program: 32 of the H200's 132 SMs at blog's
+# 32 rows, where it took 9 us of a 4.8 ms FP8 step a layer (4489b1e's kernel profile).
+SPLIT_BLOCK = 2048
+SILU_FORMS = ("one_pass", "two_pass", "split")
 
 
 @triton.jit(do_not_specialize=["n_rows"])
@@ -121,6 +127,65 @@ def _silu_and_mul_fp8_kernel(
     tl.store(scale_ptr + row, scale)
 
 
+@triton.jit
+def _silu_absmax_kernel(
+    gate_up_ptr, absmax_ptr, I, stride_row, BLOCK: tl.constexpr, LIBDEVICE_EXP: tl.constexpr
+):
+    """absmax[row, chunk]: the largest |silu(gate) * up| of one BLOCK-wide chunk of a row."""
+    row, chunk = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    cols = chunk * BLOCK + tl.arange(0, BLOCK)
+    value = _silu_times_up(gate_up_ptr + row * stride_row, cols, I, LIBDEVICE_EXP)
+    tl.store(absmax_ptr + row * tl.num_programs(1) + chunk, tl.max(tl.abs(value), axis=0))
+
+
+@triton.jit
+def _silu_quantize_kernel(
+    gate_up_ptr,
+    absmax_ptr,
+    q_ptr,
+    scale_ptr,
+    I,
+    stride_row,
+    BLOCK: tl.constexpr,
+    CHUNKS: tl.constexpr,  # a power of two >= the launch's chunks per row
+    LIBDEVICE_EXP: tl.constexpr,
+):
+    """One chunk of a row quantized by the row's scale, from the chunks' absmax (the max of
+    maxima: the row's absmax exactly, so the same scale and bits as one pass)."""
+    row, chunk, chunks = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.num_programs(1)
+    parts = tl.arange(0, CHUNKS)
+    absmax = tl.load(absmax_ptr + row * chunks + parts, mask=parts < chunks, other=0.0)
+    scale = row_scale(tl.max(absmax, axis=0))
+    cols = chunk * BLOCK + tl.arange(0, BLOCK)
+    value = _silu_times_up(gate_up_ptr + row * stride_row, cols, I, LIBDEVICE_EXP)
+    q = quantize_value(value, scale)
+    tl.store(q_ptr + row * I + cols, q.to(q_ptr.dtype.element_ty), mask=cols < I)
+    if chunk == 0:
+        tl.store(scale_ptr + row, scale)
+
+
+def _silu_split(gate_up: torch.Tensor, out: Fp8Activation, I: int) -> None:
+    """silu_and_mul_fp8's split form into out: two launches of (rows, chunks) programs."""
+    T, chunks = gate_up.shape[0], triton.cdiv(I, SPLIT_BLOCK)
+    absmax = torch.empty((T, chunks), dtype=torch.float32, device=gate_up.device)
+    exp = gate_up.is_cuda
+    stride = gate_up.stride(0)
+    _silu_absmax_kernel[(T, chunks)](
+        gate_up, absmax, I, stride, BLOCK=SPLIT_BLOCK, LIBDEVICE_EXP=exp
+    )
+    _silu_quantize_kernel[(T, chunks)](
+        gate_up,
+        absmax,
+        out.q,
+        out.scale,
+        I,
+        stride,
+        BLOCK=SPLIT_BLOCK,
+        CHUNKS=triton.next_power_of_2(chunks),
+        LIBDEVICE_EXP=exp,
+    )
+
+
 def _outputs(rows: int, width: int, device: torch.device) -> Fp8Activation:
     q = torch.empty((rows, width), dtype=FP8, device=device)
     return Fp8Activation(q, torch.empty((rows, 1), dtype=torch.float32, device=device))
@@ -175,23 +240,28 @@ def add_rms_norm_fp8(
     return out, new_res
 
 
-def silu_and_mul_fp8(gate_up: torch.Tensor, one_pass: bool | None = None) -> Fp8Activation:
+def silu_and_mul_fp8(gate_up: torch.Tensor, form: str | None = None) -> Fp8Activation:
     """fused.silu_and_mul of gate_up [T, 2I], quantized per row for an FP8 projection.
 
-    one_pass: the whole row in one tile of up to ONE_PASS_MAX_WIDTH values (16 warps), read once,
-    instead of two passes over 2,048-wide runs (4 warps), which read the row twice and compute
-    silu twice: the two-pass kernel took 28.6 us at ~500 rows of the 8B shape on the H200
-    against 10.6 us for the bf16 silu_and_mul (ec92f71, a bulk run's kernel profile), and at
-    blog's 32 rows it runs 32 programs. The same values bit for bit either way; None takes one
-    pass up to ONE_PASS_MAX_ROWS rows, where it measured faster.
+    form (SILU_FORMS; the same values bit for bit in each): "one_pass", the whole row in one tile
+    of up to ONE_PASS_MAX_WIDTH values (16 warps), read once; "two_pass", a program a row reading
+    it twice in 2,048-wide runs (4 warps): it took 28.6 us at ~500 rows of the 8B shape on the
+    H200 against 10.6 us for the bf16 silu_and_mul (ec92f71, a bulk run's kernel profile);
+    "split", SPLIT_BLOCK-wide chunks of every row, a program each, in two launches. None takes
+    default_silu_form(T, I).
     """
     assert gate_up.dim() == 2 and gate_up.stride(1) == 1 and gate_up.shape[1] % 2 == 0
     T, I = gate_up.shape[0], gate_up.shape[1] // 2
     out = _outputs(T, I, gate_up.device)
     if T == 0:
         return out
-    one_pass = T <= ONE_PASS_MAX_ROWS if one_pass is None else one_pass
-    one_pass = one_pass and I <= ONE_PASS_MAX_WIDTH
+    form = form or default_silu_form(T, I)
+    if form not in SILU_FORMS:
+        raise ValueError(f"silu_and_mul_fp8 form must be one of {SILU_FORMS}, got {form!r}")
+    if form == "split":
+        _silu_split(gate_up, out, I)
+        return out
+    one_pass = form == "one_pass" and I <= ONE_PASS_MAX_WIDTH
     block = triton.next_power_of_2(I) if one_pass else min(SILU_BLOCK, triton.next_power_of_2(I))
     _silu_and_mul_fp8_kernel[(T,)](
         gate_up,
@@ -205,6 +275,11 @@ def silu_and_mul_fp8(gate_up: torch.Tensor, one_pass: bool | None = None) -> Fp8
         num_warps=min(16, max(4, block // 1024)) if one_pass else 4,
     )
     return out
+
+
+def default_silu_form(rows: int, width: int) -> str:
+    """The form silu_and_mul_fp8 takes for rows x width: split (not yet measured on a GPU)."""
+    return "split"
 
 
 def fp8_ops(base: SimpleNamespace) -> SimpleNamespace:
