@@ -16,6 +16,7 @@ projections. Like fused.py, the launches depend on shapes only (CUDA-graph safe)
 
 from __future__ import annotations
 
+import os
 from types import SimpleNamespace
 
 import torch
@@ -39,6 +40,7 @@ ONE_PASS_MAX_WIDTH = 16384  # 32 values a thread at 16 warps (the 8B shape's 14,
 # 32 rows, where it took 9 us of a 4.8 ms FP8 step a layer (4489b1e's kernel profile).
 SPLIT_BLOCK = 2048
 SILU_FORMS = ("one_pass", "two_pass", "split")
+SPLIT_MAX_ROWS = 64
 
 
 @triton.jit(do_not_specialize=["n_rows"])
@@ -278,8 +280,15 @@ def silu_and_mul_fp8(gate_up: torch.Tensor, form: str | None = None) -> Fp8Activ
 
 
 def default_silu_form(rows: int, width: int) -> str:
-    """The form silu_and_mul_fp8 takes for rows x width: split (not yet measured on a GPU)."""
-    return "split"
+    """The form silu_and_mul_fp8 takes for rows x width: split up to SPLIT_MAX_ROWS rows, then one
+    pass up to ONE_PASS_MAX_ROWS, then two. BULKGEN_SILU_FORM (one of SILU_FORMS) overrides it, for
+    A/B runs of the benchmark."""
+    forced = os.environ.get("BULKGEN_SILU_FORM")
+    if forced:
+        return forced
+    if rows <= SPLIT_MAX_ROWS:
+        return "split"
+    return "one_pass" if rows <= ONE_PASS_MAX_ROWS and width <= ONE_PASS_MAX_WIDTH else "two_pass"
 
 
 def fp8_ops(base: SimpleNamespace) -> SimpleNamespace:
