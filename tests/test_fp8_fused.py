@@ -113,7 +113,9 @@ def test_the_fp8_kernels_compile_for_hopper():
     script = root / "scripts" / "fp8_compile_check.py"
     done = subprocess.run([sys.executable, script], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.count("cvt to e4m3: yes") == 5
+    # Every kernel but the split SiLU's first launch (absmax only) writes e4m3.
+    assert done.stdout.count("cvt to e4m3: yes") == 6
+    assert "_silu_absmax_kernel" in done.stdout and done.stdout.count("cvt to e4m3: no") == 1
 
 
 @pytest.mark.gpu
@@ -141,3 +143,18 @@ def test_fp8_norms_and_silu_on_cuda_at_8b_widths_match_the_unfused_path(rows):
         other = silu_and_mul_fp8(gate_up, form=form)
         assert torch.equal(one_pass.q.view(torch.uint8), other.q.view(torch.uint8)), form
         assert torch.equal(one_pass.scale, other.scale), form
+
+
+def test_the_silu_form_follows_the_rows_and_the_override(monkeypatch):
+    from bulkgen.model import fp8_fused
+
+    monkeypatch.delenv("BULKGEN_SILU_FORM", raising=False)
+    assert fp8_fused.default_silu_form(32, 14336) == "split"
+    assert fp8_fused.default_silu_form(fp8_fused.SPLIT_MAX_ROWS + 1, 14336) == "one_pass"
+    assert fp8_fused.default_silu_form(fp8_fused.ONE_PASS_MAX_ROWS + 1, 14336) == "two_pass"
+    assert fp8_fused.default_silu_form(128, fp8_fused.ONE_PASS_MAX_WIDTH + 1) == "two_pass"
+    monkeypatch.setenv("BULKGEN_SILU_FORM", "one_pass")
+    assert fp8_fused.default_silu_form(32, 14336) == "one_pass"
+    monkeypatch.setenv("BULKGEN_SILU_FORM", "three_pass")
+    with pytest.raises(ValueError, match="form"):
+        silu_and_mul_fp8(torch.ones(2, 64, device=DEVICE))

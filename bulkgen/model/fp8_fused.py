@@ -170,8 +170,7 @@ def _silu_split(gate_up: torch.Tensor, out: Fp8Activation, I: int) -> None:
     """silu_and_mul_fp8's split form into out: two launches of (rows, chunks) programs."""
     T, chunks = gate_up.shape[0], triton.cdiv(I, SPLIT_BLOCK)
     absmax = torch.empty((T, chunks), dtype=torch.float32, device=gate_up.device)
-    exp = gate_up.is_cuda
-    stride = gate_up.stride(0)
+    exp, stride = gate_up.is_cuda, gate_up.stride(0)
     _silu_absmax_kernel[(T, chunks)](
         gate_up, absmax, I, stride, BLOCK=SPLIT_BLOCK, LIBDEVICE_EXP=exp
     )
