@@ -91,6 +91,32 @@ def graph_ms(fn) -> float:
     return median_ms(graph.replay)
 
 
+def steps_us(calls: list) -> float:
+    """Median microseconds per call of `calls` (no arguments each) captured back to back in one
+    CUDA graph and replayed with no L2 clear: each call's time as a step's layers run it, one
+    after another over their own caches. graph_ms's single replay after do_bench's L2 clear read
+    10-15 us more per decode launch at 32 rows than this (bench_decode_layers.py, f85933e: the
+    clear's dirty lines written back while the kernel reads)."""
+    for call in calls:
+        call()  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for call in calls:
+            call()
+    for _ in range(3):
+        graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(20):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / len(calls))
+    return sorted(times)[len(times) // 2]
+
+
 def copy_gb_per_s() -> float:
     """Device-to-device copy bandwidth (read + write) of a 1 GiB buffer: the practical roofline."""
     src = torch.empty(1 << 30, dtype=torch.uint8, device=DEVICE)

@@ -14,10 +14,11 @@ single-launch timings at 32 rows give 15-20 us of it at f85933e, L2 cleared befo
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 
 import torch
-from bench_attention import HEAD_DIM, NUM_KV_HEADS, paged_inputs
+from bench_attention import HEAD_DIM, NUM_KV_HEADS, paged_inputs, steps_us
 from bench_measure import git_commit
 
 from bulkgen.model.attention.decode_tiling import decode_launch, fp8_v_slots_inner
@@ -42,28 +43,10 @@ def layers_us(rows: int, context: int, kv_dtype) -> float:
         v = to_slots_inner(v) if slots_inner else v
         calls.append((q, k, v, meta.seq_lens, meta.block_tables, HEAD_DIM**-0.5))
 
-    def step():
-        for args in calls:
-            paged_decode(*args, launch=launch)
-
-    step()  # compile outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    for _ in range(5):
-        graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(20):
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / LAYERS)
-    del graph
+    us = steps_us([functools.partial(paged_decode, *args, launch=launch) for args in calls])
+    del calls
     torch.cuda.empty_cache()
-    return sorted(times)[len(times) // 2]
+    return us
 
 
 def main() -> None:

@@ -8,15 +8,20 @@ program per 2,048-wide chunk of every row, in two launches); and
 fp8_kernels.quantize_rows of a 4,096-wide row (the attention output, o_proj's input) both ways.
 Median microseconds each, and whether the two forms gave the same bits. One JSON line per T; the
 last line says which form won at every T (fp8_fused.default_silu_form and
-fp8_kernels.ONE_PASS_MAX_ROWS should follow it).
+fp8_kernels.ONE_PASS_MAX_ROWS should follow it). Each time is per call of LAYERS calls over their
+own inputs, back to back in one CUDA graph (bench_attention.steps_us), as a step's layers run
+them: until 2026-12-01 they were timed eagerly one call at a time, which at these 5-80 us is
+the launch's host time (split, two launches, read 73 us at 32 rows against one pass's 13; in
+blog FP8 the split form was the faster by 3 us a layer).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 
 import torch
-from triton.testing import do_bench
+from bench_attention import steps_us
 
 from bulkgen.model import fused
 from bulkgen.model.fp8_fused import silu_and_mul_fp8
@@ -27,28 +32,34 @@ FORMS = {
     "silu": ("silu_fp8_two_pass", "silu_fp8_one_pass", "silu_fp8_split"),
     "quantize": ("quantize_two_pass", "quantize_one_pass"),
 }
+LAYERS = 32  # calls a timed graph replays, each over its own input
 
 
-def median_us(fn) -> float:
-    return 1000 * do_bench(fn, warmup=25, rep=100, return_mode="median")
+def layers_us(fn, inputs: list) -> float:
+    """Microseconds per call of fn over each of inputs, in one CUDA graph."""
+    return steps_us([functools.partial(fn, x) for x in inputs])
 
 
 def main() -> None:
     wins = {kernel: {} for kernel in FORMS}
     for rows in (1, 32, 128, 256, 512, 1024):
-        gate_up = torch.randn(rows, 2 * WIDTH, device="cuda", dtype=torch.bfloat16) * 4
-        x = torch.randn(rows, HIDDEN, device="cuda", dtype=torch.bfloat16) * 4
+        gate_ups = [
+            torch.randn(rows, 2 * WIDTH, device="cuda", dtype=torch.bfloat16) * 4
+            for _ in range(LAYERS)
+        ]
+        xs = [torch.randn(rows, HIDDEN, device="cuda", dtype=torch.bfloat16) * 4 for _ in gate_ups]
+        gate_up, x = gate_ups[0], xs[0]
         one = silu_and_mul_fp8(gate_up, form="one_pass")
         two, split = silu_and_mul_fp8(gate_up, "two_pass"), silu_and_mul_fp8(gate_up, "split")
         q_one, q_two = quantize_rows(x, one_pass=True), quantize_rows(x, one_pass=False)
         same = same_bits(one, two) and same_bits(one, split) and same_bits(q_one, q_two)
         times = {
-            "silu_bf16": median_us(lambda g=gate_up: fused.silu_and_mul(g)),
-            "silu_fp8_two_pass": median_us(lambda g=gate_up: silu_and_mul_fp8(g, "two_pass")),
-            "silu_fp8_one_pass": median_us(lambda g=gate_up: silu_and_mul_fp8(g, "one_pass")),
-            "silu_fp8_split": median_us(lambda g=gate_up: silu_and_mul_fp8(g, "split")),
-            "quantize_two_pass": median_us(lambda x=x: quantize_rows(x, one_pass=False)),
-            "quantize_one_pass": median_us(lambda x=x: quantize_rows(x, one_pass=True)),
+            "silu_bf16": layers_us(fused.silu_and_mul, gate_ups),
+            "silu_fp8_two_pass": layers_us(lambda g: silu_and_mul_fp8(g, "two_pass"), gate_ups),
+            "silu_fp8_one_pass": layers_us(lambda g: silu_and_mul_fp8(g, "one_pass"), gate_ups),
+            "silu_fp8_split": layers_us(lambda g: silu_and_mul_fp8(g, "split"), gate_ups),
+            "quantize_two_pass": layers_us(lambda x: quantize_rows(x, one_pass=False), xs),
+            "quantize_one_pass": layers_us(lambda x: quantize_rows(x, one_pass=True), xs),
         }
         for kernel, forms in FORMS.items():
             wins[kernel][rows] = min(forms, key=times.__getitem__)

@@ -3,6 +3,9 @@
 #   prefetch: the decode kernel with each tile's block ids loaded ahead (DecodeLaunch.prefetch_
 #      blocks, 3 and 4 stages) against the engine's launch, bf16 and fp8, 32-512 rows
 #      (scripts/ab_decode_prefetch.py, graph-timed; about a minute);
+#   layers: scripts/bench_decode_layers.py (the decode kernel's fixed cost and rate per token at
+#      32 rows, 32 launches a graph; about a minute); fused: scripts/bench_fp8_fused.py (the FP8
+#      SiLU's three forms and quantize_rows' two at 1-1,024 rows, in graphs; about a minute);
 #   tune: scripts/tune_decode.py --kv-cache-dtype fp8 --write-table (the per-batch launches the
 #      engine then uses; values slots inner only unless TUNE_LAYOUTS=rows,slots_inner: 36 launches
 #      with the prefetching ones, about 3 minutes; both layouts 60, about 5);
@@ -70,6 +73,13 @@ want() { [[ " $STEPS " == *" $1 "* ]]; }
 if want prefetch; then  # the decode kernel with block ids loaded ahead (deeper pipelining)
   timeout 150 python3 scripts/ab_decode_prefetch.py 2>&1 | grep -v -i warn \
     | tee "$OUT/prefetch.jsonl" | cut -c1-400
+fi
+if want layers; then  # the decode kernel as a step runs it, 32 rows, contexts 128-4096
+  timeout 150 python3 scripts/bench_decode_layers.py 2>&1 | grep -v -i warn | tee "$OUT/layers.jsonl"
+fi
+if want fused; then  # the FP8 SiLU / quantize kernels' forms, 32 calls a CUDA graph
+  timeout 150 python3 scripts/bench_fp8_fused.py 2>&1 | grep -v -i warn | tee "$OUT/fused.jsonl" \
+    | cut -c1-400
 fi
 if want tune; then
   timeout 420 python3 scripts/tune_decode.py --kv-cache-dtype fp8 --write-table \

@@ -17,17 +17,24 @@ cache, values in rows only, takes fp8's launches until it has its own).
 
 chooses from the lines of an earlier sweep instead (no GPU: the table from a device run's log;
 split counts are then left to the heuristic).
+
+Each time is a launch's as a step runs it (bench_attention.steps_us): LAUNCHES_PER_GRAPH
+launches back to back in one CUDA graph, cycling over copies of the shape's cache that together
+outgrow the L2 (STREAM_BYTES), no L2 clear. Until 2026-12-01 each was one launch replayed after
+do_bench's L2 clear, which read 10-15 us more at 32 rows than a step's (bench_decode_layers.py)
+and so favoured launches with less to do at the start over those with more parallelism.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import math
 
 import torch
-from bench_attention import DTYPE, HEAD_DIM, graph_ms, paged_inputs
+from bench_attention import DTYPE, HEAD_DIM, NUM_KV_HEADS, paged_inputs, steps_us
 from bench_measure import git_commit
 
 from bulkgen.model.attention.decode_tiling import (
@@ -42,6 +49,8 @@ from bulkgen.model.attention.kv_layout import block_size_for, to_slots_inner
 from bulkgen.model.attention.triton_decode import paged_decode
 
 SHAPES = [(batch, context) for batch in (32, 256, 512) for context in (1024, 2048)]
+LAUNCHES_PER_GRAPH = 16  # launches a timed graph replays (steps_us)
+STREAM_BYTES = 256 * 2**20  # K/V bytes a graph cycles through: five times the H200's L2
 # At 00df254 (no v_in_registers yet) 8 warps lost everywhere and stages 4 equalled the default;
 # v_in_registers changes the registers a thread needs (scripts/kernel_resources.py), so both
 # warp counts stay in; it matters for fp8 only. 24 fp8 launches, about 2 minutes on the H200.
@@ -61,13 +70,19 @@ PREFETCH_STAGES = (3, 4)
 
 
 def time_launch(inputs: dict, launch: DecodeLaunch) -> list[float] | None:
-    """Median ms at each shape (graph_ms), or None when the compiler refuses the launch."""
+    """Median ms at each shape (steps_us over its copies), or None when the compiler refuses the
+    launch."""
     times = []
-    for q, k, v, meta, (k_scale, v_scale) in inputs.values():
-        args = (q, k, v, meta.seq_lens, meta.block_tables, HEAD_DIM**-0.5)
-        scales = dict(k_scale=k_scale, v_scale=v_scale)  # an int8 cache's scale tensors
+    for copies in inputs.values():
+        calls = []
+        for q, k, v, meta, (k_scale, v_scale) in itertools.islice(
+            itertools.cycle(copies), LAUNCHES_PER_GRAPH
+        ):
+            args = (q, k, v, meta.seq_lens, meta.block_tables, HEAD_DIM**-0.5)
+            scales = dict(k_scale=k_scale, v_scale=v_scale)  # an int8 cache's scale tensors
+            calls.append(functools.partial(paged_decode, *args, launch=launch, **scales))
         try:
-            times.append(graph_ms(lambda a=args, s=scales: paged_decode(*a, launch=launch, **s)))
+            times.append(steps_us(calls) / 1e3)
         except Exception as e:  # e.g. out of shared memory: not a candidate
             print(json.dumps({"skip": launch._asdict(), "error": repr(e)[:200]}), flush=True)
             return None
@@ -94,11 +109,15 @@ def per_batch_best(results: list[tuple[DecodeLaunch, list[float]]]) -> list[dict
 
 
 def shapes(dtype, slots_inner: bool = False) -> dict:
-    """Decode inputs at each of SHAPES, with the layout's own block size (block_size_for)."""
+    """Decode inputs at each of SHAPES, with the layout's own block size (block_size_for): as
+    many copies as outgrow the L2 together (STREAM_BYTES), one at least."""
     inputs, block_size = {}, block_size_for(slots_inner)
     for s in SHAPES:
-        q, k, v, meta, scales = paged_inputs([s[1]] * s[0], [1] * s[0], True, dtype, block_size)
-        inputs[s] = (q, k, to_slots_inner(v) if slots_inner else v, meta, scales)
+        kv_bytes = 2 * s[0] * s[1] * NUM_KV_HEADS * HEAD_DIM * torch.empty((), dtype=dtype).itemsize
+        inputs[s] = []
+        for _ in range(-(-STREAM_BYTES // kv_bytes)):
+            q, k, v, meta, scales = paged_inputs([s[1]] * s[0], [1] * s[0], True, dtype, block_size)
+            inputs[s].append((q, k, to_slots_inner(v) if slots_inner else v, meta, scales))
     return inputs
 
 
