@@ -67,6 +67,22 @@ def _candidates() -> dict[str, Fp8GemmConfig]:
         out[name] = Fp8GemmConfig(block_m, block_n, block_k, split_k, swap_ab=swap, dot=dot)
         if split_k > 1:  # the same launch adding its splits itself: name + "f"
             out[name + "f"] = dataclasses.replace(out[name], fixup=True)
+    # More weight bytes in flight a program (deeper pipelines, longer K tiles, wider N tiles on
+    # 8 warps) for the rows where a step's GEMMs stream their weight: at blog's 32 rows the
+    # table's launches read the FP8 weights at about 3.0 TB/s (4489b1e's profile, 2.32 ms a
+    # step for 7.0 GB). Named with p<stages> and w<warps> where those are not 4.
+    for block_m, block_n, block_k, split_k, stages, warps in [
+        (16, 64, 128, 4, 6, 4),
+        (16, 64, 256, 2, 3, 4),
+        (16, 128, 128, 2, 4, 8),
+        (32, 64, 256, 2, 3, 4),
+        (32, 128, 128, 2, 4, 8),
+    ]:
+        name = f"m{block_m}n{block_n}k{block_k}s{split_k}tf"
+        name += f"p{stages}" * (stages != 4) + f"w{warps}" * (warps != 4)
+        out[name] = Fp8GemmConfig(
+            block_m, block_n, block_k, split_k, warps, stages, swap_ab=True, fixup=True
+        )
     return out
 
 
