@@ -153,6 +153,13 @@ class Sampler:
         return round(longest, 3)
 
 
+def env_overrides() -> dict:
+    """{"env": {name: value}} of the BULKGEN_* variables set for the run (A/B switches such as
+    BULKGEN_FP8_PDL and BULKGEN_SILU_FORM), or {} without any: each bench line says its setting."""
+    env = {k: v for k, v in sorted(os.environ.items()) if k.startswith("BULKGEN_")}
+    return {"env": env} if env else {}
+
+
 def engine_stack() -> str:
     """The engine thread's innermost frame and its nearest frames outside Triton, one line; for
     a Triton JIT compile, the kernel and its specialisation key too."""

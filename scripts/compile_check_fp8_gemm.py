@@ -43,7 +43,7 @@ def _aligned(signature: dict[str, str], names: tuple[str, ...]) -> dict:
     return {(order.index(n),): [["tt.divisibility", 16]] for n in names}
 
 
-def gemm_ptx(cfg: Fp8GemmConfig, fast_accum: bool = False) -> str:
+def gemm_ptx(cfg: Fp8GemmConfig, fast_accum: bool = False, pdl_tiles: int = 0) -> str:
     signature = {
         "x_ptr": "*fp8e4nv",
         "w_ptr": "*fp8e4nv",
@@ -64,6 +64,8 @@ def gemm_ptx(cfg: Fp8GemmConfig, fast_accum: bool = False) -> str:
         "EVEN_K": True,
         "FIXUP": cfg.fixup,
         "FAST_ACCUM": fast_accum,
+        "PDL_TILES": pdl_tiles,
+        "PDL_LINES": max(1, cfg.block_k // 128),
     }
     signature |= {name: "constexpr" for name in constexprs}
     aligned = ("x_ptr", "w_ptr", "x_scale_ptr", "w_scale_ptr", "out_ptr", "part_ptr", "N", "K")
@@ -115,6 +117,9 @@ def gpu_atomics(ptx: str) -> int:
     return sum(".gpu." in a and ".acq_rel." in a for a in atomics)
 
 
+PDL_SAMPLES = ("m16n64k128s4tf", "m16n64k256s2tfp3")  # 1 and 2 lines a weight row a K tile
+
+
 def main() -> None:
     launches = [(name, cfg, False) for name, cfg in CANDIDATES.items()]
     launches += [(f"{name}_fast", CANDIDATES[name], True) for name in FAST_SAMPLES]
@@ -124,6 +129,12 @@ def main() -> None:
         counts += f"{float32_adds(ptx)} f32 adds, {gpu_atomics(ptx)} acq_rel atomics"
         print(f"{name:21s}: {len(ptx):6d} chars of PTX, mma {mma_kind(ptx)}, {counts}")
     print(f"{'reduce':16s}: {len(reduce_ptx()):6d} chars of PTX")
+    # Launched with PDL (bulkgen/model/pdl.py): weight lines asked of L2, then one grid wait.
+    for name in PDL_SAMPLES:
+        ptx = gemm_ptx(CANDIDATES[name], True, pdl_tiles=2)
+        prefetches = len(re.findall(r"\bprefetch\.global\.L2\b", ptx))
+        waits = len(re.findall(r"\bgriddepcontrol\.wait\b", ptx))
+        print(f"pdl {name}: {prefetches} L2 prefetches, {waits} grid waits")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from bulkgen.model import fp8_fused, fp8_kernels
+from bulkgen.model import fp8_fused, fp8_kernels, fp8_silu_split
 
 FP8_OUT = {"q_ptr": "*fp8e4nv", "scale_ptr": "*fp32"}
 NORM_INTS = {"n_rows": "i32", "H": "i32", "eps": "fp32", "stride_x": "i32", "stride_res": "i32"}
@@ -19,38 +19,38 @@ KERNELS = [
     (
         fp8_kernels._quantize_rows_kernel,
         {"x_ptr": "*bf16", **FP8_OUT, "static_scale_ptr": "*fp32", "K": "i32", "stride_x": "i32"},
-        {"BLOCK": 2048, "STATIC": False, "ONE_PASS": False},
+        {"BLOCK": 2048, "STATIC": False, "ONE_PASS": False, "PDL": True},
     ),
     (  # quantize_rows(one_pass=True) at the 8B hidden width
         fp8_kernels._quantize_rows_kernel,
         {"x_ptr": "*bf16", **FP8_OUT, "static_scale_ptr": "*fp32", "K": "i32", "stride_x": "i32"},
-        {"BLOCK": 4096, "STATIC": False, "ONE_PASS": True},
+        {"BLOCK": 4096, "STATIC": False, "ONE_PASS": True, "PDL": False},
     ),
     (
         fp8_fused._rms_norm_fp8_kernel,
         {"x_ptr": "*bf16", "res_ptr": "*bf16", "w_ptr": "*bf16", **FP8_OUT}
         | {"new_res_ptr": "*bf16", **NORM_INTS},
-        {"BLOCK_H": 4096, "ROWS": 1, "HAS_RESIDUAL": True},
+        {"BLOCK_H": 4096, "ROWS": 1, "HAS_RESIDUAL": True, "PDL": True},
     ),
     (
         fp8_fused._silu_and_mul_fp8_kernel,
         {"gate_up_ptr": "*bf16", **FP8_OUT, "I": "i32", "stride_row": "i32"},
-        {"BLOCK": 2048, "LIBDEVICE_EXP": True, "ONE_PASS": False},
+        {"BLOCK": 2048, "LIBDEVICE_EXP": True, "ONE_PASS": False, "PDL": False},
     ),
     (  # silu_and_mul_fp8(one_pass=True) at the 8B shape's width (14,336 in a 16,384 tile)
         fp8_fused._silu_and_mul_fp8_kernel,
         {"gate_up_ptr": "*bf16", **FP8_OUT, "I": "i32", "stride_row": "i32"},
-        {"BLOCK": 16384, "LIBDEVICE_EXP": True, "ONE_PASS": True},
+        {"BLOCK": 16384, "LIBDEVICE_EXP": True, "ONE_PASS": True, "PDL": True},
     ),
     (  # silu_and_mul_fp8(form="split"): each chunk's absmax, then each chunk quantized
-        fp8_fused._silu_absmax_kernel,
+        fp8_silu_split._silu_absmax_kernel,
         {"gate_up_ptr": "*bf16", "absmax_ptr": "*fp32", "I": "i32", "stride_row": "i32"},
         {"BLOCK": 2048, "LIBDEVICE_EXP": True},
     ),
     (
-        fp8_fused._silu_quantize_kernel,
+        fp8_silu_split._silu_quantize_kernel,
         {"gate_up_ptr": "*bf16", "absmax_ptr": "*fp32", **FP8_OUT, "I": "i32", "stride_row": "i32"},
-        {"BLOCK": 2048, "CHUNKS": 8, "LIBDEVICE_EXP": True},
+        {"BLOCK": 2048, "CHUNKS": 8, "LIBDEVICE_EXP": True, "PDL": True},
     ),
 ]
 
@@ -63,7 +63,9 @@ def main() -> None:
         target = GPUTarget("cuda", 90, 32)
         ptx = triton.compile(source, target=target, options={"num_warps": warps}).asm["ptx"]
         cvt = "yes" if "cvt.rn.satfinite.e4m3x2.f32" in ptx else "no"
-        print(f"{fn.__name__}: {len(ptx)} chars of PTX, cvt to e4m3: {cvt}")
+        # PDL True: the kernel lets a GEMM launched with PDL start (bulkgen/model/pdl.py).
+        trigger = "yes" if "griddepcontrol.launch_dependents" in ptx else "no"
+        print(f"{fn.__name__}: {len(ptx)} chars of PTX, cvt to e4m3: {cvt}, pdl trigger: {trigger}")
 
 
 if __name__ == "__main__":

@@ -34,6 +34,10 @@
 #      EngineConfig.mixed_graphs (steps with prefill replaying CUDA graphs of everything but
 #      attention; the default on one GPU since db9498e: engines *-eagermixed turn it off), about
 #      5 minutes (305 s at db9498e), and their GPU test first;
+#   pdl: the FP8 GEMM launched with programmatic dependent launch, its weight's first K tiles
+#      prefetched into L2 while the RMSNorm / SiLU / quantizer before it runs (BULKGEN_FP8_PDL=1,
+#      bulkgen/model/pdl.py): tests/test_gpu_pdl.py, then blog FP8 off/on twice, bulk FP8 off/on
+#      (about 5 minutes on a warm machine);
 #   spy: trt at 256 rows (400 requests; SPY_ARGS: other bench.py arguments, e.g. blog's) under
 #      py-spy, --gil then --idle (about 2.5 minutes): who holds the interpreter while decode
 #      steps are launched, where the engine thread's time goes in a run (spy_*.txt, spy.jsonl
@@ -149,6 +153,17 @@ if want pieces; then
   bench bulk 330 --workloads bulk --num-prompts 512 \
     --engines bulkgen-eagermixed,bulkgen,bulkgen-fp8-eagermixed,bulkgen-fp8
   bench blog 150 --workloads blog --engines bulkgen-eagermixed,bulkgen  # busy: its prefills
+fi
+if want pdl; then  # the FP8 GEMM launched with PDL behind its input's producers (model/pdl.py):
+  # its GPU test, then blog FP8 off/on twice and bulk FP8 off/on (each line's "env" says which)
+  OUT=$WORK/tests TESTS=1 BENCH=0 PYTEST_ARGS="tests/test_gpu_pdl.py" timeout 150 \
+    scripts/gpu_check.sh > /dev/null 2>&1
+  { tail -3 "$WORK/tests/gpu_tests.log"; grep -E "FAILED|^E " "$WORK/tests/gpu_tests.log" | head; } \
+    | tee "$OUT/pdl_tests.txt"
+  for on in 0 1 0 1; do BULKGEN_FP8_PDL=$on bench blog 120 --workloads blog --engines bulkgen-fp8; done
+  for on in 0 1; do
+    BULKGEN_FP8_PDL=$on bench bulk 150 --workloads bulk --engines bulkgen-fp8 --num-prompts 512
+  done
 fi
 if want spy; then  # who holds the interpreter during a run (issue 10: decode steps' host time
   # in a run, 2.8 ms at 256 rows, against 1.0-1.2 ms for the same work alone): py-spy (its wheel

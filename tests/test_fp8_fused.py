@@ -20,11 +20,11 @@ from bulkgen.model import fused  # noqa: E402
 from bulkgen.model.fp8 import Fp8Activation, Fp8Linear, fuse_input_quantization  # noqa: E402
 from bulkgen.model.fp8_fused import (  # noqa: E402
     SILU_FORMS,
-    SPLIT_BLOCK,
     add_rms_norm_fp8,
     rms_norm_fp8,
     silu_and_mul_fp8,
 )
+from bulkgen.model.fp8_silu_split import SPLIT_BLOCK  # noqa: E402
 from bulkgen.model.fp8_kernels import quantize_rows  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")

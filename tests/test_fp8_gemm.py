@@ -165,6 +165,12 @@ def test_every_candidate_compiles_for_hopper_with_fp8_mma_where_intended():
     found = {name: (mma, *map(int, counts)) for name, mma, *counts in lines}
     fast = {name.removesuffix("_fast"): found.pop(name) for name in list(found) if "_fast" in name}
     assert set(found) == set(CANDIDATES) and "reduce" in done.stdout
+    # Launched with PDL: each thread's weight lines of 2 K tiles asked of L2 before one wait.
+    pattern = r"^pdl (\w+): (\d+) L2 prefetches, (\d+) grid waits$"
+    pdl = {name: (int(p), int(w)) for name, p, w in re.findall(pattern, done.stdout, re.M)}
+    assert set(pdl) == {"m16n64k128s4tf", "m16n64k256s2tfp3"}
+    for prefetches, waits in pdl.values():
+        assert prefetches >= 2 and waits == 1, (prefetches, waits)
     # Fast accumulation (fp8_fast_accum): the same MMAs, and e4m3 ones keep their sums in the
     # tensor cores' accumulator (no float32 adds; these samples do not add their own splits).
     assert set(fast) == {"m64n64k128s2", "m16n64k128s4t", "m16n64k128s4"}

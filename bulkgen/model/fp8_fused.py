@@ -22,11 +22,13 @@ from types import SimpleNamespace
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra import libdevice
 
+from bulkgen.model import pdl
 from bulkgen.model.fp8 import FP8, Fp8Activation
 from bulkgen.model.fp8_kernels import quantize_value, row_scale
+from bulkgen.model.fp8_silu_split import silu_split, silu_times_up
 from bulkgen.model.fused import NORM_TILE
+from bulkgen.model.pdl import pdl_launch_dependents
 
 SILU_BLOCK = 2048  # elements of a row per loop iteration (two passes)
 # silu_and_mul_fp8 reads a row in one pass up to this many rows (its docstring): on the H200 at
@@ -34,11 +36,6 @@ SILU_BLOCK = 2048  # elements of a row per loop iteration (two passes)
 # rows against two passes' 21.7/23.4/25.1, and lost at 512 and 1,024 (41.5 vs 34.2, 76.0 vs 63.8).
 ONE_PASS_MAX_ROWS = 256
 ONE_PASS_MAX_WIDTH = 16384  # 32 values a thread at 16 warps (the 8B shape's 14,336 fits)
-# The split form: each row in SPLIT_BLOCK-wide chunks, a program per (row, chunk) in two launches
-# (each chunk's absmax, then the row's scale from its chunks' and the chunk quantized, silu
-# computed again from L2). One pass gives a row one program: 32 of the H200's 132 SMs at blog's
-# 32 rows, where it took 9 us of a 4.8 ms FP8 step a layer (4489b1e's kernel profile).
-SPLIT_BLOCK = 2048
 SILU_FORMS = ("one_pass", "two_pass", "split")
 SPLIT_MAX_ROWS = 64
 
@@ -59,7 +56,10 @@ def _rms_norm_fp8_kernel(
     BLOCK_H: tl.constexpr,
     ROWS: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
+    PDL: tl.constexpr,  # let a GEMM launched with PDL start now (pdl.py)
 ):
+    if PDL:
+        pdl_launch_dependents()
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_H)
     mask = (rows < n_rows)[:, None] & (cols < H)[None, :]
@@ -83,21 +83,6 @@ def _rms_norm_fp8_kernel(
 
 
 @triton.jit
-def _silu_times_up(row_ptr, cols, I, LIBDEVICE_EXP: tl.constexpr):
-    """silu(gate) * up at cols of one [gate | up] row, rounded as fused.silu_and_mul rounds."""
-    mask = cols < I
-    gate = tl.load(row_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    up = tl.load(row_ptr + I + cols, mask=mask, other=0.0).to(tl.float32)
-    if LIBDEVICE_EXP:
-        e = libdevice.exp(-gate)
-    else:
-        e = tl.exp(-gate)
-    dtype = row_ptr.dtype.element_ty
-    act = tl.math.div_rn(gate, 1.0 + e).to(dtype).to(tl.float32)
-    return (act * up).to(dtype).to(tl.float32)
-
-
-@triton.jit
 def _silu_and_mul_fp8_kernel(
     gate_up_ptr,
     q_ptr,
@@ -107,12 +92,15 @@ def _silu_and_mul_fp8_kernel(
     BLOCK: tl.constexpr,
     LIBDEVICE_EXP: tl.constexpr,
     ONE_PASS: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:
+        pdl_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     row_ptr = gate_up_ptr + row * stride_row
     if ONE_PASS:  # the whole row in one tile (BLOCK >= I): read once, silu computed once
         cols = tl.arange(0, BLOCK)
-        value = _silu_times_up(row_ptr, cols, I, LIBDEVICE_EXP)  # 0 past I: no effect on absmax
+        value = silu_times_up(row_ptr, cols, I, LIBDEVICE_EXP)  # 0 past I: no effect on absmax
         scale = row_scale(tl.max(tl.abs(value), axis=0))
         q = quantize_value(value, scale)
         tl.store(q_ptr + row * I + cols, q.to(q_ptr.dtype.element_ty), mask=cols < I)
@@ -120,71 +108,13 @@ def _silu_and_mul_fp8_kernel(
         absmax = tl.zeros([BLOCK], dtype=tl.float32)
         for start in range(0, I, BLOCK):
             cols = start + tl.arange(0, BLOCK)
-            absmax = tl.maximum(absmax, tl.abs(_silu_times_up(row_ptr, cols, I, LIBDEVICE_EXP)))
+            absmax = tl.maximum(absmax, tl.abs(silu_times_up(row_ptr, cols, I, LIBDEVICE_EXP)))
         scale = row_scale(tl.max(absmax, axis=0))
         for start in range(0, I, BLOCK):
             cols = start + tl.arange(0, BLOCK)
-            q = quantize_value(_silu_times_up(row_ptr, cols, I, LIBDEVICE_EXP), scale)
+            q = quantize_value(silu_times_up(row_ptr, cols, I, LIBDEVICE_EXP), scale)
             tl.store(q_ptr + row * I + cols, q.to(q_ptr.dtype.element_ty), mask=cols < I)
     tl.store(scale_ptr + row, scale)
-
-
-@triton.jit
-def _silu_absmax_kernel(
-    gate_up_ptr, absmax_ptr, I, stride_row, BLOCK: tl.constexpr, LIBDEVICE_EXP: tl.constexpr
-):
-    """absmax[row, chunk]: the largest |silu(gate) * up| of one BLOCK-wide chunk of a row."""
-    row, chunk = tl.program_id(0).to(tl.int64), tl.program_id(1)
-    cols = chunk * BLOCK + tl.arange(0, BLOCK)
-    value = _silu_times_up(gate_up_ptr + row * stride_row, cols, I, LIBDEVICE_EXP)
-    tl.store(absmax_ptr + row * tl.num_programs(1) + chunk, tl.max(tl.abs(value), axis=0))
-
-
-@triton.jit
-def _silu_quantize_kernel(
-    gate_up_ptr,
-    absmax_ptr,
-    q_ptr,
-    scale_ptr,
-    I,
-    stride_row,
-    BLOCK: tl.constexpr,
-    CHUNKS: tl.constexpr,  # a power of two >= the launch's chunks per row
-    LIBDEVICE_EXP: tl.constexpr,
-):
-    """One chunk of a row quantized by the row's scale, from the chunks' absmax (the max of
-    maxima: the row's absmax exactly, so the same scale and bits as one pass)."""
-    row, chunk, chunks = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.num_programs(1)
-    parts = tl.arange(0, CHUNKS)
-    absmax = tl.load(absmax_ptr + row * chunks + parts, mask=parts < chunks, other=0.0)
-    scale = row_scale(tl.max(absmax, axis=0))
-    cols = chunk * BLOCK + tl.arange(0, BLOCK)
-    value = _silu_times_up(gate_up_ptr + row * stride_row, cols, I, LIBDEVICE_EXP)
-    q = quantize_value(value, scale)
-    tl.store(q_ptr + row * I + cols, q.to(q_ptr.dtype.element_ty), mask=cols < I)
-    if chunk == 0:
-        tl.store(scale_ptr + row, scale)
-
-
-def _silu_split(gate_up: torch.Tensor, out: Fp8Activation, I: int) -> None:
-    """silu_and_mul_fp8's split form into out: two launches of (rows, chunks) programs."""
-    T, chunks = gate_up.shape[0], triton.cdiv(I, SPLIT_BLOCK)
-    absmax = torch.empty((T, chunks), dtype=torch.float32, device=gate_up.device)
-    exp, stride = gate_up.is_cuda, gate_up.stride(0)
-    _silu_absmax_kernel[(T, chunks)](
-        gate_up, absmax, I, stride, BLOCK=SPLIT_BLOCK, LIBDEVICE_EXP=exp
-    )
-    _silu_quantize_kernel[(T, chunks)](
-        gate_up,
-        absmax,
-        out.q,
-        out.scale,
-        I,
-        stride,
-        BLOCK=SPLIT_BLOCK,
-        CHUNKS=triton.next_power_of_2(chunks),
-        LIBDEVICE_EXP=exp,
-    )
 
 
 def _outputs(rows: int, width: int, device: torch.device) -> Fp8Activation:
@@ -222,6 +152,7 @@ def _norm(
         BLOCK_H=block_h,
         ROWS=rows,
         HAS_RESIDUAL=residual is not None,
+        PDL=pdl.enabled(x.device),
         num_warps=min(16, max(1, block_h * rows // 512)),
     )
     return out, new_res
@@ -260,7 +191,7 @@ def silu_and_mul_fp8(gate_up: torch.Tensor, form: str | None = None) -> Fp8Activ
     if form not in SILU_FORMS:
         raise ValueError(f"silu_and_mul_fp8 form must be one of {SILU_FORMS}, got {form!r}")
     if form == "split":
-        _silu_split(gate_up, out, I)
+        silu_split(gate_up, out.q, out.scale)
         return out
     one_pass = form == "one_pass" and I <= ONE_PASS_MAX_WIDTH
     block = triton.next_power_of_2(I) if one_pass else min(SILU_BLOCK, triton.next_power_of_2(I))
@@ -273,6 +204,7 @@ def silu_and_mul_fp8(gate_up: torch.Tensor, form: str | None = None) -> Fp8Activ
         BLOCK=block,
         LIBDEVICE_EXP=gate_up.is_cuda,
         ONE_PASS=one_pass,
+        PDL=pdl.enabled(gate_up.device),
         num_warps=min(16, max(4, block // 1024)) if one_pass else 4,
     )
     return out

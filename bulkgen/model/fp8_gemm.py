@@ -33,8 +33,11 @@ import torch
 import triton
 import triton.language as tl
 
+from bulkgen.model import pdl
+
 # The launches (tiles, splits, operand handling) and the candidates the tuner times.
 from bulkgen.model.fp8_gemm_configs import CANDIDATES, Fp8GemmConfig
+from bulkgen.model.pdl import pdl_wait, prefetch_l2
 
 __all__ = ["CANDIDATES", "Fp8GemmConfig", "fp8_gemm", "output_tiles", "tile_counters_for"]
 
@@ -84,6 +87,8 @@ def _fp8_gemm_kernel(
     EVEN_K: tl.constexpr,
     FIXUP: tl.constexpr,
     FAST_ACCUM: tl.constexpr,
+    PDL_TILES: tl.constexpr,  # > 0: launched with PDL (pdl.py), K tiles prefetched before the wait
+    PDL_LINES: tl.constexpr,  # 128-byte lines of a weight row in a K tile (1 at least)
 ):
     # Row tiles vary fastest: the programs that share a weight slice run together, and those
     # after the first find it in L2 (a 28672-row weight is larger than the H200's L2).
@@ -101,6 +106,11 @@ def _fp8_gemm_kernel(
     row_ok = rows < M
     x_rows = x_ptr + rows.to(tl.int64) * stride_xm
     w_rows = w_ptr + (cols % N).to(tl.int64) * stride_wn
+    if PDL_TILES > 0:  # before the wait the weight only, which no kernel writes (pdl.py)
+        for t in tl.static_range(PDL_TILES):
+            lines = (first + t) * BLOCK_K + tl.arange(0, PDL_LINES) * 128
+            prefetch_l2(w_rows[:, None] + tl.minimum(lines, K - 1)[None, :])
+        pdl_wait()
     if SWAP_AB:  # acc[n, m]: weight tile [BLOCK_N, BLOCK_K] @ rows [BLOCK_K, BLOCK_M]
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     else:  # acc[m, n]: rows [BLOCK_M, BLOCK_K] @ weight tile [BLOCK_K, BLOCK_N]
@@ -216,6 +226,7 @@ def fp8_gemm(
     if fixup and (tile_counters is None or tile_counters.numel() < output_tiles(M, N, cfg)):
         raise ValueError(f"{cfg} at {M}x{N} needs {output_tiles(M, N, cfg)} tile counters")
     part = out if split_k == 1 else torch.empty((split_k, M, N), device=xq.device)
+    early = pdl.enabled(xq.device)  # launched with PDL: may start before its input is written
     grid = (triton.cdiv(M, cfg.block_m), triton.cdiv(N, cfg.block_n), split_k)
     _fp8_gemm_kernel[grid](
         xq,
@@ -240,8 +251,11 @@ def fp8_gemm(
         EVEN_K=K % cfg.block_k == 0,
         FIXUP=fixup,
         FAST_ACCUM=fast_accum and cfg.dot == "fp8",  # an fp16 MMA sums in float32 anyway
+        PDL_TILES=pdl.PREFETCH_TILES if early else 0,
+        PDL_LINES=max(1, cfg.block_k // 128),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
+        **pdl.launch_options(xq.device),
     )
     if split_k > 1 and not fixup:
         grid = (M, triton.cdiv(N, REDUCE_BLOCK))

@@ -15,7 +15,9 @@ import torch
 import triton
 import triton.language as tl
 
+from bulkgen.model import pdl
 from bulkgen.model.fp8 import FP8, FP8_MAX, MIN_ABSMAX
+from bulkgen.model.pdl import pdl_launch_dependents
 
 BLOCK = 2048  # elements of a row per loop iteration (two passes)
 # quantize_rows reads a row in one pass up to this many rows: on the H200 at o_proj's 4,096-wide
@@ -68,7 +70,10 @@ def _quantize_rows_kernel(
     BLOCK: tl.constexpr,
     STATIC: tl.constexpr,
     ONE_PASS: tl.constexpr,
+    PDL: tl.constexpr,  # let a GEMM launched with PDL start now (pdl.py)
 ):
+    if PDL:
+        pdl_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_x
     if ONE_PASS:  # the whole row in one tile (BLOCK >= K): read once
@@ -126,6 +131,7 @@ def quantize_rows(
         BLOCK=block,
         STATIC=static_scale is not None,
         ONE_PASS=one_pass,
+        PDL=pdl.enabled(x.device),
         num_warps=min(16, max(4, block // 512)) if one_pass else 4,
     )
     return q, scale
