@@ -24,8 +24,8 @@ from bulkgen.model.fp8_fused import (  # noqa: E402
     rms_norm_fp8,
     silu_and_mul_fp8,
 )
-from bulkgen.model.fp8_silu_split import SPLIT_BLOCK  # noqa: E402
 from bulkgen.model.fp8_kernels import quantize_rows  # noqa: E402
+from bulkgen.model.fp8_silu_split import SPLIT_BLOCK  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 # The interpreter mishandles bfloat16 in the fused ops (see test_fused_ops.py): float32 here.
