@@ -95,8 +95,8 @@ def steps_us(calls: list) -> float:
     """Median microseconds per call of `calls` (no arguments each) captured back to back in one
     CUDA graph and replayed with no L2 clear: each call's time as a step's layers run it, one
     after another over their own caches. graph_ms's single replay after do_bench's L2 clear read
-    10-15 us more per decode launch at 32 rows than this (bench_decode_layers.py, f85933e: the
-    clear's dirty lines written back while the kernel reads)."""
+    6-11 us more per decode launch at 32 rows than this (bench_decode_layers.py, f85933e; the
+    clear's dirty lines written back while the kernel reads would explain it, not verified)."""
     for call in calls:
         call()  # compile outside the capture
     torch.cuda.synchronize()

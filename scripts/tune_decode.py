@@ -21,7 +21,7 @@ split counts are then left to the heuristic).
 Each time is a launch's as a step runs it (bench_attention.steps_us): LAUNCHES_PER_GRAPH
 launches back to back in one CUDA graph, cycling over copies of the shape's cache that together
 outgrow the L2 (STREAM_BYTES), no L2 clear. Until 2026-12-01 each was one launch replayed after
-do_bench's L2 clear, which read 10-15 us more at 32 rows than a step's (bench_decode_layers.py)
+do_bench's L2 clear, which read 6-11 us more at 32 rows than a step's (bench_decode_layers.py)
 and so favoured launches with less to do at the start over those with more parallelism.
 """
 
