@@ -48,6 +48,8 @@
 #      --rows; does a batch of 441, run as 448, cost what 512 does?), about a minute;
 #   ncu: the decode kernel under Nsight Compute at blog's 32 rows (fp8 and bf16) and 256 x 2K
 #      (scripts/ncu_decode.py; about 2 minutes);
+#   ncumm: blog's four FP8 GEMMs (32 rows, the table's launches) under Nsight Compute
+#      (scripts/ncu_fp8_gemm.py; about a minute);
 #   diag = host fp8mm prof: host time per step at 256 rows x 2K (bench_host.py); FP8 GEMMs
 #      against bf16 by batch size (bench_fp8_mm.py), the FP8 activation kernels' one- and
 #      two-pass forms (bench_fp8_fused.py); a kernel profile of blog FP8 (its wall_s is no
@@ -202,6 +204,15 @@ fi
 if want fp8mm; then
   timeout 60 python3 scripts/bench_fp8_mm.py 2>&1 | tee "$OUT/fp8mm.txt" | tail -2
   timeout 30 python3 scripts/bench_fp8_fused.py 2>&1 | tee -a "$OUT/fp8mm.txt" | tail -1
+fi
+if want ncumm; then  # blog's FP8 GEMMs (32 rows, the table's launches) under Nsight Compute
+  NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2> /dev/null | head -1)
+  timeout 150 "$NCU" --clock-control none -k regex:_fp8_gemm --launch-skip 8 --launch-count 4 \
+    --section SpeedOfLight --section Occupancy --section WarpStateStats \
+    --section MemoryWorkloadAnalysis --section LaunchStats \
+    python3 scripts/ncu_fp8_gemm.py 32 > "$OUT/ncu_fp8_gemm.txt" 2>&1
+  grep -E "at 32 rows|Duration|DRAM Throughput|Achieved Occupancy|Registers Per|Grid Size" \
+    "$OUT/ncu_fp8_gemm.txt" | head -28
 fi
 if want prof; then
   bench prof 60 --workloads blog --engines bulkgen-fp8 --profile-at 6
