@@ -255,6 +255,23 @@ def test_stats_report_host_time_per_step(tiny_model_dir):
     assert stats["alloc_retries"] is None and stats["device_mallocs"] is None  # CPU: not kept
 
 
+def test_stats_name_the_experimental_switches_set_in_the_environment(tiny_model_dir, monkeypatch):
+    import os
+
+    from bulkgen import LLM
+
+    for name in [k for k in os.environ if k.startswith("BULKGEN_")]:
+        monkeypatch.delenv(name)
+    llm = LLM(str(tiny_model_dir), dtype="float32", device="cpu")
+    params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+    llm.generate(encode_all(tiny_model_dir, PROMPTS[:1]), params)
+    assert llm.engine.stats["env_overrides"] == {}
+    monkeypatch.setenv("BULKGEN_SILU_FORM", "split")
+    monkeypatch.setenv("BULKGEN_FP8_PDL", "1")  # never on the CPU, but the run says it was asked
+    expected = {"BULKGEN_FP8_PDL": "1", "BULKGEN_SILU_FORM": "split"}
+    assert llm.engine.stats["env_overrides"] == expected
+
+
 def test_recomputed_tokens_count_what_preemption_made_the_engine_compute_again(tiny_model_dir):
     from bulkgen import LLM
 

@@ -3,6 +3,7 @@ batch sizes chosen and run, graph use, and the GPU monitor's figures."""
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 from bulkgen.engine.monitor import step_time_stats
@@ -46,4 +47,7 @@ def engine_stats(engine: Engine) -> dict:
         if engine.runner.mixed_graphs
         else None,
         **(engine.monitor.stats if engine.monitor is not None else {}),
+        # Experimental switches in the environment (BULKGEN_FP8_PDL, BULKGEN_SILU_FORM): a run's
+        # stats say which kernels it ran ({} when none is set).
+        "env_overrides": {k: v for k, v in sorted(os.environ.items()) if k.startswith("BULKGEN_")},
     }
