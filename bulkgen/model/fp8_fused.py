@@ -26,8 +26,8 @@ import triton.language as tl
 from bulkgen.model import pdl
 from bulkgen.model.fp8 import FP8, Fp8Activation
 from bulkgen.model.fp8_kernels import quantize_value, row_scale
-from bulkgen.model.fp8_silu_split import silu_split, silu_times_up
-from bulkgen.model.fused import NORM_TILE
+from bulkgen.model.fp8_silu_split import silu_split
+from bulkgen.model.fused import NORM_TILE, silu_times_up
 from bulkgen.model.pdl import pdl_launch_dependents
 
 SILU_BLOCK = 2048  # elements of a row per loop iteration (two passes)

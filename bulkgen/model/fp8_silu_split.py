@@ -11,28 +11,13 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra import libdevice
 
 from bulkgen.model import pdl
 from bulkgen.model.fp8_kernels import quantize_value, row_scale
+from bulkgen.model.fused import silu_times_up
 from bulkgen.model.pdl import pdl_launch_dependents
 
 SPLIT_BLOCK = 2048  # values of a row per program
-
-
-@triton.jit
-def silu_times_up(row_ptr, cols, I, LIBDEVICE_EXP: tl.constexpr):
-    """silu(gate) * up at cols of one [gate | up] row, rounded as fused.silu_and_mul rounds."""
-    mask = cols < I
-    gate = tl.load(row_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    up = tl.load(row_ptr + I + cols, mask=mask, other=0.0).to(tl.float32)
-    if LIBDEVICE_EXP:
-        e = libdevice.exp(-gate)
-    else:
-        e = tl.exp(-gate)
-    dtype = row_ptr.dtype.element_ty
-    act = tl.math.div_rn(gate, 1.0 + e).to(dtype).to(tl.float32)
-    return (act * up).to(dtype).to(tl.float32)
 
 
 @triton.jit

@@ -67,6 +67,25 @@ def _rms_norm_kernel(
 
 
 @triton.jit
+def silu_times_up(row_ptr, cols, I, LIBDEVICE_EXP: tl.constexpr):
+    """silu(gate) * up at cols of one [gate | up] row of I + I values, rounded to the row's dtype
+    as torch rounds it (returned in float32; 0 past I). fp8_fused.py and fp8_silu_split.py
+    quantize the same values."""
+    mask = cols < I
+    gate = tl.load(row_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(row_ptr + I + cols, mask=mask, other=0.0).to(tl.float32)
+    # torch's silu is x / (1 + expf(-x)) in float32 with an IEEE division; tl.exp and "/" are
+    # approximate on the GPU, so use libdevice's expf there (the interpreter has no libdevice).
+    if LIBDEVICE_EXP:
+        e = libdevice.exp(-gate)
+    else:
+        e = tl.exp(-gate)
+    dtype = row_ptr.dtype.element_ty
+    act = tl.math.div_rn(gate, 1.0 + e).to(dtype).to(tl.float32)
+    return (act * up).to(dtype).to(tl.float32)
+
+
+@triton.jit
 def _silu_and_mul_kernel(
     gate_up_ptr,
     out_ptr,
@@ -77,19 +96,8 @@ def _silu_and_mul_kernel(
 ):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < I
-    gate_row = gate_up_ptr + row * stride_row
-    gate = tl.load(gate_row + cols, mask=mask, other=0.0).to(tl.float32)
-    up = tl.load(gate_row + I + cols, mask=mask, other=0.0).to(tl.float32)
-    # torch's silu is x / (1 + expf(-x)) in float32 with an IEEE division; tl.exp and "/" are
-    # approximate on the GPU, so use libdevice's expf there (the interpreter has no libdevice).
-    if LIBDEVICE_EXP:
-        e = libdevice.exp(-gate)
-    else:
-        e = tl.exp(-gate)
-    dtype = out_ptr.dtype.element_ty
-    act = tl.math.div_rn(gate, 1.0 + e).to(dtype).to(tl.float32)
-    tl.store(out_ptr + row * I + cols, (act * up).to(dtype), mask=mask)
+    value = silu_times_up(gate_up_ptr + row * stride_row, cols, I, LIBDEVICE_EXP)
+    tl.store(out_ptr + row * I + cols, value.to(out_ptr.dtype.element_ty), mask=cols < I)
 
 
 def _check_rows(x: torch.Tensor, name: str) -> None:
