@@ -34,7 +34,7 @@ from bench_bulkgen import (
     seq_setting,
     tensor_parallel,
 )
-from bench_measure import env_overrides, git_commit, measure_ceilings, plot
+from bench_measure import env_fields, git_commit, measure_ceilings, plot
 from bench_transformers import run_transformers
 from bench_workloads import make_workload, model_folder, roofline_compute_s, split_roofline_s
 
@@ -254,7 +254,7 @@ def main() -> None:
                         "max_num_seqs": seq_setting(seqs),
                         **({"max_batch_tokens": int(tokens)} if tokens else {}),
                         "git_commit": git_commit(),
-                        **env_overrides(),
+                        **env_fields(),
                     }
                 )
                 if "attention" in r:

@@ -153,10 +153,12 @@ class Sampler:
         return round(longest, 3)
 
 
-def env_overrides() -> dict:
-    """{"env": {name: value}} of the BULKGEN_* variables set for the run (A/B switches such as
-    BULKGEN_FP8_PDL and BULKGEN_SILU_FORM), or {} without any: each bench line says its setting."""
-    env = {k: v for k, v in sorted(os.environ.items()) if k.startswith("BULKGEN_")}
+def env_fields() -> dict:
+    """{"env": {name: value}} of the BULKGEN_* switches set for the run (engine_stats'
+    env_overrides), or {} without any: each bench line says its setting."""
+    from bulkgen.engine.engine_stats import env_overrides  # the parent's: as its children's
+
+    env = env_overrides()
     return {"env": env} if env else {}
 
 

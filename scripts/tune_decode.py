@@ -113,7 +113,7 @@ def shapes(dtype, slots_inner: bool = False) -> dict:
     many copies as outgrow the L2 together (STREAM_BYTES), one at least."""
     inputs, block_size = {}, block_size_for(slots_inner)
     for s in SHAPES:
-        kv_bytes = 2 * s[0] * s[1] * NUM_KV_HEADS * HEAD_DIM * torch.empty((), dtype=dtype).itemsize
+        kv_bytes = 2 * s[0] * s[1] * NUM_KV_HEADS * HEAD_DIM * dtype.itemsize
         inputs[s] = []
         for _ in range(-(-STREAM_BYTES // kv_bytes)):
             q, k, v, meta, scales = paged_inputs([s[1]] * s[0], [1] * s[0], True, dtype, block_size)

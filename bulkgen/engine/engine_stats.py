@@ -47,7 +47,11 @@ def engine_stats(engine: Engine) -> dict:
         if engine.runner.mixed_graphs
         else None,
         **(engine.monitor.stats if engine.monitor is not None else {}),
-        # Experimental switches in the environment (BULKGEN_FP8_PDL, BULKGEN_SILU_FORM): a run's
-        # stats say which kernels it ran ({} when none is set).
-        "env_overrides": {k: v for k, v in sorted(os.environ.items()) if k.startswith("BULKGEN_")},
+        "env_overrides": env_overrides(),
     }
+
+
+def env_overrides() -> dict[str, str]:
+    """The experimental switches set in the environment (BULKGEN_FP8_PDL, BULKGEN_SILU_FORM): a
+    run's stats say which kernels it ran ({} when none is set)."""
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith("BULKGEN_")}

@@ -216,6 +216,9 @@ def default_silu_form(rows: int, width: int) -> str:
     A/B runs of the benchmark."""
     forced = os.environ.get("BULKGEN_SILU_FORM")
     if forced:
+        if forced not in SILU_FORMS:
+            choices = ", ".join(SILU_FORMS)
+            raise ValueError(f"BULKGEN_SILU_FORM names a SiLU form, one of {choices}: {forced!r}")
         return forced
     if rows <= SPLIT_MAX_ROWS:
         return "split"
