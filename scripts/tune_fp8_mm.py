@@ -8,7 +8,9 @@ launches back to back), over enough copies of the weight (distinct tensors, one 
 least 256 MB in all) that no weight is still in the 50 MB L2 when it is read again, as in a
 model of 32 layers. triton.testing.do_bench takes the median of the graph's replays; the time
 per GEMM is that over the copies. A candidate whose output is not _scaled_mm's within bf16
-rounding is reported and never chosen.
+rounding is reported and never chosen. Both sum as the engine's FP8 GEMMs do by default
+(fp8_fast_accum: the tensor cores' own accumulator over all of K); --exact-sums times the float32
+sums of EngineConfig(fp8_fast_accum=False) instead, and the table records which was timed.
 
 One JSON line per (projection, M): microseconds of each kernel, the best, its speedup over
 scaled_mm and the weight bandwidth it reached. Then one summary line per M: the step's 128
@@ -33,19 +35,32 @@ from bulkgen.model.fp8 import quantize_rows_reference, quantize_weight
 from bulkgen.model.fp8_gemm import CANDIDATES, fp8_gemm, tile_counters_for
 from bulkgen.model.fp8_gemm_table import SCALED_MM, TABLE_FILE, table_from_timings
 
-ROWS = (1, 8, 16, 32, 64, 128, 256, 512)
+ROWS = (1, 8, 16, 32, 64, 128, 256, 512, 1024)
 STREAM_BYTES = 256 * 2**20  # weight bytes a graph walks through: five times the H200's L2
 
 
 def candidates_for(m: int) -> dict[str, object]:
-    """Launches worth timing at m rows: row tiles no taller than m needs (16 at least)."""
+    """Launches worth timing at m rows: row tiles no taller than m needs (16 at least), and from
+    256 rows none shorter than 64 (16-row tiles there read the weight 16 times and more)."""
     tallest = max(16, 1 << (m - 1).bit_length())
-    return {name: c for name, c in CANDIDATES.items() if c.block_m <= tallest}
+    return {
+        name: c
+        for name, c in CANDIDATES.items()
+        if c.block_m <= tallest and (m < 256 or c.block_m >= 64)
+    }
+
+
+FAST_ACCUM = True  # main() sets it from --exact-sums
 
 
 def scaled_mm(xq, x_scale, wq, w_scale):
     return torch._scaled_mm(
-        xq, wq.t(), scale_a=x_scale, scale_b=w_scale.view(1, -1), out_dtype=torch.bfloat16
+        xq,
+        wq.t(),
+        scale_a=x_scale,
+        scale_b=w_scale.view(1, -1),
+        out_dtype=torch.bfloat16,
+        use_fast_accum=FAST_ACCUM,
     )
 
 
@@ -94,7 +109,10 @@ def tune_projection(
         for cand, config in candidates_for(m).items():
             # A launch adding its own K splits counts in zeros it leaves zero: a layer's own.
             gemm = functools.partial(
-                fp8_gemm, config=config, tile_counters=tile_counters_for(m, n, config, dev)
+                fp8_gemm,
+                config=config,
+                tile_counters=tile_counters_for(m, n, config, dev),
+                fast_accum=FAST_ACCUM,
             )
             try:
                 out = gemm(*x, *weights[0])
@@ -131,6 +149,7 @@ def write_table(timings: dict[str, dict[int, dict[str, float]]]) -> None:
         "commit": commit(),
         "measured": datetime.date.today().isoformat(),
         "how": "scripts/tune_fp8_mm.py --write-table (median of CUDA-graph replays)",
+        "fast_accum": FAST_ACCUM,
         "shapes": table_from_timings(timings),
     }
     TABLE_FILE.write_text(json.dumps(table, indent=1) + "\n")
@@ -141,7 +160,12 @@ def main() -> None:
     parser.add_argument("--write-table", action="store_true", help=f"write {TABLE_FILE.name}")
     parser.add_argument("--rows", default=",".join(map(str, ROWS)), help="M values, commas")
     parser.add_argument("--proj", default="qkv,o,gate_up,down", help="projections, commas")
+    parser.add_argument(
+        "--exact-sums", action="store_true", help="time float32 sums (fp8_fast_accum=False)"
+    )
     args = parser.parse_args()
+    global FAST_ACCUM
+    FAST_ACCUM = not args.exact_sums
     rows = [int(r) for r in args.rows.split(",")]
     wanted = args.proj.split(",")
     if unknown := set(wanted) - set(projections()):

@@ -150,7 +150,10 @@ def test_the_silu_form_follows_the_rows_and_the_override(monkeypatch):
 
     monkeypatch.delenv("BULKGEN_SILU_FORM", raising=False)
     assert fp8_fused.default_silu_form(32, 14336) == "split"
-    assert fp8_fused.default_silu_form(fp8_fused.SPLIT_MAX_ROWS + 1, 14336) == "one_pass"
+    assert fp8_fused.default_silu_form(fp8_fused.SPLIT_MAX_ROWS, 14336) == "split"
+    assert fp8_fused.default_silu_form(fp8_fused.SPLIT_MAX_ROWS + 1, 14336) == "two_pass"
+    monkeypatch.setattr(fp8_fused, "SPLIT_MAX_ROWS", 64)  # below the one-pass limit
+    assert fp8_fused.default_silu_form(65, 14336) == "one_pass"
     assert fp8_fused.default_silu_form(fp8_fused.ONE_PASS_MAX_ROWS + 1, 14336) == "two_pass"
     assert fp8_fused.default_silu_form(128, fp8_fused.ONE_PASS_MAX_WIDTH + 1) == "two_pass"
     monkeypatch.setenv("BULKGEN_SILU_FORM", "one_pass")

@@ -207,7 +207,8 @@ def test_the_tuner_skips_wrong_kernels_and_tables_the_fastest(table, monkeypatch
 
     real_gemm = tune_fp8_mm.fp8_gemm
 
-    def gemm(xq, x_scale, wq, w_scale, config, tile_counters=None):
+    def gemm(xq, x_scale, wq, w_scale, config, tile_counters=None, fast_accum=False):
+        assert fast_accum is tune_fp8_mm.FAST_ACCUM  # timed as the engine sums by default
         out = real_gemm(xq, x_scale, wq, w_scale, config, tile_counters=tile_counters)
         return out * 2 if config == CANDIDATES[broken] else out
 

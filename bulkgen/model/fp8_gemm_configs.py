@@ -83,6 +83,19 @@ def _candidates() -> dict[str, Fp8GemmConfig]:
         out[name] = Fp8GemmConfig(
             block_m, block_n, block_k, split_k, warps, stages, swap_ab=True, fixup=True
         )
+    # Tall tiles for 128-1,024 rows (a decode step of the bulk and trt workloads, a mixed step's
+    # share), where a step's GEMMs turn compute-bound: at 256 rows cuBLASLt ran gate_up at 1,049
+    # TFLOPS and the 4-warp candidates above at half that (tune_fp8_mm.py on the H200, 783479e).
+    # Two warpgroups share a 128-row tile, as Triton's Hopper matmul tutorial launches FP8.
+    for block_m, block_n, stages, warps in [
+        (64, 256, 4, 4),
+        (128, 128, 3, 8),
+        (128, 128, 4, 8),
+        (128, 256, 3, 8),
+        (256, 128, 3, 8),
+    ]:
+        name = f"m{block_m}n{block_n}k128s1p{stages}w{warps}"
+        out[name] = Fp8GemmConfig(block_m, block_n, 128, 1, warps, stages)
     return out
 
 

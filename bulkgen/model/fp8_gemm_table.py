@@ -84,7 +84,7 @@ def fp8_matmul(
     table chose for (N, K, M). K and N must be multiples of 16 (cuBLASLt's FP8 GEMM wants it).
     tile_counters: the weight's own (tile_counters_needed of them, zeros), for fixup launches.
     fast_accum: let the tensor cores sum all of K in their own accumulator (both kernels; the
-    table was measured without it)."""
+    table's "fast_accum" says which way it was timed)."""
     (m, k), n = xq.shape, wq.shape[0]
     config = gemm_choice(n, k, m) if _triton_runs_on(xq.device) else None
     if config is not None:

@@ -22,8 +22,10 @@ from bulkgen.model.pdl import pdl_launch_dependents
 BLOCK = 2048  # elements of a row per loop iteration (two passes)
 # quantize_rows reads a row in one pass up to this many rows: on the H200 at o_proj's 4,096-wide
 # input (scripts/bench_fp8_fused.py, 7fca268) one pass took 5.5/5.9/7.4 us at 32/128/256 rows
-# against 6.6/7.7/8.3 for two; at 1 and 512 rows it was within 10% slower.
-ONE_PASS_MAX_ROWS = 256
+# against 6.6/7.7/8.3 for two; at 1 and 512 rows it was within 10% slower. Timed as a step runs
+# it (32 calls in a CUDA graph, 783479e) one pass was the faster at every count, 1-1,024 rows:
+# 2.3/2.4/2.7/3.7/5.0/7.3 us at 1/32/128/256/512/1,024 against 3.1/3.2/3.5/4.5/5.5/8.1.
+ONE_PASS_MAX_ROWS = 1024
 ONE_PASS_MAX_WIDTH = 16384
 _FP8_MAX = tl.constexpr(FP8_MAX)
 _MIN_ABSMAX = tl.constexpr(MIN_ABSMAX)
