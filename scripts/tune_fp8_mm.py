@@ -25,6 +25,7 @@ import argparse
 import datetime
 import functools
 import json
+import os
 import subprocess
 
 import torch
@@ -136,6 +137,9 @@ def tune_projection(
 
 
 def commit() -> str:
+    """GIT_COMMIT where set (a device's copy of the tree may not hold the commit), else HEAD."""
+    if os.environ.get("GIT_COMMIT"):
+        return os.environ["GIT_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True)
         return out.stdout.decode().strip() or "unknown"
