@@ -10,7 +10,9 @@ e4m3 operands, or mma.sync on f16 ones that Triton widened the e4m3 tiles to) an
 conversions (cvt ... e4m3: the widening, in registers), and its cp.async copies (the weight
 tiles pipelined into shared memory) and float32 adds (how fp8 MMA sums reach the float32
 accumulator), and its acquire-release atomics at GPU scope (the tile count of a launch that adds
-its own K splits: fixup, names ending in "f"). A few candidates are compiled again with fast
+its own K splits: fixup, names ending in "f"). A tma candidate (names ending in "d",
+fp8_gemm_tma.py) takes its operands as TMA descriptors: its copies are bulk tensor copies
+(cp.async.bulk.tensor). A few candidates are compiled again with fast
 accumulation (EngineConfig.fp8_fast_accum: lines named NAME_fast), whose fp8 MMAs keep their sums
 in the tensor cores' accumulator: no float32 adds. The split-K reduction is compiled too.
 """
@@ -30,6 +32,7 @@ from bulkgen.model.fp8_gemm import (
     _fp8_gemm_kernel,
     _reduce_splits_kernel,
 )
+from bulkgen.model.fp8_gemm_tma import _fp8_gemm_tma_kernel
 
 TARGET = GPUTarget("cuda", 90, 32)
 # Compiled again with FAST_ACCUM: a plain tile on wgmma, a swapped one, and a 16-row one that
@@ -44,9 +47,16 @@ def _aligned(signature: dict[str, str], names: tuple[str, ...]) -> dict:
 
 
 def gemm_ptx(cfg: Fp8GemmConfig, fast_accum: bool = False, pdl_tiles: int = 0) -> str:
+    operands = {"x_ptr": "*fp8e4nv", "w_ptr": "*fp8e4nv"}
+    kernel = _fp8_gemm_kernel
+    if cfg.tma:  # operands as TMA descriptors of the tiles' shapes
+        kernel = _fp8_gemm_tma_kernel
+        operands = {
+            "x_desc": f"tensordesc<fp8e4nv[{cfg.block_m},{cfg.block_k}]>",
+            "w_desc": f"tensordesc<fp8e4nv[{cfg.block_n},{cfg.block_k}]>",
+        }
     signature = {
-        "x_ptr": "*fp8e4nv",
-        "w_ptr": "*fp8e4nv",
+        **operands,
         "x_scale_ptr": "*fp32",
         "w_scale_ptr": "*fp32",
         "out_ptr": "*bf16",
@@ -68,11 +78,9 @@ def gemm_ptx(cfg: Fp8GemmConfig, fast_accum: bool = False, pdl_tiles: int = 0) -
         "PDL_LINES": max(1, cfg.block_k // 128),
     }
     signature |= {name: "constexpr" for name in constexprs}
-    aligned = ("x_ptr", "w_ptr", "x_scale_ptr", "w_scale_ptr", "out_ptr", "part_ptr", "N", "K")
-    aligned += ("stride_xm", "stride_wn", "stride_om")
-    source = ASTSource(
-        _fp8_gemm_kernel, signature, constexprs=constexprs, attrs=_aligned(signature, aligned)
-    )
+    aligned = ("x_scale_ptr", "w_scale_ptr", "out_ptr", "part_ptr", "N", "K")
+    aligned += ("stride_xm", "stride_wn", "stride_om") + ("x_ptr", "w_ptr") * (not cfg.tma)
+    source = ASTSource(kernel, signature, constexprs=constexprs, attrs=_aligned(signature, aligned))
     options = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
     return triton.compile(source, target=TARGET, options=options).asm["ptx"]
 
@@ -100,8 +108,9 @@ def e4m3_conversions(ptx: str) -> int:
 
 
 def async_copies(ptx: str) -> int:
-    """cp.async instructions: global-to-shared copies the software pipeline issues ahead."""
-    return len(re.findall(r"\bcp\.async\.c[ag]\b", ptx))
+    """cp.async instructions: global-to-shared copies the software pipeline issues ahead, each
+    thread's own or the TMA's bulk tensor copies."""
+    return len(re.findall(r"\bcp\.async\.(c[ag]|bulk\.tensor)\b", ptx))
 
 
 def float32_adds(ptx: str) -> int:
@@ -129,6 +138,10 @@ def main() -> None:
         counts += f"{float32_adds(ptx)} f32 adds, {gpu_atomics(ptx)} acq_rel atomics"
         print(f"{name:21s}: {len(ptx):6d} chars of PTX, mma {mma_kind(ptx)}, {counts}")
     print(f"{'reduce':16s}: {len(reduce_ptx()):6d} chars of PTX")
+    for name in (name for name, cfg in CANDIDATES.items() if cfg.tma):  # the TMA's copies only
+        ptx = gemm_ptx(CANDIDATES[name])
+        bulk = len(re.findall(r"\bcp\.async\.bulk\.tensor\b", ptx))
+        print(f"tma {name}: {bulk} bulk tensor copies, {async_copies(ptx) - bulk} thread copies")
     # Launched with PDL (bulkgen/model/pdl.py): weight lines asked of L2, then one grid wait.
     for name in PDL_SAMPLES:
         ptx = gemm_ptx(CANDIDATES[name], True, pdl_tiles=2)

@@ -8,6 +8,7 @@ check and the GPU-marked tests cover what only the GPU compiler and the H200 can
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import torch
@@ -29,6 +30,7 @@ from bulkgen.model.fp8_gemm import (  # noqa: E402
     fp8_gemm,
     tile_counters_for,
 )
+from bulkgen.model.fp8_gemm_tma import tma_launch  # noqa: E402
 
 # bf16 keeps 8 significant bits: a value's step is at most 2**-7 of it. The GPU rounds to nearest
 # (within half a step); the interpreter's cast to bf16 truncates (within one step).
@@ -70,6 +72,22 @@ def test_every_candidate_equals_the_reference_on_ragged_shapes(name):
     xq, x_scale, wq, w_scale = operands(37, 80, 300)
     out = gemm(xq, x_scale, wq, w_scale, CANDIDATES[name])
     assert_rounds_like_the_reference(out, scaled_mm_reference(xq, x_scale, wq, w_scale))
+
+
+@pytest.mark.parametrize("name", sorted(name for name, c in CANDIDATES.items() if c.tma))
+def test_tma_launches_give_the_bits_of_the_same_launch_by_pointers(name):
+    """Rows, columns and K that fill no tile, which the TMA reads as zeros (K = 320 = 2 * 128 +
+    64, rows of 16-byte multiples), give the pointer kernel's bits with the same config; operands
+    the TMA cannot read (300-byte rows) take the pointer kernel."""
+    config = CANDIDATES[name]
+    xq, x_scale, wq, w_scale = operands(37, 80, 320)
+    assert tma_launch(xq, wq, config) is not None
+    out = gemm(xq, x_scale, wq, w_scale, config)
+    pointers = gemm(xq, x_scale, wq, w_scale, dataclasses.replace(config, tma=False))
+    assert torch.equal(out, pointers)
+    assert_rounds_like_the_reference(out, scaled_mm_reference(xq, x_scale, wq, w_scale))
+    unaligned = operands(5, 80, 300)
+    assert tma_launch(unaligned[0], unaligned[2], config) is None
 
 
 @pytest.mark.parametrize("split_k", [1, 2, 4, 8])
@@ -119,6 +137,9 @@ def test_operands_of_any_strides_give_the_same_product():
     by_columns = wq.t().contiguous().t()  # the same values, K not contiguous
     expected = fp8_gemm(xq, x_scale, wq, w_scale, config)
     assert torch.equal(fp8_gemm(wide[:, 32:128], x_scale, by_columns, w_scale, config), expected)
+    tma = CANDIDATES["m16n64k128s1td"]  # a descriptor with the slice's 160-byte row stride
+    assert tma_launch(wide[:, 32:128], wq, tma) is not None
+    assert torch.equal(fp8_gemm(wide[:, 32:128], x_scale, wq, w_scale, tma), expected)
 
 
 def test_no_rows_give_an_empty_output():
@@ -136,6 +157,10 @@ def test_configs_refuse_tiles_the_kernel_cannot_run():
         Fp8GemmConfig(16, 64, 16)
     with pytest.raises(ValueError, match="dot"):
         Fp8GemmConfig(16, 64, 64, dot="int8")
+    with pytest.raises(ValueError, match="tma"):  # wider than the TMA's 128-byte swizzle
+        Fp8GemmConfig(16, 64, 256, tma=True)
+    with pytest.raises(ValueError, match="tma"):
+        Fp8GemmConfig(16, 64, 128, dot="fp16", tma=True)
 
 
 def test_every_candidate_compiles_for_hopper_with_fp8_mma_where_intended():
@@ -171,6 +196,12 @@ def test_every_candidate_compiles_for_hopper_with_fp8_mma_where_intended():
     assert set(pdl) == {"m16n64k128s4tf", "m16n64k256s2tfp3"}
     for prefetches, waits in pdl.values():
         assert prefetches >= 2 and waits == 1, (prefetches, waits)
+    # TMA launches (fp8_gemm_tma.py): every tile by a bulk tensor copy, none by a thread's.
+    pattern = r"^tma (\w+): (\d+) bulk tensor copies, (\d+) thread copies$"
+    tma = {name: (int(b), int(t)) for name, b, t in re.findall(pattern, done.stdout, re.M)}
+    assert set(tma) == {name for name, config in CANDIDATES.items() if config.tma}
+    for name, (bulk, thread) in tma.items():
+        assert bulk >= 2 and thread == 0, (name, bulk, thread)
     # Fast accumulation (fp8_fast_accum): the same MMAs, and e4m3 ones keep their sums in the
     # tensor cores' accumulator (no float32 adds; these samples do not add their own splits).
     assert set(fast) == {"m64n64k128s2", "m16n64k128s4t", "m16n64k128s4"}
@@ -225,7 +256,9 @@ def test_gpu_every_candidate_equals_scaled_mm_on_the_8b_shapes(m, shape):
 @pytest.mark.gpu
 @needs_fp8_gpu
 @pytest.mark.parametrize(
-    "name", ["m16n64k128s1t", "m16n64k128s4t", "m64n64k128s2", "m16n64k128s4tf", "m64n64k128s2f"]
+    "name",
+    ["m16n64k128s1t", "m16n64k128s4t", "m64n64k128s2", "m16n64k128s4tf", "m64n64k128s2f"]
+    + ["m16n64k128s1td", "m16n64k128s4tfd"],  # TMA descriptors captured by value
 )
 def test_gpu_fp8_gemm_replays_in_a_cuda_graph_with_new_inputs(name):
     """Split-K's partial buffer is allocated inside the capture (the graph's pool) and both

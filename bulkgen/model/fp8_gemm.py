@@ -12,9 +12,8 @@ applies the scales and rounds once to bf16. Nothing depends on data: the grid an
 buffer follow from the shapes, so CUDA graphs capture both launches. A fixup launch
 (Fp8GemmConfig.fixup) needs no second one: each split counts itself in at its output tile (an
 acquire-release atomic at GPU scope, after a barrier), and the last to arrive adds the partials
-in split order, rounds, and zeroes the count for the next launch. In a blog FP8 profile on the
-H200 (aa3e041, 32 rows) the second launches were 128 a step at 2.2 us each plus their launch
-gaps, about 6% of the step; whether fixup launches are faster is for tune_fp8_mm.py to measure.
+in split order, rounds, and zeroes the count for the next launch. A tma launch
+(Fp8GemmConfig.tma) fetches its tiles with the Hopper TMA instead: fp8_gemm_tma.py.
 
 The operands meet the tensor cores in one of two ways (Fp8GemmConfig.dot): "fp8" hands the e4m3
 tiles to tl.dot as they are (wgmma on e4m3 on sm_90, but for a 16-row tile that is not swapped,
@@ -37,6 +36,7 @@ from bulkgen.model import pdl
 
 # The launches (tiles, splits, operand handling) and the candidates the tuner times.
 from bulkgen.model.fp8_gemm_configs import CANDIDATES, Fp8GemmConfig
+from bulkgen.model.fp8_gemm_finish import finish_tile
 from bulkgen.model.pdl import pdl_wait, prefetch_l2
 
 __all__ = ["CANDIDATES", "Fp8GemmConfig", "fp8_gemm", "output_tiles", "tile_counters_for"]
@@ -135,42 +135,8 @@ def _fp8_gemm_kernel(
             acc = _dot(acc, x, w, DOT, FAST_ACCUM)
     if SWAP_AB:
         acc = tl.trans(acc)
-    mask = row_ok[:, None] & (cols[None, :] < N)
-    offsets = rows.to(tl.int64)[:, None] * stride_om + cols[None, :]
-    if SPLIT_K == 1:
-        _store_scaled(acc, rows, cols, row_ok, x_scale_ptr, w_scale_ptr, out_ptr, offsets, mask, N)
-    else:  # float32 partial sums [SPLIT_K, M, N], added by _reduce_splits_kernel or below
-        tl.store(part_ptr + pid_k.to(tl.int64) * M * N + offsets, acc, mask=mask)
-        if FIXUP:
-            # Every thread's partial is stored before the count (the barrier), and released to
-            # the GPU with it; the split that counts last acquires the others' and adds all of
-            # them in split order (the same bits whichever finishes last), then zeroes the
-            # count for the next launch (a CUDA graph replays this one).
-            tile = pid_m * tl.num_programs(1) + pid_n
-            tl.debug_barrier()
-            arrived = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")
-            if arrived == SPLIT_K - 1:
-                total = tl.zeros_like(acc)
-                for split in range(SPLIT_K):
-                    total += tl.load(
-                        part_ptr + split * M * N + offsets,
-                        mask=mask,
-                        other=0.0,
-                        cache_modifier=".cg",
-                    )
-                _store_scaled(
-                    total, rows, cols, row_ok, x_scale_ptr, w_scale_ptr, out_ptr, offsets, mask, N
-                )
-                tl.atomic_xchg(count_ptr + tile, 0, sem="relaxed", scope="gpu")
-
-
-@triton.jit
-def _store_scaled(acc, rows, cols, row_ok, x_scale_ptr, w_scale_ptr, out_ptr, offsets, mask, N):
-    """out = acc * x_scale[m] * w_scale[n] (in _scaled_mm's order), rounded once."""
-    x_scale = tl.load(x_scale_ptr + rows, mask=row_ok, other=0.0)
-    w_scale = tl.load(w_scale_ptr + cols, mask=cols < N, other=0.0)
-    out = acc * x_scale[:, None] * w_scale[None, :]
-    tl.store(out_ptr + offsets, out.to(out_ptr.dtype.element_ty), mask=mask)
+    finish_tile(acc, rows, cols, row_ok, M, N, stride_om, x_scale_ptr, w_scale_ptr, out_ptr,
+                part_ptr, count_ptr, SPLIT_K, FIXUP)  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -226,11 +192,17 @@ def fp8_gemm(
     if fixup and (tile_counters is None or tile_counters.numel() < output_tiles(M, N, cfg)):
         raise ValueError(f"{cfg} at {M}x{N} needs {output_tiles(M, N, cfg)} tile counters")
     part = out if split_k == 1 else torch.empty((split_k, M, N), device=xq.device)
-    early = pdl.enabled(xq.device)  # launched with PDL: may start before its input is written
+    kernel, x_arg, w_arg = _fp8_gemm_kernel, xq, wq
+    if cfg.tma:  # the same launch, its tiles fetched by the TMA where it can read both operands
+        from bulkgen.model.fp8_gemm_tma import tma_launch
+
+        kernel, x_arg, w_arg = tma_launch(xq, wq, cfg) or (kernel, xq, wq)
+    # Launched with PDL: may start before its input is written (the pointer kernel waits).
+    early = pdl.enabled(xq.device) and kernel is _fp8_gemm_kernel
     grid = (triton.cdiv(M, cfg.block_m), triton.cdiv(N, cfg.block_n), split_k)
-    _fp8_gemm_kernel[grid](
-        xq,
-        wq,
+    kernel[grid](
+        x_arg,
+        w_arg,
         x_scale,
         w_scale,
         out,
@@ -255,7 +227,7 @@ def fp8_gemm(
         PDL_LINES=max(1, cfg.block_k // 128),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
-        **pdl.launch_options(xq.device),
+        **(pdl.launch_options(xq.device) if early else {}),
     )
     if split_k > 1 and not fixup:
         grid = (M, triton.cdiv(N, REDUCE_BLOCK))

@@ -23,6 +23,8 @@ class Fp8GemmConfig:
     # Split K's partial sums added by the last split of each output tile to finish, in the same
     # launch (tile counters, see fp8_gemm), instead of by a second kernel.
     fixup: bool = False
+    # Tiles fetched by the Hopper TMA (fp8_gemm_tma.py) rather than by each thread's loads.
+    tma: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k", "split_k"):
@@ -33,6 +35,8 @@ class Fp8GemmConfig:
             raise ValueError(f"Fp8GemmConfig tiles must be >= 16, block_k >= 32 (tl.dot): {self}")
         if self.dot not in ("fp8", "fp16"):
             raise ValueError(f"Fp8GemmConfig.dot must be fp8 or fp16, got {self.dot!r}")
+        if self.tma and (self.dot != "fp8" or self.block_k > 128):
+            raise ValueError(f"a tma Fp8GemmConfig takes fp8 dots and 128-byte K tiles: {self}")
 
 
 def _candidates() -> dict[str, Fp8GemmConfig]:
@@ -96,6 +100,24 @@ def _candidates() -> dict[str, Fp8GemmConfig]:
     ]:
         name = f"m{block_m}n{block_n}k128s1p{stages}w{warps}"
         out[name] = Fp8GemmConfig(block_m, block_n, 128, 1, warps, stages)
+    # The launches the table picks at 1-128 rows, and deeper ones, with their tiles fetched by
+    # the TMA (name + "d"): one bulk copy a tile, issued by one thread, where each thread's
+    # cp.async loads reach 2.0-3.4 TB/s at 32 rows (tune_fp8_mm.py on the H200, 0b8e823).
+    for block_m, block_n, split_k, stages, fixup in [
+        (16, 64, 1, 4, False),
+        (16, 64, 2, 4, True),
+        (16, 64, 4, 4, True),
+        (16, 64, 4, 8, True),
+        (16, 128, 1, 4, False),
+        (16, 128, 2, 6, True),
+        (32, 64, 2, 4, True),
+        (64, 64, 1, 4, False),
+    ]:
+        name = f"m{block_m}n{block_n}k128s{split_k}t" + "f" * fixup
+        name += f"p{stages}" * (stages != 4) + "d"
+        out[name] = Fp8GemmConfig(
+            block_m, block_n, 128, split_k, 4, stages, swap_ab=True, fixup=fixup, tma=True
+        )
     return out
 
 
