@@ -215,7 +215,9 @@ if want ncumm; then  # blog's FP8 GEMMs (32 rows, the table's launches) under Ns
     "$OUT/ncu_fp8_gemm.txt" | head -28
 fi
 if want prof; then
-  bench prof 60 --workloads blog --engines bulkgen-fp8 --profile-at 6
+  # PROF_ARGS: other bench.py arguments, e.g. "--workloads bulk --num-prompts 512 --engines
+  # bulkgen-fp8 --profile-at 8" (0.4 s of a bulk run's kernels: decode and prefill steps)
+  bench prof "${PROF_TIMEOUT_S:-60}" ${PROF_ARGS:---workloads blog --engines bulkgen-fp8 --profile-at 6}
   cp "$WORK"/prof/*kernels.txt "$OUT/" 2> /dev/null
 fi
 if want ncu; then  # the decode kernel under Nsight Compute (clocks left alone): blog's 32 rows
