@@ -7,6 +7,7 @@ import os
 from typing import TYPE_CHECKING
 
 from bulkgen.engine.monitor import step_time_stats
+from bulkgen.model.fp8 import KERNEL_SWITCHES
 
 if TYPE_CHECKING:
     from bulkgen.engine.engine import Engine
@@ -53,5 +54,7 @@ def engine_stats(engine: Engine) -> dict:
 
 def env_overrides() -> dict[str, str]:
     """The experimental switches set in the environment (BULKGEN_FP8_PDL, BULKGEN_SILU_FORM): a
-    run's stats say which kernels it ran ({} when none is set)."""
-    return {k: v for k, v in sorted(os.environ.items()) if k.startswith("BULKGEN_")}
+    run's stats say which kernels it ran ({} when none is set). Only those: other BULKGEN_*
+    variables (the cache folder, the CPU-thread decision a run passes to its children) choose no
+    kernel."""
+    return {k: os.environ[k] for k in sorted(KERNEL_SWITCHES) if k in os.environ}

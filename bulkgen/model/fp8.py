@@ -26,6 +26,11 @@ FP8_MAX = 448.0  # largest finite float8_e4m3fn
 MIN_ABSMAX = 1e-12  # an all-zero row (graph padding) gets a tiny scale, not a division by zero
 # The projections that become FP8 (names in our fused layout, see loader._FUSED).
 FP8_TARGETS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+# Environment switches that change which FP8 kernels run, for A/B runs (stats.json's
+# env_overrides names those set): PDL launches (pdl.py), the SiLU's form (fp8_fused.py).
+PDL_ENV = "BULKGEN_FP8_PDL"
+SILU_FORM_ENV = "BULKGEN_SILU_FORM"
+KERNEL_SWITCHES = (PDL_ENV, SILU_FORM_ENV)
 
 
 class Fp8Activation(NamedTuple):

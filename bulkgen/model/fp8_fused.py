@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from bulkgen.model import pdl
-from bulkgen.model.fp8 import FP8, Fp8Activation
+from bulkgen.model.fp8 import FP8, SILU_FORM_ENV, Fp8Activation
 from bulkgen.model.fp8_kernels import quantize_value, row_scale
 from bulkgen.model.fp8_silu_split import silu_split
 from bulkgen.model.fused import NORM_TILE, silu_times_up
@@ -218,11 +218,11 @@ def default_silu_form(rows: int, width: int) -> str:
     two passes (past what was timed; one pass where ONE_PASS_MAX_ROWS allows, should the split
     form's limit fall below it). BULKGEN_SILU_FORM (one of SILU_FORMS) overrides it, for A/B
     runs of the benchmark."""
-    forced = os.environ.get("BULKGEN_SILU_FORM")
+    forced = os.environ.get(SILU_FORM_ENV)
     if forced:
         if forced not in SILU_FORMS:
             choices = ", ".join(SILU_FORMS)
-            raise ValueError(f"BULKGEN_SILU_FORM names a SiLU form, one of {choices}: {forced!r}")
+            raise ValueError(f"{SILU_FORM_ENV} names a SiLU form, one of {choices}: {forced!r}")
         return forced
     if rows <= SPLIT_MAX_ROWS:
         return "split"

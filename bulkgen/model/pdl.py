@@ -25,7 +25,9 @@ import torch
 import triton
 import triton.language as tl
 
-ENV = "BULKGEN_FP8_PDL"
+from bulkgen.model.fp8 import PDL_ENV
+
+ENV = PDL_ENV
 PREFETCH_TILES = 2  # K tiles of its weight rows a GEMM program prefetches before its wait
 
 
