@@ -6,11 +6,12 @@ decoder's projections and decode-sized row counts, and keep the fastest per shap
 Each GEMM is timed as a decode step runs it: inside a CUDA graph (no launch gaps, split-K's two
 launches back to back), over enough copies of the weight (distinct tensors, one GEMM each, at
 least 256 MB in all) that no weight is still in the 50 MB L2 when it is read again, as in a
-model of 32 layers. triton.testing.do_bench takes the median of the graph's replays; the time
-per GEMM is that over the copies. A candidate whose output is not _scaled_mm's within bf16
-rounding is reported and never chosen. Both sum as the engine's FP8 GEMMs do by default
-(fp8_fast_accum: the tensor cores' own accumulator over all of K); --exact-sums times the float32
-sums of EngineConfig(fp8_fast_accum=False) instead, and the table records which was timed.
+model of 32 layers (bench_attention.steps_us: the median replay, no L2 clear, over the copies;
+until 2026-12-02 do_bench's median, an L2 clear before each replay). A candidate whose output is
+not _scaled_mm's within bf16 rounding is reported and never chosen. Both sum as the engine's FP8
+GEMMs do by default (fp8_fast_accum: the tensor cores' own accumulator over all of K);
+--exact-sums times the float32 sums of EngineConfig(fp8_fast_accum=False) instead, and the table
+records which was timed.
 
 One JSON line per (projection, M): microseconds of each kernel, the best, its speedup over
 scaled_mm and the weight bandwidth it reached. Then one summary line per M: the step's 128
@@ -29,8 +30,8 @@ import os
 import subprocess
 
 import torch
+from bench_attention import steps_us
 from bench_fp8_mm import LAYERS, projections
-from triton.testing import do_bench
 
 from bulkgen.model.fp8 import quantize_rows_reference, quantize_weight
 from bulkgen.model.fp8_gemm import CANDIDATES, fp8_gemm, tile_counters_for
@@ -67,14 +68,7 @@ def scaled_mm(xq, x_scale, wq, w_scale):
 
 def graph_us(gemm, x, weights) -> float:
     """Median microseconds of one GEMM, run once per weight copy inside one CUDA graph."""
-    gemm(*x, *weights[0])  # compile outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for w in weights:
-            gemm(*x, *w)
-    ms = do_bench(graph.replay, warmup=5, rep=25, return_mode="median")
-    return ms * 1000 / len(weights)
+    return steps_us([functools.partial(gemm, *x, *w) for w in weights])
 
 
 def exact_product(xq, x_scale, wq, w_scale) -> torch.Tensor:
