@@ -6,9 +6,11 @@ an FP8 mixed step's GPU time, so FP8 runs idled. This times ModelRunner.launch o
 (ROWS decoding rows of CONTEXT tokens and one CHUNK-token prefill) and of one decode step of the
 same rows, on an engine of the 8B shape with dummy weights. The GPU is first given 200 ms of sleep
 on the compute stream, so the launches never wait for it: host ms is the launch calls alone, GPU
-ms the step's kernels (CUDA events). --profile adds the launch's Python functions by own time.
+ms the step's kernels (CUDA events). --profile adds the launch's Python functions by own time;
+--kernels the step's GPU kernels by total time (one more step under torch.profiler: where does a
+bulk FP8 mixed step's 37 ms go, against about 27 ms for its GEMMs and KV reads by the roofline?).
 
-    python scripts/bench_eager_host.py --rows 441 --chunk 1607 [--fp8] [--mixed-graphs]
+    python scripts/bench_eager_host.py --rows 441 --chunk 1607 [--fp8] [--mixed-graphs] [--kernels]
 
 Prints one JSON line per step kind. On the CPU (--device cpu --model DIR) it runs for a smoke
 test only: there the kernels run inside the launch.
@@ -88,6 +90,27 @@ def time_launches(engine: Engine, plan: Plan, reps: int, profile: bool) -> dict:
     return line
 
 
+def kernel_totals(engine: Engine, plan: Plan, top: int = 18) -> dict:
+    """One step's GPU kernels under torch.profiler, summed by name: [name, launches, total ms]
+    for the `top` largest, and the sum over all of them (kernels in graph replays included)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        engine.runner.launch(plan).wait()
+        torch.cuda.synchronize()
+    totals: dict[str, list] = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            entry = totals.setdefault(e.name[:90], [0, 0.0])
+            entry[0] += 1
+            entry[1] += e.time_range.elapsed_us() / 1e3
+    ranked = sorted(totals.items(), key=lambda kv: -kv[1][1])
+    return {
+        "kernels_ms_total": round(sum(ms for _, ms in totals.values()), 3),
+        "kernels_top": [[name, n, round(ms, 3)] for name, (n, ms) in ranked[:top]],
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=441)
@@ -101,6 +124,7 @@ def main() -> None:
     )
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--kernels", action="store_true", help="the step's GPU kernels by total time")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--model", default=None, help="a model folder (default: 8B dummy)")
     args = ap.parse_args()
@@ -123,6 +147,8 @@ def main() -> None:
         line = {"step": kind, "rows": args.rows, "context": args.context, "chunk": chunk}
         line.update(fp8=args.fp8, mixed_graphs=args.mixed_graphs)
         line.update(time_launches(engine, plan, args.reps, args.profile))
+        if args.kernels and engine.device.type == "cuda":
+            line.update(kernel_totals(engine, plan))
         print(json.dumps(line), flush=True)
     engine.close()
 

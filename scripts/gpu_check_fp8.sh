@@ -30,6 +30,7 @@
 #   eager: the host's launch time of one mixed step (441 decoding rows, a 1,607-token chunk)
 #      against a decode step, bf16 and FP8, eager and through mixed_graphs.py's pieces, with the
 #      launch's Python profile (bench_eager_host.py; where do the 23-45 ms go?), about 4 minutes;
+#   mixedk: one bulk-like mixed step's GPU kernels by total time, bf16 and FP8 (about 2 minutes);
 #   pieces: bulk (512 prompts) bf16 and FP8, and blog bf16, with and without
 #      EngineConfig.mixed_graphs (steps with prefill replaying CUDA graphs of everything but
 #      attention; the default on one GPU since db9498e: engines *-eagermixed turn it off), about
@@ -146,6 +147,14 @@ if want eager; then
   for opts in "" --fp8 --mixed-graphs "--fp8 --mixed-graphs"; do
     timeout 120 python3 scripts/bench_eager_host.py --profile $opts 2>&1 | grep -v -i warn \
       | tee -a "$OUT/eager.jsonl" | cut -c1-400
+  done
+fi
+if want mixedk; then  # a bulk-like mixed step's GPU kernels by total time (400 decoding rows of
+  # 700 tokens, a 1,648-token chunk), bf16 and FP8, through the pieces as the engine runs it
+  for opts in "" --fp8; do
+    timeout 150 python3 scripts/bench_eager_host.py --mixed-graphs --kernels --reps 4 --rows 400 \
+      --context 700 --chunk 1648 $opts 2>&1 | grep -v -i warn | tee -a "$OUT/mixedk.jsonl" \
+      | cut -c1-300
   done
 fi
 if want pieces; then
