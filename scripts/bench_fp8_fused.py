@@ -3,8 +3,9 @@
     PYTHONPATH=. python scripts/bench_fp8_fused.py
 
 For T rows of the 8B shape: fused.silu_and_mul (bf16 out) beside silu_and_mul_fp8 in each of its
-forms (two passes over 2,048-wide runs, the whole 14,336-wide row in one tile, and split: a
-program per 2,048-wide chunk of every row, in two launches); and
+forms (two passes over 2,048-wide runs, the whole 14,336-wide row in one tile, split: a
+program per 2,048-wide chunk of every row, in two launches, and staged: the bf16 op, then the
+quantizer); and
 fp8_kernels.quantize_rows of a 4,096-wide row (the attention output, o_proj's input) both ways.
 Median microseconds each, and whether the two forms gave the same bits. One JSON line per T; the
 last line says which form won at every T (fp8_fused.default_silu_form and
@@ -29,7 +30,7 @@ from bulkgen.model.fp8_kernels import quantize_rows
 
 WIDTH, HIDDEN = 14336, 4096
 FORMS = {
-    "silu": ("silu_fp8_two_pass", "silu_fp8_one_pass", "silu_fp8_split"),
+    "silu": ("silu_fp8_two_pass", "silu_fp8_one_pass", "silu_fp8_split", "silu_fp8_staged"),
     "quantize": ("quantize_two_pass", "quantize_one_pass"),
 }
 LAYERS = 32  # calls a timed graph replays, each over its own input
@@ -42,7 +43,7 @@ def layers_us(fn, inputs: list) -> float:
 
 def main() -> None:
     wins = {kernel: {} for kernel in FORMS}
-    for rows in (1, 32, 128, 256, 512, 1024):
+    for rows in (1, 32, 64, 128, 256, 512, 1024, 2048):
         gate_ups = [
             torch.randn(rows, 2 * WIDTH, device="cuda", dtype=torch.bfloat16) * 4
             for _ in range(LAYERS)
@@ -52,12 +53,15 @@ def main() -> None:
         one = silu_and_mul_fp8(gate_up, form="one_pass")
         two, split = silu_and_mul_fp8(gate_up, "two_pass"), silu_and_mul_fp8(gate_up, "split")
         q_one, q_two = quantize_rows(x, one_pass=True), quantize_rows(x, one_pass=False)
-        same = same_bits(one, two) and same_bits(one, split) and same_bits(q_one, q_two)
+        staged = silu_and_mul_fp8(gate_up, "staged")
+        same = same_bits(one, two) and same_bits(one, split) and same_bits(one, staged)
+        same = same and same_bits(q_one, q_two)
         times = {
             "silu_bf16": layers_us(fused.silu_and_mul, gate_ups),
             "silu_fp8_two_pass": layers_us(lambda g: silu_and_mul_fp8(g, "two_pass"), gate_ups),
             "silu_fp8_one_pass": layers_us(lambda g: silu_and_mul_fp8(g, "one_pass"), gate_ups),
             "silu_fp8_split": layers_us(lambda g: silu_and_mul_fp8(g, "split"), gate_ups),
+            "silu_fp8_staged": layers_us(lambda g: silu_and_mul_fp8(g, "staged"), gate_ups),
             "quantize_two_pass": layers_us(lambda x: quantize_rows(x, one_pass=False), xs),
             "quantize_one_pass": layers_us(lambda x: quantize_rows(x, one_pass=True), xs),
         }

@@ -30,6 +30,8 @@
 #   eager: the host's launch time of one mixed step (441 decoding rows, a 1,607-token chunk)
 #      against a decode step, bf16 and FP8, eager and through mixed_graphs.py's pieces, with the
 #      launch's Python profile (bench_eager_host.py; where do the 23-45 ms go?), about 4 minutes;
+#   ptiles: the prefill kernel's candidate launches (bench_attention.py --prefill-tiles), bf16
+#      and fp8 caches, four chunk shapes (about 2 minutes);
 #   mixedk: one bulk-like mixed step's GPU kernels by total time, bf16 and FP8 (about 2 minutes);
 #   pieces: bulk (512 prompts) bf16 and FP8, and blog bf16, with and without
 #      EngineConfig.mixed_graphs (steps with prefill replaying CUDA graphs of everything but
@@ -197,6 +199,10 @@ if want spy; then  # who holds the interpreter during a run (issue 10: decode st
     rm -f "$WORK/spy/bench.jsonl"
     python3 scripts/spy_summary.py "$OUT/spy_$mode.txt" | tee -a "$OUT/spy.jsonl" | cut -c1-600
   done
+fi
+if want ptiles; then  # the prefill kernel's candidate launches, bf16 and fp8 caches
+  timeout 240 python3 scripts/bench_attention.py --prefill-tiles --kv-cache-dtype auto,fp8 2>&1 \
+    | grep -v -i warn | tee "$OUT/ptiles.jsonl" | cut -c1-300
 fi
 if want mixed; then  # mixed steps' attention: the varlen kernel alone against the split
   timeout 120 python3 scripts/bench_attention.py --mixed 2>&1 | grep -v -i warn \

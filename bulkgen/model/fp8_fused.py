@@ -25,9 +25,9 @@ import triton.language as tl
 
 from bulkgen.model import pdl
 from bulkgen.model.fp8 import FP8, SILU_FORM_ENV, Fp8Activation
-from bulkgen.model.fp8_kernels import quantize_value, row_scale
+from bulkgen.model.fp8_kernels import quantize_rows, quantize_value, row_scale
 from bulkgen.model.fp8_silu_split import silu_split
-from bulkgen.model.fused import NORM_TILE, silu_times_up
+from bulkgen.model.fused import NORM_TILE, silu_and_mul, silu_times_up
 from bulkgen.model.pdl import pdl_launch_dependents
 
 SILU_BLOCK = 2048  # elements of a row per loop iteration (two passes)
@@ -36,7 +36,7 @@ SILU_BLOCK = 2048  # elements of a row per loop iteration (two passes)
 # rows against two passes' 21.7/23.4/25.1, and lost at 512 and 1,024 (41.5 vs 34.2, 76.0 vs 63.8).
 ONE_PASS_MAX_ROWS = 256
 ONE_PASS_MAX_WIDTH = 16384  # 32 values a thread at 16 warps (the 8B shape's 14,336 fits)
-SILU_FORMS = ("one_pass", "two_pass", "split")
+SILU_FORMS = ("one_pass", "two_pass", "split", "staged")
 # The split form up to this many rows: timed as a step runs it (bench_fp8_fused.py, 32 calls in a
 # CUDA graph, H200, 783479e) it took 6.2/10.5/15.8/26.8/49.2 us at 32/128/256/512/1,024 rows
 # against one pass's 9.8/10.5/19.3/36.6/71.3 and two passes' 18.6/18.9/21.2/29.5/58.7.
@@ -182,17 +182,23 @@ def silu_and_mul_fp8(gate_up: torch.Tensor, form: str | None = None) -> Fp8Activ
     of up to ONE_PASS_MAX_WIDTH values (16 warps), read once; "two_pass", a program a row reading
     it twice in 2,048-wide runs (4 warps): it took 28.6 us at ~500 rows of the 8B shape on the
     H200 against 10.6 us for the bf16 silu_and_mul (ec92f71, a bulk run's kernel profile);
-    "split", SPLIT_BLOCK-wide chunks of every row, a program each, in two launches. None takes
+    "split", SPLIT_BLOCK-wide chunks of every row, a program each, in two launches; "staged",
+    fused.silu_and_mul's bf16 rows, then quantize_rows over them (one pass): silu computed once
+    and the rows written and read once more, where the others compute it twice (exact expf and
+    an IEEE division, to match torch: at 2,048 rows the two-pass form took 98 us a layer on the
+    H200 against 42 for the bf16 op, a bulk mixed step's kernel profile at 9141486). None takes
     default_silu_form(T, I).
     """
     assert gate_up.dim() == 2 and gate_up.stride(1) == 1 and gate_up.shape[1] % 2 == 0
     T, I = gate_up.shape[0], gate_up.shape[1] // 2
-    out = _outputs(T, I, gate_up.device)
-    if T == 0:
-        return out
     form = form or default_silu_form(T, I)
     if form not in SILU_FORMS:
         raise ValueError(f"silu_and_mul_fp8 form must be one of {SILU_FORMS}, got {form!r}")
+    if form == "staged":  # quantize_rows reads a row of up to ONE_PASS_MAX_WIDTH in one pass
+        return Fp8Activation(*quantize_rows(silu_and_mul(gate_up), one_pass=True))
+    out = _outputs(T, I, gate_up.device)
+    if T == 0:
+        return out
     if form == "split":
         silu_split(gate_up, out.q, out.scale)
         return out

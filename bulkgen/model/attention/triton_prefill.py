@@ -244,11 +244,14 @@ def paged_prefill(
     v_scale: float | torch.Tensor = 1.0,
     invariant: bool = False,
     out: torch.Tensor | None = None,
+    tiling: tuple[int, int, int, int] | None = None,
 ) -> torch.Tensor:
     """Causal attention of q [T, Hq, D] (rows grouped by query_start_loc) over the cache;
     k_scale/v_scale dequantize an fp8 cache (floats) or an int8 one (its scale tensors; ignored
     for others). invariant: the fixed tiling and single masked loop of triton_invariant.py
-    (max_query_len is then unused). out: where to write (triton_kv.output_for)."""
+    (max_query_len is then unused). out: where to write (triton_kv.output_for). tiling: (BLOCK_M,
+    BLOCK_N, warps, stages) instead of prefill_tiles' (scripts/bench_attention.py
+    --prefill-tiles times candidates; stages 0: Triton's default)."""
     num_tokens, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     check_cache(k_cache, v_cache, head_dim)
@@ -261,8 +264,12 @@ def paged_prefill(
     group = num_q_heads // num_kv_heads
     fp8 = is_fp8(k_cache)
     scale_args, int8 = int8_scale_args(k_cache, v_cache, k_scale, v_scale)
+    warps, stages = 4, 0  # 4 warps fixed in the invariant mode: its reductions depend on it
     if invariant:
         block_q, block_m, block_n = invariant_tiles(group, head_dim)
+    elif tiling is not None:
+        block_m, block_n, warps, stages = tiling
+        block_q = block_m // group
     else:
         block_q, block_m, block_n = prefill_tiles(max_query_len, group, head_dim)
     _prefill_kernel[(num_tokens // block_q + num_seqs, num_kv_heads)](
@@ -295,6 +302,7 @@ def paged_prefill(
         KV_INT8=int8,
         V_SLOTS_INNER=v_slots_inner(v_cache),
         INVARIANT=invariant,
-        num_warps=4,  # fixed: the invariant mode's reductions depend on it
+        num_warps=warps,
+        **({"num_stages": stages} if stages else {}),
     )
     return out
