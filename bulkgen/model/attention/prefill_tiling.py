@@ -32,6 +32,15 @@ def prefill_tiles(max_query_len: int, group: int, head_dim: int) -> tuple[int, i
     return rows // group, rows, block_n
 
 
+# Software-pipelining stages of the prefill launch over an fp8 cache (0: Triton's default, 3 on
+# the H200). bench_attention.py --prefill-tiles on the H200 (406730b; 8B shape, values slots
+# inner, 64-token blocks), us a call at the default 64x64 4-warp tiles, 3 stages against 2: a
+# 1,648-token chunk 167.8 / 149.9, three prompts of 300-800 84.1 / 73.8, 1,024 behind 1,024
+# cached 178.1 / 161.8, 2,048 behind 14,336 2,687 / 2,519. Over a bf16 cache 2 stages lost
+# (107.8 / 114.4 at the 1,648 chunk), and no other of nine tilings won by more than 2% there.
+FP8_STAGES = 2
+
+
 def invariant_tiles(group: int, head_dim: int) -> tuple[int, int, int]:
     """The one tiling of the batch-invariant mode, whatever the step: the decode-like tile."""
     return prefill_tiles(1, group, head_dim)

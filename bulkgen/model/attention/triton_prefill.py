@@ -31,7 +31,12 @@ import triton.language as tl
 
 from bulkgen.model.attention.kv_fp8 import is_fp8
 from bulkgen.model.attention.kv_layout import v_slots_inner
-from bulkgen.model.attention.prefill_tiling import _find_seq, invariant_tiles, prefill_tiles
+from bulkgen.model.attention.prefill_tiling import (
+    FP8_STAGES,
+    _find_seq,
+    invariant_tiles,
+    prefill_tiles,
+)
 from bulkgen.model.attention.triton_kv import (
     check_cache,
     int8_scale_args,
@@ -272,6 +277,7 @@ def paged_prefill(
         block_q = block_m // group
     else:
         block_q, block_m, block_n = prefill_tiles(max_query_len, group, head_dim)
+        stages = FP8_STAGES if fp8 else 0
     _prefill_kernel[(num_tokens // block_q + num_seqs, num_kv_heads)](
         q,
         k_cache,
