@@ -209,6 +209,8 @@ PREFILL_TILINGS = (
     (128, 128, 8, 2),
     (128, 128, 8, 3),
 )
+# The launches also timed with an 8-bit cache's products on fp16 operands (names ending f16).
+F16_TILINGS = ((64, 64, 4, 2), (128, 64, 4, 2), (128, 128, 8, 2))
 # (sequence lengths, query lengths): a bulk mixed step's chunk alone, three new prompts filling
 # one, a chunk behind 1,024 cached tokens, and a 16K prompt's last chunk.
 PREFILL_CASES = (([1648], [1648]), ([300, 548, 800], [300, 548, 800]), ([2048], [1024]))
@@ -229,12 +231,15 @@ def bench_prefill_tiles(kv_dtype) -> dict:
             q, k_cache, v_cache, *args, meta.max_query_len, scale, k_scale, v_scale
         )
         us, worst = {}, 0.0
-        for tiling in PREFILL_TILINGS:
+        eight_bit = kv_dtype in (torch.float8_e4m3fn, INT8_DTYPE)
+        runs = [(t, False) for t in PREFILL_TILINGS]
+        runs += [(t, True) for t in F16_TILINGS if eight_bit]  # triton_prefill's DOT_F16
+        for tiling, f16 in runs:
             call = functools.partial(
                 triton_prefill.paged_prefill, q, k_cache, v_cache, *args, meta.max_query_len,
-                scale, k_scale, v_scale, out=out, tiling=tiling,
+                scale, k_scale, v_scale, out=out, tiling=tiling, f16_products=f16,
             )  # fmt: skip
-            name = "m{}n{}w{}s{}".format(*tiling)
+            name = "m{}n{}w{}s{}".format(*tiling) + ("f16" if f16 else "")
             try:
                 us[name] = round(steps_us([call] * 8), 1)
                 worst = max(worst, (out.float() - ref.float()).abs().max().item())

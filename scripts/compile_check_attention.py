@@ -185,7 +185,7 @@ def prefill_source(cache: str, invariant: bool = False, v_slots_inner: bool = Fa
         **v_signature,
         **_scalars(
             "GROUP HEAD_DIM BLOCK_SIZE BLOCK_Q BLOCK_M BLOCK_N DOT_PRECISION KV_FP8 KV_INT8 "
-            "V_SLOTS_INNER INVARIANT",
+            "V_SLOTS_INNER INVARIANT DOT_F16",
             "constexpr",
         ),
     }
@@ -201,6 +201,7 @@ def prefill_source(cache: str, invariant: bool = False, v_slots_inner: bool = Fa
         "KV_INT8": cache == "int8",
         "V_SLOTS_INNER": v_slots_inner,
         "INVARIANT": invariant,
+        "DOT_F16": cache != "bf16" and triton_prefill.F16_PRODUCTS,  # as paged_prefill
         **v_constants,
     }
     return ASTSource(

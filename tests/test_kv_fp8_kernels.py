@@ -27,6 +27,7 @@ from bulkgen.model.attention import (  # noqa: E402
     torch_backend,
     triton_backend,
     triton_decode,
+    triton_prefill,
 )
 from bulkgen.model.attention.kv_fp8 import FP8_DTYPE, FP8_MAX, quantize  # noqa: E402
 from bulkgen.model.attention.triton_decode import paged_decode  # noqa: E402
@@ -63,6 +64,29 @@ def check_fp8_prefill(seq_lens, query_lens, num_kv_heads, group, head_dim, block
     ref = torch_backend.paged_attention(*args)
     assert out.dtype == q.dtype and out.shape == q.shape
     assert rel_err(out, ref) < TOLERANCE[dtype]
+    return out
+
+
+def check_f16_products(monkeypatch, dtype):
+    """triton_prefill's DOT_F16 (prefill_tiling.F16_PRODUCTS, off by default until timed on a
+    GPU): the query scaled, then rounded to fp16; K, V and the weights in fp16."""
+    seq_lens, query_lens = [23, 1, 40, 150], [23, 1, 13, 70]
+    torch.manual_seed(1)
+    plain = check_fp8_prefill(seq_lens, query_lens, 2, 4, 32, 8, dtype)
+    monkeypatch.setattr(triton_prefill, "F16_PRODUCTS", True)
+    torch.manual_seed(1)
+    f16 = check_fp8_prefill(seq_lens, query_lens, 2, 4, 32, 8, dtype)
+    assert not torch.equal(plain, f16)  # the products did change operands
+
+
+def test_prefill_products_on_fp16_operands_match_the_reference(monkeypatch):
+    check_f16_products(monkeypatch, torch.float16)
+
+
+@gpu
+@needs_cuda
+def test_gpu_prefill_products_on_fp16_operands_match_the_reference_for_a_bf16_query(monkeypatch):
+    check_f16_products(monkeypatch, torch.bfloat16)
 
 
 def check_fp8_decode(seq_lens, num_kv_heads, group, head_dim, block_size, dtype, num_splits=None):

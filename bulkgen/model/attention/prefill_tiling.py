@@ -39,6 +39,11 @@ def prefill_tiles(max_query_len: int, group: int, head_dim: int) -> tuple[int, i
 # cached 178.1 / 161.8, 2,048 behind 14,336 2,687 / 2,519. Over a bf16 cache 2 stages lost
 # (107.8 / 114.4 at the 1,648 chunk), and no other of nine tilings won by more than 2% there.
 FP8_STAGES = 2
+# Whether the prefill kernel multiplies an 8-bit cache's tiles on fp16 operands (the query scaled
+# before its rounding to fp16, as triton_decode.py's DOT_F16) rather than the query's bf16.
+# Tested against the torch reference under the interpreter (tests/test_kv_fp8_kernels.py); not
+# yet run on a GPU (bench_attention.py --prefill-tiles times both ways), so off.
+F16_PRODUCTS = False
 
 
 def invariant_tiles(group: int, head_dim: int) -> tuple[int, int, int]:

@@ -17,10 +17,15 @@ softmax in base 2, fp32 accumulators): first the tiles wholly before the tile's 
 which need no mask, then the few that cross the causal diagonal.
 
 An fp8 cache (KV_FP8) is cast to the query's dtype as each tile is loaded; its layer scales are
-folded out of the loop (k_scale into qk_scale, v_scale into the final normalisation). An int8
-cache (KV_INT8) is cast likewise (exact) and its scales per (token, kv head) loaded with each
-tile: the scores times the key scales per column, the weights times the value scales in P @ V
-only (triton_kv.scale_weights; l_i sums the unscaled weights). Tilings: prefill_tiling.py.
+folded out of the loop (k_scale into qk_scale, v_scale into the final normalisation). With
+DOT_F16 (prefill_tiling.F16_PRODUCTS, off until timed on a GPU) an 8-bit cache's products run on
+fp16 operands as the decode kernel's do: e4m3 -> fp16 is one conversion per two values where
+bf16 takes more, which may be why the kernel ran 5.3 ms a 1,648-token chunk over an fp8 cache
+against 3.5 over bf16 (H200 profile at 9141486), and the query is scaled before its one
+rounding. An int8 cache (KV_INT8) is cast likewise (exact) and its scales per (token, kv head)
+loaded with each tile: the scores times the key scales per column, the weights times the value
+scales in P @ V only (triton_kv.scale_weights; l_i sums the unscaled weights). Tilings:
+prefill_tiling.py.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import triton.language as tl
 from bulkgen.model.attention.kv_fp8 import is_fp8
 from bulkgen.model.attention.kv_layout import v_slots_inner
 from bulkgen.model.attention.prefill_tiling import (
+    F16_PRODUCTS,
     FP8_STAGES,
     _find_seq,
     invariant_tiles,
@@ -86,6 +92,7 @@ def _attend(
     KV_FP8: tl.constexpr,
     KV_INT8: tl.constexpr,
     V_SLOTS_INNER: tl.constexpr,
+    DOT_F16: tl.constexpr,  # q came scaled by qk_scale, in fp16 (see the module's docstring)
 ):
     """Online-softmax update of (acc, l_i, m_i) with the cached positions lo..hi-1."""
     dims = tl.arange(0, HEAD_DIM)
@@ -103,7 +110,9 @@ def _attend(
         k_t = tl.load(k_cache_ptr + rows[None, :] + dims[:, None], mask=valid[None, :], other=0.0)
         if KV_FP8 or KV_INT8:
             k_t = k_t.to(q.dtype)
-        s = tl.dot(q, k_t, input_precision=DOT_PRECISION) * qk_scale
+        s = tl.dot(q, k_t, input_precision=DOT_PRECISION)
+        if not DOT_F16:
+            s = s * qk_scale
         if KV_INT8:
             k_s, v_s = load_scales(
                 k_scales_ptr, v_scales_ptr, blocks, pos, kv_head, valid,
@@ -175,6 +184,7 @@ def _prefill_kernel(
     KV_INT8: tl.constexpr,
     V_SLOTS_INNER: tl.constexpr,  # kv_layout.py
     INVARIANT: tl.constexpr,  # every K/V tile through the one masked loop (triton_invariant.py)
+    DOT_F16: tl.constexpr,  # an 8-bit cache's products on fp16 operands (paged_prefill)
 ):
     tile_id = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -200,6 +210,8 @@ def _prefill_kernel(
         mask=row_mask[:, None],
         other=0.0,
     )
+    if DOT_F16:  # scores come out scaled, as in triton_decode.py
+        q = (q.to(tl.float32) * qk_scale).to(tl.float16)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -217,6 +229,7 @@ def _prefill_kernel(
         stride_scale_slot, stride_cache_block, stride_cache_slot, stride_cache_head,
         stride_v_block, stride_v_slot, stride_v_head, stride_v_dim,
         BLOCK_SIZE, BLOCK_N, HEAD_DIM, DOT_PRECISION, False, KV_FP8, KV_INT8, V_SLOTS_INNER,
+        DOT_F16,
     )
     acc, l_i, m_i = _attend(
         acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, block_table_row, kv_head,
@@ -224,6 +237,7 @@ def _prefill_kernel(
         stride_scale_slot, stride_cache_block, stride_cache_slot, stride_cache_head,
         stride_v_block, stride_v_slot, stride_v_head, stride_v_dim,
         BLOCK_SIZE, BLOCK_N, HEAD_DIM, DOT_PRECISION, True, KV_FP8, KV_INT8, V_SLOTS_INNER,
+        DOT_F16,
     )
     # fmt: on
 
@@ -250,13 +264,15 @@ def paged_prefill(
     invariant: bool = False,
     out: torch.Tensor | None = None,
     tiling: tuple[int, int, int, int] | None = None,
+    f16_products: bool | None = None,
 ) -> torch.Tensor:
     """Causal attention of q [T, Hq, D] (rows grouped by query_start_loc) over the cache;
     k_scale/v_scale dequantize an fp8 cache (floats) or an int8 one (its scale tensors; ignored
     for others). invariant: the fixed tiling and single masked loop of triton_invariant.py
     (max_query_len is then unused). out: where to write (triton_kv.output_for). tiling: (BLOCK_M,
     BLOCK_N, warps, stages) instead of prefill_tiles' (scripts/bench_attention.py
-    --prefill-tiles times candidates; stages 0: Triton's default)."""
+    --prefill-tiles times candidates; stages 0: Triton's default). f16_products: an 8-bit cache's
+    products on fp16 operands (None: F16_PRODUCTS; a 16-bit query only)."""
     num_tokens, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     check_cache(k_cache, v_cache, head_dim)
@@ -308,6 +324,9 @@ def paged_prefill(
         KV_INT8=int8,
         V_SLOTS_INNER=v_slots_inner(v_cache),
         INVARIANT=invariant,
+        DOT_F16=(fp8 or int8)
+        and q.dtype != torch.float32
+        and (F16_PRODUCTS if f16_products is None else f16_products),
         num_warps=warps,
         **({"num_stages": stages} if stages else {}),
     )
