@@ -200,3 +200,59 @@ def test_triton_quantizer_on_cuda_equals_torch_bit_for_bit(width):
             q, scale = quantize_rows(x, static_scale, one_pass)
             assert torch.equal(scale, ref_scale)
             assert torch.equal(q.view(torch.uint8), ref_q.view(torch.uint8))
+
+
+def every_e4m3_value_and_midpoint() -> torch.Tensor:
+    """[1, N]: every finite e4m3 value, the midpoints between neighbours (ties: to the even one),
+    and values just above and below each midpoint."""
+    values = torch.arange(256, dtype=torch.uint8).view(FP8).float()
+    values = values[values.isfinite()].sort().values
+    middle = (values[1:] + values[:-1]) / 2
+    return torch.cat([values, middle, middle * 1.001, middle * 0.999, values * 2]).reshape(1, -1)
+
+
+def test_the_rounding_is_left_to_the_cast_only_on_a_gpu(monkeypatch):
+    from bulkgen.model import fp8_kernels
+
+    monkeypatch.setattr(fp8_kernels, "HW_ROUNDING", True)
+    assert not fp8_kernels.hw_rounding(torch.device("cpu"))
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the interpreter's cast truncates
+    assert not fp8_kernels.hw_rounding(torch.device("cuda"))
+    monkeypatch.delenv("TRITON_INTERPRET")
+    assert fp8_kernels.hw_rounding(torch.device("cuda"))
+    monkeypatch.setattr(fp8_kernels, "HW_ROUNDING", False)
+    assert not fp8_kernels.hw_rounding(torch.device("cuda"))
+
+
+@pytest.mark.gpu
+@needs_fp8_gpu
+@pytest.mark.parametrize("one_pass", [False, True])
+def test_gpu_the_casts_own_rounding_gives_torchs_bits(monkeypatch, one_pass):
+    # fp8_kernels.HW_ROUNDING: the kernels skip _round_e4m3 and let the cast round.
+    from bulkgen.model import fp8_fused, fp8_kernels
+    from bulkgen.model.fused import rms_norm, silu_and_mul
+
+    monkeypatch.setattr(fp8_kernels, "HW_ROUNDING", True)
+    one = torch.tensor(1.0, device=DEVICE)
+    x = every_e4m3_value_and_midpoint()
+    q, _ = quantize_rows(x.to(DEVICE), one, one_pass)
+    ref_q, _ = quantize_rows_reference(x, one.cpu())
+    assert torch.equal(q.cpu().view(torch.uint8), ref_q.view(torch.uint8))
+    rows = (torch.randn(64, 5000) * 3).to(torch.bfloat16)
+    rows[1] = 0
+    rows[2, :5] = torch.tensor([1e-6, -1e-4, 0.5, -7.0, 9.0])
+    q, scale = quantize_rows(rows.to(DEVICE), None, one_pass)
+    ref_q, ref_scale = quantize_rows_reference(rows, None)
+    assert torch.equal(scale.cpu(), ref_scale)
+    assert torch.equal(q.cpu().view(torch.uint8), ref_q.view(torch.uint8))
+    gate_up = (torch.randn(300, 2 * 5000, device=DEVICE) * 4).to(torch.bfloat16)
+    ref = quantize_rows_reference(silu_and_mul(gate_up).cpu(), None)
+    for form in fp8_fused.SILU_FORMS:
+        out = fp8_fused.silu_and_mul_fp8(gate_up, form=form)
+        assert torch.equal(out.q.cpu().view(torch.uint8), ref[0].view(torch.uint8)), form
+        assert torch.equal(out.scale.cpu(), ref[1]), form
+    weight = (torch.rand(5000, device=DEVICE) + 0.5).to(torch.bfloat16)
+    x = rows.to(DEVICE)
+    out = fp8_fused.rms_norm_fp8(x, weight, 1e-6)
+    ref = quantize_rows_reference(rms_norm(x, weight, 1e-6).cpu(), None)
+    assert torch.equal(out.q.cpu().view(torch.uint8), ref[0].view(torch.uint8))

@@ -25,7 +25,7 @@ import triton.language as tl
 
 from bulkgen.model import pdl
 from bulkgen.model.fp8 import FP8, SILU_FORM_ENV, Fp8Activation
-from bulkgen.model.fp8_kernels import quantize_rows, quantize_value, row_scale
+from bulkgen.model.fp8_kernels import hw_rounding, quantize_rows, quantize_value, row_scale
 from bulkgen.model.fp8_silu_split import silu_split
 from bulkgen.model.fused import NORM_TILE, silu_and_mul, silu_times_up
 from bulkgen.model.pdl import pdl_launch_dependents
@@ -64,6 +64,7 @@ def _rms_norm_fp8_kernel(
     ROWS: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
     PDL: tl.constexpr,  # let a GEMM launched with PDL start now (pdl.py)
+    HW_ROUND: tl.constexpr,  # fp8_kernels.HW_ROUNDING
 ):
     if PDL:
         pdl_launch_dependents()
@@ -84,7 +85,7 @@ def _rms_norm_fp8_kernel(
     w = tl.load(w_ptr + cols, mask=cols < H, other=0.0).to(tl.float32)
     out = (w[None, :] * normed).to(dtype).to(tl.float32)  # the value fused.rms_norm writes
     scale = row_scale(tl.max(tl.abs(out), axis=1))
-    q = quantize_value(out, scale[:, None])
+    q = quantize_value(out, scale[:, None], HW_ROUND)
     tl.store(q_ptr + out_offsets, q.to(q_ptr.dtype.element_ty), mask=mask)
     tl.store(scale_ptr + rows, scale, mask=rows < n_rows)
 
@@ -100,6 +101,7 @@ def _silu_and_mul_fp8_kernel(
     LIBDEVICE_EXP: tl.constexpr,
     ONE_PASS: tl.constexpr,
     PDL: tl.constexpr,
+    HW_ROUND: tl.constexpr,  # fp8_kernels.HW_ROUNDING
 ):
     if PDL:
         pdl_launch_dependents()
@@ -109,7 +111,7 @@ def _silu_and_mul_fp8_kernel(
         cols = tl.arange(0, BLOCK)
         value = silu_times_up(row_ptr, cols, I, LIBDEVICE_EXP)  # 0 past I: no effect on absmax
         scale = row_scale(tl.max(tl.abs(value), axis=0))
-        q = quantize_value(value, scale)
+        q = quantize_value(value, scale, HW_ROUND)
         tl.store(q_ptr + row * I + cols, q.to(q_ptr.dtype.element_ty), mask=cols < I)
     else:  # two passes over BLOCK-wide runs (absmax, then quantize; the second reads L2)
         absmax = tl.zeros([BLOCK], dtype=tl.float32)
@@ -119,7 +121,7 @@ def _silu_and_mul_fp8_kernel(
         scale = row_scale(tl.max(absmax, axis=0))
         for start in range(0, I, BLOCK):
             cols = start + tl.arange(0, BLOCK)
-            q = quantize_value(silu_times_up(row_ptr, cols, I, LIBDEVICE_EXP), scale)
+            q = quantize_value(silu_times_up(row_ptr, cols, I, LIBDEVICE_EXP), scale, HW_ROUND)
             tl.store(q_ptr + row * I + cols, q.to(q_ptr.dtype.element_ty), mask=cols < I)
     tl.store(scale_ptr + row, scale)
 
@@ -160,6 +162,7 @@ def _norm(
         ROWS=rows,
         HAS_RESIDUAL=residual is not None,
         PDL=pdl.enabled(x.device),
+        HW_ROUND=hw_rounding(x.device),
         num_warps=min(16, max(1, block_h * rows // 512)),
     )
     return out, new_res
@@ -218,6 +221,7 @@ def silu_and_mul_fp8(gate_up: torch.Tensor, form: str | None = None) -> Fp8Activ
         LIBDEVICE_EXP=gate_up.is_cuda,
         ONE_PASS=one_pass,
         PDL=pdl.enabled(gate_up.device),
+        HW_ROUND=hw_rounding(gate_up.device),
         num_warps=min(16, max(4, block // 1024)) if one_pass else 4,
     )
     return out

@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from bulkgen.model import pdl
-from bulkgen.model.fp8_kernels import quantize_value, row_scale
+from bulkgen.model.fp8_kernels import hw_rounding, quantize_value, row_scale
 from bulkgen.model.fused import silu_times_up
 from bulkgen.model.pdl import pdl_launch_dependents
 
@@ -43,6 +43,7 @@ def _silu_quantize_kernel(
     CHUNKS: tl.constexpr,  # a power of two >= the launch's chunks per row
     LIBDEVICE_EXP: tl.constexpr,
     PDL: tl.constexpr,
+    HW_ROUND: tl.constexpr,  # fp8_kernels.HW_ROUNDING
 ):
     """One chunk of a row quantized by the row's scale, from the chunks' absmax (the max of
     maxima: the row's absmax exactly, so the same scale and bits as one pass)."""
@@ -54,7 +55,7 @@ def _silu_quantize_kernel(
     scale = row_scale(tl.max(absmax, axis=0))
     cols = chunk * BLOCK + tl.arange(0, BLOCK)
     value = silu_times_up(gate_up_ptr + row * stride_row, cols, I, LIBDEVICE_EXP)
-    q = quantize_value(value, scale)
+    q = quantize_value(value, scale, HW_ROUND)
     tl.store(q_ptr + row * I + cols, q.to(q_ptr.dtype.element_ty), mask=cols < I)
     if chunk == 0:
         tl.store(scale_ptr + row, scale)
@@ -81,4 +82,5 @@ def silu_split(gate_up: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> N
         CHUNKS=triton.next_power_of_2(chunks),
         LIBDEVICE_EXP=exp,
         PDL=pdl.enabled(gate_up.device),
+        HW_ROUND=hw_rounding(gate_up.device),
     )
