@@ -5,7 +5,7 @@
 For T rows of the 8B shape: fused.silu_and_mul (bf16 out) beside silu_and_mul_fp8 in each of its
 forms (two passes over 2,048-wide runs, the whole 14,336-wide row in one tile, split: a
 program per 2,048-wide chunk of every row, in two launches, and staged: the bf16 op, then the
-quantizer); and
+quantizer; names ending _hw with the e4m3 rounding left to the cast, fp8_kernels.HW_ROUNDING); and
 fp8_kernels.quantize_rows of a 4,096-wide row (the attention output, o_proj's input) both ways.
 Median microseconds each, and whether the two forms gave the same bits. One JSON line per T; the
 last line says which form won at every T (fp8_fused.default_silu_form and
@@ -20,18 +20,21 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 
 import torch
 from bench_attention import steps_us
 
 from bulkgen.model import fused
+from bulkgen.model.fp8 import HW_ROUNDING_ENV
 from bulkgen.model.fp8_fused import silu_and_mul_fp8
 from bulkgen.model.fp8_kernels import quantize_rows
 
 WIDTH, HIDDEN = 14336, 4096
 FORMS = {
-    "silu": ("silu_fp8_two_pass", "silu_fp8_one_pass", "silu_fp8_split", "silu_fp8_staged"),
-    "quantize": ("quantize_two_pass", "quantize_one_pass"),
+    "silu": ("silu_fp8_two_pass", "silu_fp8_one_pass", "silu_fp8_split", "silu_fp8_staged")
+    + ("silu_fp8_split_hw", "silu_fp8_staged_hw"),
+    "quantize": ("quantize_two_pass", "quantize_one_pass", "quantize_one_pass_hw"),
 }
 LAYERS = 32  # calls a timed graph replays, each over its own input
 
@@ -65,6 +68,13 @@ def main() -> None:
             "quantize_two_pass": layers_us(lambda x: quantize_rows(x, one_pass=False), xs),
             "quantize_one_pass": layers_us(lambda x: quantize_rows(x, one_pass=True), xs),
         }
+        os.environ[HW_ROUNDING_ENV] = "1"  # fp8_kernels.HW_ROUNDING: the rounding left to the cast
+        hw = silu_and_mul_fp8(gate_up, "split"), quantize_rows(x, one_pass=True)
+        times["silu_fp8_split_hw"] = layers_us(lambda g: silu_and_mul_fp8(g, "split"), gate_ups)
+        times["silu_fp8_staged_hw"] = layers_us(lambda g: silu_and_mul_fp8(g, "staged"), gate_ups)
+        times["quantize_one_pass_hw"] = layers_us(lambda x: quantize_rows(x, one_pass=True), xs)
+        del os.environ[HW_ROUNDING_ENV]
+        same = same and same_bits(one, hw[0]) and same_bits(q_one, hw[1])
         for kernel, forms in FORMS.items():
             wins[kernel][rows] = min(forms, key=times.__getitem__)
         row = {"rows": rows, **{k: round(v, 1) for k, v in times.items()}, "same_bits": same}

@@ -37,6 +37,9 @@
 #      EngineConfig.mixed_graphs (steps with prefill replaying CUDA graphs of everything but
 #      attention; the default on one GPU since db9498e: engines *-eagermixed turn it off), about
 #      5 minutes (305 s at db9498e), and their GPU test first;
+#   switches: the GPU tests of fp8_kernels.HW_ROUNDING and prefill_tiling.F16_PRODUCTS (both
+#      off until measured), then bulk FP8 (512 prompts) with neither, each and both on through
+#      BULKGEN_FP8_HW_ROUNDING / BULKGEN_PREFILL_F16 (each line's "env" says which; about 4 minutes);
 #   pdl: the FP8 GEMM launched with programmatic dependent launch, its weight's first K tiles
 #      prefetched into L2 while the RMSNorm / SiLU / quantizer before it runs (BULKGEN_FP8_PDL=1,
 #      bulkgen/model/pdl.py): tests/test_gpu_pdl.py, then blog FP8 off/on twice, bulk FP8 off/on
@@ -176,6 +179,19 @@ if want pdl; then  # the FP8 GEMM launched with PDL behind its input's producers
   for on in 0 1 0 1; do BULKGEN_FP8_PDL=$on bench blog 120 --workloads blog --engines bulkgen-fp8; done
   for on in 0 1; do
     BULKGEN_FP8_PDL=$on bench bulk 150 --workloads bulk --engines bulkgen-fp8 --num-prompts 512
+  done
+fi
+if want switches; then  # the two FP8 options built off (fp8_kernels.HW_ROUNDING,
+  # prefill_tiling.F16_PRODUCTS): their GPU tests, then bulk FP8 with neither, each, and both
+  OUT=$WORK/tests TESTS=1 BENCH=0 PYTEST_ARGS="tests/test_fp8.py::test_gpu_the_casts_own_rounding\
+_gives_torchs_bits tests/test_kv_fp8_kernels.py::test_gpu_prefill_products_on_fp16_operands_match\
+_the_reference_for_a_bf16_query" timeout 120 scripts/gpu_check.sh > /dev/null 2>&1
+  { tail -3 "$WORK/tests/gpu_tests.log"; grep -E "FAILED|^E " "$WORK/tests/gpu_tests.log" | head; } \
+    | tee "$OUT/switches_tests.txt"
+  for pair in "0 0" "1 0" "0 1" "1 1"; do
+    set -- $pair
+    BULKGEN_FP8_HW_ROUNDING=$1 BULKGEN_PREFILL_F16=$2 bench bulk 150 --workloads bulk \
+      --engines bulkgen-fp8 --num-prompts 512
   done
 fi
 if want spy; then  # who holds the interpreter during a run (issue 10: decode steps' host time

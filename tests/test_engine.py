@@ -269,7 +269,10 @@ def test_stats_name_the_experimental_switches_set_in_the_environment(tiny_model_
     monkeypatch.setenv("BULKGEN_SILU_FORM", "split")
     monkeypatch.setenv("BULKGEN_FP8_PDL", "1")  # never on the CPU, but the run says it was asked
     monkeypatch.setenv("BULKGEN_CPU_QUIET", "1")  # a run's own decision for its children: no switch
+    monkeypatch.setenv("BULKGEN_PREFILL_F16", "1")
+    monkeypatch.setenv("BULKGEN_FP8_HW_ROUNDING", "0")
     expected = {"BULKGEN_FP8_PDL": "1", "BULKGEN_SILU_FORM": "split"}
+    expected |= {"BULKGEN_PREFILL_F16": "1", "BULKGEN_FP8_HW_ROUNDING": "0"}
     assert llm.engine.stats["env_overrides"] == expected
 
 

@@ -214,6 +214,7 @@ def every_e4m3_value_and_midpoint() -> torch.Tensor:
 def test_the_rounding_is_left_to_the_cast_only_on_a_gpu(monkeypatch):
     from bulkgen.model import fp8_kernels
 
+    monkeypatch.delenv("BULKGEN_FP8_HW_ROUNDING", raising=False)
     monkeypatch.setattr(fp8_kernels, "HW_ROUNDING", True)
     assert not fp8_kernels.hw_rounding(torch.device("cpu"))
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # the interpreter's cast truncates
@@ -222,6 +223,14 @@ def test_the_rounding_is_left_to_the_cast_only_on_a_gpu(monkeypatch):
     assert fp8_kernels.hw_rounding(torch.device("cuda"))
     monkeypatch.setattr(fp8_kernels, "HW_ROUNDING", False)
     assert not fp8_kernels.hw_rounding(torch.device("cuda"))
+    monkeypatch.setenv("BULKGEN_FP8_HW_ROUNDING", "1")  # A/B runs: the environment decides
+    assert fp8_kernels.hw_rounding(torch.device("cuda"))
+    monkeypatch.setattr(fp8_kernels, "HW_ROUNDING", True)
+    monkeypatch.setenv("BULKGEN_FP8_HW_ROUNDING", "0")
+    assert not fp8_kernels.hw_rounding(torch.device("cuda"))
+    monkeypatch.setenv("BULKGEN_FP8_HW_ROUNDING", "yes")
+    with pytest.raises(ValueError, match="1 or 0"):
+        fp8_kernels.hw_rounding(torch.device("cuda"))
 
 
 @pytest.mark.gpu
@@ -233,6 +242,7 @@ def test_gpu_the_casts_own_rounding_gives_torchs_bits(monkeypatch, one_pass):
     from bulkgen.model.fused import rms_norm, silu_and_mul
 
     monkeypatch.setattr(fp8_kernels, "HW_ROUNDING", True)
+    monkeypatch.delenv("BULKGEN_FP8_HW_ROUNDING", raising=False)
     one = torch.tensor(1.0, device=DEVICE)
     x = every_e4m3_value_and_midpoint()
     q, _ = quantize_rows(x.to(DEVICE), one, one_pass)

@@ -16,6 +16,7 @@ CUDA graphs capture it.
 
 from __future__ import annotations
 
+import os
 from typing import NamedTuple
 
 import torch
@@ -27,10 +28,24 @@ MIN_ABSMAX = 1e-12  # an all-zero row (graph padding) gets a tiny scale, not a d
 # The projections that become FP8 (names in our fused layout, see loader._FUSED).
 FP8_TARGETS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 # Environment switches that change which FP8 kernels run, for A/B runs (stats.json's
-# env_overrides names those set): PDL launches (pdl.py), the SiLU's form (fp8_fused.py).
+# env_overrides names those set): PDL launches (pdl.py), the SiLU's form (fp8_fused.py), the
+# e4m3 rounding left to the cast (fp8_kernels.HW_ROUNDING), an 8-bit cache's prefill products on
+# fp16 operands (prefill_tiling.F16_PRODUCTS). The last two take 1 or 0 (unset: the default).
 PDL_ENV = "BULKGEN_FP8_PDL"
 SILU_FORM_ENV = "BULKGEN_SILU_FORM"
-KERNEL_SWITCHES = (PDL_ENV, SILU_FORM_ENV)
+HW_ROUNDING_ENV = "BULKGEN_FP8_HW_ROUNDING"
+PREFILL_F16_ENV = "BULKGEN_PREFILL_F16"
+KERNEL_SWITCHES = (PDL_ENV, SILU_FORM_ENV, HW_ROUNDING_ENV, PREFILL_F16_ENV)
+
+
+def switch(name: str, default: bool) -> bool:
+    """An on/off kernel switch: the environment's 1 or 0, else `default`."""
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    if value not in ("0", "1"):
+        raise ValueError(f"{name} must be 1 or 0, got {value!r}")
+    return value == "1"
 
 
 class Fp8Activation(NamedTuple):

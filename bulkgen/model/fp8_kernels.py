@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from bulkgen.model import pdl
-from bulkgen.model.fp8 import FP8, FP8_MAX, MIN_ABSMAX
+from bulkgen.model.fp8 import FP8, FP8_MAX, HW_ROUNDING_ENV, MIN_ABSMAX, switch
 from bulkgen.model.pdl import pdl_launch_dependents
 
 BLOCK = 2048  # elements of a row per loop iteration (two passes)
@@ -62,7 +62,8 @@ def _round_e4m3(x):
 def hw_rounding(device: torch.device) -> bool:
     """Whether the FP8 kernels launched on `device` leave the e4m3 rounding to the cast."""
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"
-    return HW_ROUNDING and device.type == "cuda" and not interpreted
+    on = switch(HW_ROUNDING_ENV, HW_ROUNDING)  # BULKGEN_FP8_HW_ROUNDING=1/0 for A/B runs
+    return on and device.type == "cuda" and not interpreted
 
 
 @triton.jit

@@ -53,6 +53,7 @@ from bulkgen.model.attention.triton_kv import (
     output_for,
     scale_weights,
 )
+from bulkgen.model.fp8 import PREFILL_F16_ENV, switch
 
 __all__ = ["invariant_tiles", "paged_prefill", "prefill_tiles"]
 
@@ -272,7 +273,8 @@ def paged_prefill(
     (max_query_len is then unused). out: where to write (triton_kv.output_for). tiling: (BLOCK_M,
     BLOCK_N, warps, stages) instead of prefill_tiles' (scripts/bench_attention.py
     --prefill-tiles times candidates; stages 0: Triton's default). f16_products: an 8-bit cache's
-    products on fp16 operands (None: F16_PRODUCTS; a 16-bit query only)."""
+    products on fp16 operands (None: F16_PRODUCTS, or BULKGEN_PREFILL_F16=1/0; a 16-bit query
+    only)."""
     num_tokens, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     check_cache(k_cache, v_cache, head_dim)
@@ -326,7 +328,7 @@ def paged_prefill(
         INVARIANT=invariant,
         DOT_F16=(fp8 or int8)
         and q.dtype != torch.float32
-        and (F16_PRODUCTS if f16_products is None else f16_products),
+        and (switch(PREFILL_F16_ENV, F16_PRODUCTS) if f16_products is None else f16_products),
         num_warps=warps,
         **({"num_stages": stages} if stages else {}),
     )
