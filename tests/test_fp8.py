@@ -104,10 +104,7 @@ def test_triton_activation_quantizer_equals_the_torch_reference_bit_for_bit(
 
 
 def test_triton_quantizer_rounds_every_e4m3_value_and_midpoint_to_nearest_even():
-    values = torch.arange(256, dtype=torch.uint8).view(FP8).float()
-    values = values[values.isfinite()].sort().values
-    middle = (values[1:] + values[:-1]) / 2  # ties: round to the even neighbour
-    x = torch.cat([values, middle, middle * 1.001, middle * 0.999]).reshape(1, -1)
+    x = every_e4m3_value_and_midpoint()
     one = torch.tensor(1.0, device=DEVICE)
     q, _ = quantize_rows(x.to(DEVICE), one)
     ref_q, _ = quantize_rows_reference(x, one.cpu())
