@@ -217,7 +217,7 @@ PREFILL_CASES = (([1648], [1648]), ([300, 548, 800], [300, 548, 800]), ([2048], 
 PREFILL_CASES += (([16384], [2048]),)
 
 
-def bench_prefill_tiles(kv_dtype) -> dict:
+def bench_prefill_tiles(kv_dtype) -> list[dict]:
     """Microseconds per call of each PREFILL_TILINGS launch (8 calls a graph), for each case."""
     rows, slots_inner = [], kv_dtype == torch.float8_e4m3fn and fp8_v_slots_inner()
     for seq_lens, query_lens in PREFILL_CASES:  # the engine's layout and block size
