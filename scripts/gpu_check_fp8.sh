@@ -40,6 +40,8 @@
 #   switches: the GPU tests of fp8_kernels.HW_ROUNDING and prefill_tiling.F16_PRODUCTS (both
 #      off until measured), then bulk FP8 (512 prompts) with neither, each and both on through
 #      BULKGEN_FP8_HW_ROUNDING / BULKGEN_PREFILL_F16 (each line's "env" says which; about 4 minutes);
+#   blas: bulk and blog bf16 with torch's 16-bit GEMMs through cuBLAS and through cuBLASLt
+#      (BULKGEN_BLAS=cublaslt; issue 10's bulk roofline: the decode GEMMs), about 4 minutes;
 #   pdl: the FP8 GEMM launched with programmatic dependent launch, its weight's first K tiles
 #      prefetched into L2 while the RMSNorm / SiLU / quantizer before it runs (BULKGEN_FP8_PDL=1,
 #      bulkgen/model/pdl.py): tests/test_gpu_pdl.py, then blog FP8 off/on twice, bulk FP8 off/on
@@ -193,6 +195,13 @@ _the_reference_for_a_bf16_query" timeout 120 scripts/gpu_check.sh > /dev/null 2>
     BULKGEN_FP8_HW_ROUNDING=$1 BULKGEN_PREFILL_F16=$2 bench bulk 150 --workloads bulk \
       --engines bulkgen-fp8 --num-prompts 512
   done
+fi
+if want blas; then  # bf16 GEMMs through cuBLAS (torch's default) against cuBLASLt (BULKGEN_BLAS):
+  # bulk and blog bf16 each way (the lines' "env" and graph_buckets_replaced say which and what)
+  for lib in "" cublaslt; do
+    BULKGEN_BLAS=$lib bench bulk 150 --workloads bulk --engines bulkgen --num-prompts 512
+  done
+  for lib in "" cublaslt; do BULKGEN_BLAS=$lib bench blog 100 --workloads blog --engines bulkgen; done
 fi
 if want spy; then  # who holds the interpreter during a run (issue 10: decode steps' host time
   # in a run, 2.8 ms at 256 rows, against 1.0-1.2 ms for the same work alone): py-spy (its wheel

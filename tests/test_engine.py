@@ -271,9 +271,24 @@ def test_stats_name_the_experimental_switches_set_in_the_environment(tiny_model_
     monkeypatch.setenv("BULKGEN_CPU_QUIET", "1")  # a run's own decision for its children: no switch
     monkeypatch.setenv("BULKGEN_PREFILL_F16", "1")
     monkeypatch.setenv("BULKGEN_FP8_HW_ROUNDING", "0")
+    monkeypatch.setenv("BULKGEN_BLAS", "cublaslt")  # CUDA only, named all the same
     expected = {"BULKGEN_FP8_PDL": "1", "BULKGEN_SILU_FORM": "split"}
     expected |= {"BULKGEN_PREFILL_F16": "1", "BULKGEN_FP8_HW_ROUNDING": "0"}
+    expected |= {"BULKGEN_BLAS": "cublaslt"}
     assert llm.engine.stats["env_overrides"] == expected
+
+
+def test_a_blas_library_that_is_not_one_fails_at_load(tiny_model_dir, monkeypatch):
+    from bulkgen import LLM
+    from bulkgen.model.fp8 import blas_library
+
+    monkeypatch.setenv("BULKGEN_BLAS", "mkl")
+    with pytest.raises(ValueError, match="BULKGEN_BLAS must be one of cublas, cublaslt"):
+        LLM(str(tiny_model_dir), dtype="float32", device="cpu")
+    monkeypatch.setenv("BULKGEN_BLAS", "cublaslt")
+    assert blas_library(torch.device("cpu")) == "cublaslt"  # named; the CPU has no cuBLAS to set
+    monkeypatch.delenv("BULKGEN_BLAS")
+    assert blas_library(torch.device("cpu")) is None
 
 
 def test_recomputed_tokens_count_what_preemption_made_the_engine_compute_again(tiny_model_dir):

@@ -31,11 +31,27 @@ FP8_TARGETS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 # env_overrides names those set): PDL launches (pdl.py), the SiLU's form (fp8_fused.py), the
 # e4m3 rounding left to the cast (fp8_kernels.HW_ROUNDING), an 8-bit cache's prefill products on
 # fp16 operands (prefill_tiling.F16_PRODUCTS). The last two take 1 or 0 (unset: the default).
+# BULKGEN_BLAS (cublas or cublaslt) picks the library of the 16-bit GEMMs (blas_library below).
 PDL_ENV = "BULKGEN_FP8_PDL"
 SILU_FORM_ENV = "BULKGEN_SILU_FORM"
 HW_ROUNDING_ENV = "BULKGEN_FP8_HW_ROUNDING"
 PREFILL_F16_ENV = "BULKGEN_PREFILL_F16"
-KERNEL_SWITCHES = (PDL_ENV, SILU_FORM_ENV, HW_ROUNDING_ENV, PREFILL_F16_ENV)
+BLAS_ENV = "BULKGEN_BLAS"
+KERNEL_SWITCHES = (PDL_ENV, SILU_FORM_ENV, HW_ROUNDING_ENV, PREFILL_F16_ENV, BLAS_ENV)
+BLAS_LIBRARIES = ("cublas", "cublaslt")
+
+
+def blas_library(device: torch.device) -> str | None:
+    """BULKGEN_BLAS: the library torch's 16-bit GEMMs go through on CUDA (None: torch's own
+    choice, cuBLAS). cuBLASLt picks its kernels by other heuristics; the H200 runs' bf16 decode
+    GEMMs of 416 and 448 rows were slower than at 480 through cuBLAS (graph_buckets_replaced), so
+    steps of 385-448 rows pay for 480. Set for the process on a CUDA device; checked everywhere."""
+    name = os.environ.get(BLAS_ENV) or None
+    if name is not None and name not in BLAS_LIBRARIES:
+        raise ValueError(f"{BLAS_ENV} must be one of {', '.join(BLAS_LIBRARIES)}, got {name!r}")
+    if name is not None and device.type == "cuda":
+        torch.backends.cuda.preferred_blas_library(name)
+    return name
 
 
 def switch(name: str, default: bool) -> bool:
