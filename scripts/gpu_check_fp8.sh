@@ -158,10 +158,12 @@ if want eager; then
 fi
 if want mixedk; then  # a bulk-like mixed step's GPU kernels by total time (400 decoding rows of
   # 700 tokens, a 1,648-token chunk), bf16 and FP8, through the pieces as the engine runs it
+  # MIXEDK_SHAPE: other --rows/--context/--chunk, e.g. trt's "--rows 895 --context 1500
+  # --chunk 1153" (its FP8 mixed steps took 47.3 ms median at 7a4d4ab, half its GPU time)
   for opts in "" --fp8; do
-    timeout 150 python3 scripts/bench_eager_host.py --mixed-graphs --kernels --reps 4 --rows 400 \
-      --context 700 --chunk 1648 $opts 2>&1 | grep -v -i warn | tee -a "$OUT/mixedk.jsonl" \
-      | cut -c1-300
+    timeout 150 python3 scripts/bench_eager_host.py --mixed-graphs --kernels --reps 4 \
+      ${MIXEDK_SHAPE:---rows 400 --context 700 --chunk 1648} $opts 2>&1 | grep -v -i warn \
+      | tee -a "$OUT/mixedk.jsonl" | cut -c1-300
   done
 fi
 if want pieces; then
