@@ -42,6 +42,8 @@
 #      BULKGEN_FP8_HW_ROUNDING / BULKGEN_PREFILL_F16 (each line's "env" says which; about 4 minutes);
 #   blas: bulk and blog bf16 with torch's 16-bit GEMMs through cuBLAS and through cuBLASLt
 #      (BULKGEN_BLAS=cublaslt; issue 10's bulk roofline: the decode GEMMs), about 4 minutes;
+#   argmax: the engine's GPU tests with BULKGEN_BF16_ARGMAX=1 (plain greedy steps take the argmax
+#      of the 16-bit logits, no float32 copy), then bulk bf16 and FP8 with it off and on (~5 min);
 #   pdl: the FP8 GEMM launched with programmatic dependent launch, its weight's first K tiles
 #      prefetched into L2 while the RMSNorm / SiLU / quantizer before it runs (BULKGEN_FP8_PDL=1,
 #      bulkgen/model/pdl.py): tests/test_gpu_pdl.py, then blog FP8 off/on twice, bulk FP8 off/on
@@ -204,6 +206,17 @@ if want blas; then  # bf16 GEMMs through cuBLAS (torch's default) against cuBLAS
     BULKGEN_BLAS=$lib bench bulk 150 --workloads bulk --engines bulkgen --num-prompts 512
   done
   for lib in "" cublaslt; do BULKGEN_BLAS=$lib bench blog 100 --workloads blog --engines bulkgen; done
+fi
+if want argmax; then  # plain greedy steps' argmax over 16-bit logits (sampler.float_logits):
+  # the engine's GPU tests with it on, then bulk bf16 and FP8 each way
+  BULKGEN_BF16_ARGMAX=1 OUT=$WORK/tests TESTS=1 BENCH=0 PYTEST_ARGS="tests/test_gpu_engine.py" \
+    timeout 200 scripts/gpu_check.sh > /dev/null 2>&1
+  { tail -3 "$WORK/tests/gpu_tests.log"; grep -E "FAILED|^E " "$WORK/tests/gpu_tests.log" | head; } \
+    | tee "$OUT/argmax_tests.txt"
+  for on in 0 1; do
+    BULKGEN_BF16_ARGMAX=$on bench bulk 240 --workloads bulk --engines bulkgen,bulkgen-fp8 \
+      --num-prompts 512
+  done
 fi
 if want spy; then  # who holds the interpreter during a run (issue 10: decode steps' host time
   # in a run, 2.8 ms at 256 rows, against 1.0-1.2 ms for the same work alone): py-spy (its wheel

@@ -317,3 +317,42 @@ def test_recomputed_tokens_count_what_preemption_made_the_engine_compute_again(t
     assert stats["preemptions"] > 0 and stats["recomputed_tokens"] > 0
     # Everything computed beyond each position's first computation is recomputed work.
     assert stats["recomputed_tokens"] == computed[0] - sum(r.max_computed for r in requests)
+
+
+def test_plain_greedy_steps_can_take_the_argmax_of_16_bit_logits(tiny_model_dir, monkeypatch):
+    # sampler.float_logits (BULKGEN_BF16_ARGMAX=1): a step whose sampled rows are all plain greedy
+    # skips the float32 copy of its logits; the argmax of the 16-bit values is the argmax of their
+    # exact widening, so the tokens are the same.
+    from bulkgen import LLM
+    from bulkgen.engine.sampler import float_logits
+    from bulkgen.model.llama import LlamaForCausalLM
+
+    monkeypatch.delenv("BULKGEN_BF16_ARGMAX", raising=False)
+    greedy = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    logprobs = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, logprobs=2)
+    penalized = SamplingParams(max_tokens=12, temperature=0.0, repetition_penalty=1.3)
+    sampled = SamplingParams(max_tokens=12, temperature=0.8, seed=3)
+    assert float_logits([greedy])  # off unless set
+    monkeypatch.setenv("BULKGEN_BF16_ARGMAX", "1")
+    assert not float_logits([greedy, greedy]) and not float_logits([])
+    for other in (logprobs, penalized, sampled, SamplingParams(temperature=0.0, choice=["a"])):
+        assert float_logits([greedy, other]), other
+    assert float_logits([greedy], batch_invariant=True)
+
+    widths = []
+    compute_logits = LlamaForCausalLM.compute_logits
+
+    def spy(self, hidden, widen=True):
+        out = compute_logits(self, hidden, widen)
+        widths.append(out.dtype)
+        return out
+
+    monkeypatch.setattr(LlamaForCausalLM, "compute_logits", spy)
+    llm = LLM(str(tiny_model_dir), dtype="bfloat16", device="cpu")
+    ids = encode_all(tiny_model_dir, PROMPTS)
+    narrow = [o.token_ids for o in llm.generate(ids, greedy)]
+    assert torch.bfloat16 in widths and torch.float32 not in widths[-3:]
+    monkeypatch.setenv("BULKGEN_BF16_ARGMAX", "0")
+    widths.clear()
+    assert [o.token_ids for o in llm.generate(ids, greedy)] == narrow
+    assert set(widths) == {torch.float32}

@@ -151,14 +151,16 @@ class DecodeGraphs:
         self.stream.synchronize()
 
     @torch.inference_mode()
-    def replay_step(self, inp: StepInputs, tables: DeviceTables) -> torch.Tensor:
-        """Float32 logits [b, vocab] of a decode step of b rows, on the current stream: its inputs
-        staged into the static buffers by one kernel (triton_stage.py), the bucket's graph
-        replayed, the lm_head run on the step's own rows."""
+    def replay_step(
+        self, inp: StepInputs, tables: DeviceTables, widen: bool = True
+    ) -> torch.Tensor:
+        """Float32 logits [b, vocab] of a decode step of b rows (16-bit when not `widen`), on the
+        current stream: its inputs staged into the static buffers by one kernel (triton_stage.py),
+        the bucket's graph replayed, the lm_head run on the step's own rows."""
         b = inp.positions.shape[0]
         bucket = self.bucket_for(b)
         graph, hidden = self.graphs[bucket]
         self.stage(inp, tables.last_token, tables.block_table, self.input_ids, self.positions,
                    self.meta, bucket)  # fmt: skip
         graph.replay()
-        return self.model.compute_logits(hidden[:b])
+        return self.model.compute_logits(hidden[:b], widen)

@@ -18,6 +18,7 @@ import torch
 from bulkgen.config import SamplingParams
 from bulkgen.engine.plan import Plan
 from bulkgen.engine.request import Request
+from bulkgen.engine.sampler import float_logits
 
 # Float fields per sampled row, in packing order.
 FLOAT_FIELDS = ("temperature", "top_p", "min_p", "repetition", "presence", "frequency")
@@ -67,6 +68,10 @@ class PackedStep:
     # read these, not every row), and whether any input token is the previous step's sample.
     sampled_params: list[SamplingParams] = field(default_factory=list)
     from_prev: bool = False
+
+    def float_logits(self, batch_invariant: bool) -> bool:
+        """Whether the step's logits are widened to float32 (sampler.float_logits)."""
+        return float_logits(self.sampled_params, batch_invariant)
 
     def unpack(self) -> StepInputs:
         """Views, no kernels; call on the compute stream after it waited for `ready`."""

@@ -1,13 +1,12 @@
 """Model runner: owns the KV cache, the streams and the events; launches one step at a time.
 
 launch(plan) enqueues the whole step without waiting for the device (as forward(plan) then
-sample(forward): the engine enqueues a constrained step's sampling later, once its token masks
-are on the host): inputs go host -> device on a
-copy stream, the compute stream waits on that copy's event, applies the step's block-table appends,
-runs the forward (a CUDA graph replay for decode steps) and sampling, writes the sampled ids to the
-device's last-token table (where the next step's decode inputs are gathered) and copies them into
-pinned host memory, then records an event. Step.wait() on that event is the one place the host
-waits for the device. The KV cache is the runner's: it is passed to every forward.
+sample(forward): the engine enqueues a constrained step's sampling later, once its token masks are
+on the host): inputs go to the device on a copy stream, the compute stream waits for that copy,
+applies the step's block-table appends, runs the forward (a CUDA graph replay for decode steps) and
+sampling, writes the sampled ids to the device's last-token table (the next step's decode inputs
+come from it) and copies them into pinned host memory, then records an event. Step.wait() on it is
+the host's one wait for the device. The KV cache is the runner's, passed to every forward.
 
 Under tensor parallelism every rank has a runner over its own shard and KV heads. Rank 0's runs
 the steps its scheduler plans and sends each packed step to the other ranks (`followers`), whose
@@ -140,9 +139,10 @@ class ModelRunner:
             inp = packed.unpack()
             self.tables.apply_updates(inp)
             self.penalties.reset(packed.fresh_penalized)
+            widen = packed.float_logits(self.ecfg.batch_invariant)
             if self._graphable(packed):
                 self.graph_steps += 1
-                logits = self.graphs.replay_step(inp, self.tables)
+                logits = self.graphs.replay_step(inp, self.tables, widen)
                 return Forward(plan, packed, inp, logits, begin)
             input_ids = self.tables.input_ids(inp, packed.from_prev)
             meta = self.attention.metadata(
@@ -161,7 +161,7 @@ class ModelRunner:
                 hidden = self.model(input_ids, inp.positions, meta, self.kv)
             logits = None
             if packed.sizes[2]:  # rows that sample
-                logits = self.model.compute_logits(hidden[inp.logits_indices])
+                logits = self.model.compute_logits(hidden[inp.logits_indices], widen)
         return Forward(plan, packed, inp, logits, begin)
 
     @torch.inference_mode()

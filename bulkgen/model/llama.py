@@ -229,7 +229,8 @@ class LlamaForCausalLM(nn.Module):
         norm = self.model.norm
         return self.ops.add_rms_norm(h, residual, norm.weight, norm.eps)[0]
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Float32 logits [T, vocab] (gathered from every rank under tensor parallelism)."""
+    def compute_logits(self, hidden: torch.Tensor, widen: bool = True) -> torch.Tensor:
+        """Float32 logits [T, vocab] (gathered from every rank under tensor parallelism); in the
+        weights' dtype when not `widen`."""
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return self.model.embed_tokens.logits(hidden, weight)
+        return self.model.embed_tokens.logits(hidden, weight, widen)

@@ -164,8 +164,12 @@ class VocabParallelEmbedding(nn.Module):
         # Each token's row lives on one rank: the others contribute zeros to the sum.
         return self.tp.all_reduce(h.masked_fill(outside.unsqueeze(-1), 0.0))
 
-    def logits(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """Float32 logits [T, V] from this rank's rows of `weight` (the table or the head)."""
+    def logits(
+        self, hidden: torch.Tensor, weight: torch.Tensor, widen: bool = True
+    ) -> torch.Tensor:
+        """Float32 logits [T, V] from this rank's rows of `weight` (the table or the head); in the
+        weights' dtype when not `widen` (sampler.float_logits)."""
         # Gathered in the weights' dtype (half the bytes of float32), widened after: exact.
         local = self.linear(hidden, weight)
-        return self.tp.all_gather_last(local)[..., : self.vocab_size].float()
+        logits = self.tp.all_gather_last(local)[..., : self.vocab_size]
+        return logits.float() if widen else logits
