@@ -32,17 +32,18 @@ def prefill_tiles(max_query_len: int, group: int, head_dim: int) -> tuple[int, i
     return rows // group, rows, block_n
 
 
-# Software-pipelining stages of the prefill launch over an fp8 cache (0: Triton's default, 3 on
-# the H200). bench_attention.py --prefill-tiles on the H200 (406730b; 8B shape, values slots
-# inner, 64-token blocks), us a call at the default 64x64 4-warp tiles, 3 stages against 2: a
-# 1,648-token chunk 167.8 / 149.9, three prompts of 300-800 84.1 / 73.8, 1,024 behind 1,024
-# cached 178.1 / 161.8, 2,048 behind 14,336 2,687 / 2,519. Over a bf16 cache 2 stages lost
-# (107.8 / 114.4 at the 1,648 chunk), and no other of nine tilings won by more than 2% there.
+# Software-pipelining stages of the prefill launch over an fp8 cache (0: Triton's default, 3 on the
+# H200). scripts/bench_prefill_tiles.py (then bench_attention.py --prefill-tiles) on the H200
+# (406730b; 8B shape, values slots inner, 64-token blocks), us a call at the default 64x64 4-warp
+# tiles, 3 stages against 2: a 1,648-token chunk 167.8 / 149.9, three prompts of 300-800 84.1 /
+# 73.8, 1,024 behind 1,024 cached 178.1 / 161.8, 2,048 behind 14,336 2,687 / 2,519. Over a bf16
+# cache 2 stages lost (107.8 / 114.4 at the 1,648 chunk), and no other of nine tilings won by more
+# than 2% there.
 FP8_STAGES = 2
 # Whether the prefill kernel multiplies an 8-bit cache's tiles on fp16 operands (the query scaled
 # before its rounding to fp16, as triton_decode.py's DOT_F16) rather than the query's bf16.
 # Tested against the torch reference under the interpreter (tests/test_kv_fp8_kernels.py); not
-# yet run on a GPU (bench_attention.py --prefill-tiles times both ways), so off.
+# yet run on a GPU (scripts/bench_prefill_tiles.py times both ways), so off.
 F16_PRODUCTS = False
 
 

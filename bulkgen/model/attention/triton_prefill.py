@@ -25,7 +25,7 @@ against 3.5 over bf16 (H200 profile at 9141486), and the query is scaled before 
 rounding. An int8 cache (KV_INT8) is cast likewise (exact) and its scales per (token, kv head)
 loaded with each tile: the scores times the key scales per column, the weights times the value
 scales in P @ V only (triton_kv.scale_weights; l_i sums the unscaled weights). Tilings:
-prefill_tiling.py.
+prefill_tiling.py; the loop over K/V tiles: prefill_attend.py.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ import triton.language as tl
 
 from bulkgen.model.attention.kv_fp8 import is_fp8
 from bulkgen.model.attention.kv_layout import v_slots_inner
+from bulkgen.model.attention.prefill_attend import attend_tiles
 from bulkgen.model.attention.prefill_tiling import (
     F16_PRODUCTS,
     FP8_STAGES,
@@ -43,106 +44,12 @@ from bulkgen.model.attention.prefill_tiling import (
     invariant_tiles,
     prefill_tiles,
 )
-from bulkgen.model.attention.triton_kv import (
-    check_cache,
-    int8_scale_args,
-    kv_tile_blocks,
-    kv_tile_offsets,
-    load_scales,
-    load_v_tile,
-    output_for,
-    scale_weights,
-)
+from bulkgen.model.attention.triton_kv import check_cache, int8_scale_args, output_for
 from bulkgen.model.fp8 import PREFILL_F16_ENV, switch
 
 __all__ = ["invariant_tiles", "paged_prefill", "prefill_tiles"]
 
 LOG2E = 1.4426950408889634
-
-
-@triton.jit
-def _attend(
-    acc,
-    l_i,
-    m_i,
-    q,
-    q_pos,  # [BLOCK_M] position of each query row
-    k_cache_ptr,
-    v_cache_ptr,
-    block_table_row,
-    kv_head,
-    lo,
-    hi,
-    qk_scale,
-    k_scales_ptr,
-    v_scales_ptr,
-    stride_scale_block,
-    stride_scale_slot,
-    stride_cache_block,
-    stride_cache_slot,
-    stride_cache_head,
-    stride_v_block,
-    stride_v_slot,
-    stride_v_head,
-    stride_v_dim,
-    BLOCK_SIZE: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    KV_FP8: tl.constexpr,
-    KV_INT8: tl.constexpr,
-    V_SLOTS_INNER: tl.constexpr,
-    DOT_F16: tl.constexpr,  # q came scaled by qk_scale, in fp16 (see the module's docstring)
-):
-    """Online-softmax update of (acc, l_i, m_i) with the cached positions lo..hi-1."""
-    dims = tl.arange(0, HEAD_DIM)
-    for start in range(lo, hi, BLOCK_N):
-        pos = start + tl.arange(0, BLOCK_N)
-        valid = pos < hi
-        blocks = kv_tile_blocks(block_table_row, pos, hi, BLOCK_SIZE)
-        rows = kv_tile_offsets(
-            blocks, pos, kv_head, stride_cache_block, stride_cache_slot, stride_cache_head,
-            BLOCK_SIZE,
-        )  # fmt: skip
-        v_rows = kv_tile_offsets(
-            blocks, pos, kv_head, stride_v_block, stride_v_slot, stride_v_head, BLOCK_SIZE
-        )
-        k_t = tl.load(k_cache_ptr + rows[None, :] + dims[:, None], mask=valid[None, :], other=0.0)
-        if KV_FP8 or KV_INT8:
-            k_t = k_t.to(q.dtype)
-        s = tl.dot(q, k_t, input_precision=DOT_PRECISION)
-        if not DOT_F16:
-            s = s * qk_scale
-        if KV_INT8:
-            k_s, v_s = load_scales(
-                k_scales_ptr, v_scales_ptr, blocks, pos, kv_head, valid,
-                stride_scale_block, stride_scale_slot, BLOCK_SIZE,
-            )  # fmt: skip
-            s = s * k_s[None, :]
-        visible = valid[None, :]
-        if CAUSAL:
-            visible = visible & (pos[None, :] <= q_pos[:, None])
-            s = tl.where(visible, s, float("-inf"))
-        # Position 0 is in every row's first tile, so m_new is finite from the first tile on.
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = load_v_tile(
-            v_cache_ptr, v_rows, pos, valid, hi, stride_v_dim, HEAD_DIM, BLOCK_SIZE, BLOCK_N,
-            V_SLOTS_INNER,
-        )  # fmt: skip
-        if KV_FP8 or KV_INT8:
-            v = v.to(q.dtype)
-        if KV_INT8:
-            p_v, v_top = scale_weights(p, v_s, visible)
-            p_v = tl.dot(p_v.to(v.dtype), v, input_precision=DOT_PRECISION) * v_top
-        else:
-            p_v = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        acc = acc * alpha[:, None] + p_v
-        m_i = m_new
-    return acc, l_i, m_i
 
 
 # num_seqs changes from step to step; Triton would compile a variant for each "== 1 / divisible by
@@ -224,7 +131,7 @@ def _prefill_kernel(
     if INVARIANT:  # no unmasked loop (it would fold away): every tile runs the same masked code
         unmasked_end = 0
     # fmt: off
-    acc, l_i, m_i = _attend(
+    acc, l_i, m_i = attend_tiles(
         acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, block_table_row, kv_head,
         0, unmasked_end, qk_scale, k_scales_ptr, v_scales_ptr, stride_scale_block,
         stride_scale_slot, stride_cache_block, stride_cache_slot, stride_cache_head,
@@ -232,7 +139,7 @@ def _prefill_kernel(
         BLOCK_SIZE, BLOCK_N, HEAD_DIM, DOT_PRECISION, False, KV_FP8, KV_INT8, V_SLOTS_INNER,
         DOT_F16,
     )
-    acc, l_i, m_i = _attend(
+    acc, l_i, m_i = attend_tiles(
         acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, block_table_row, kv_head,
         unmasked_end, end, qk_scale, k_scales_ptr, v_scales_ptr, stride_scale_block,
         stride_scale_slot, stride_cache_block, stride_cache_slot, stride_cache_head,
@@ -271,8 +178,8 @@ def paged_prefill(
     k_scale/v_scale dequantize an fp8 cache (floats) or an int8 one (its scale tensors; ignored
     for others). invariant: the fixed tiling and single masked loop of triton_invariant.py
     (max_query_len is then unused). out: where to write (triton_kv.output_for). tiling: (BLOCK_M,
-    BLOCK_N, warps, stages) instead of prefill_tiles' (scripts/bench_attention.py
-    --prefill-tiles times candidates; stages 0: Triton's default). f16_products: an 8-bit cache's
+    BLOCK_N, warps, stages) instead of prefill_tiles' (scripts/bench_prefill_tiles.py times
+    candidates; stages 0: Triton's default). f16_products: an 8-bit cache's
     products on fp16 operands (None: F16_PRODUCTS, or BULKGEN_PREFILL_F16=1/0; a 16-bit query
     only)."""
     num_tokens, num_q_heads, head_dim = q.shape
