@@ -20,17 +20,15 @@ through the decode kernel, as triton_backend.SPLIT_MIXED_MIN_ROWS allows), as CU
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 
 import torch
 from triton.testing import do_bench
 
-from bulkgen.model.attention import triton_backend, triton_invariant, triton_prefill
-from bulkgen.model.attention.decode_tiling import decode_launch, fp8_v_slots_inner, num_kv_splits
+from bulkgen.model.attention import triton_backend, triton_invariant
+from bulkgen.model.attention.decode_tiling import decode_launch, num_kv_splits
 from bulkgen.model.attention.kv_fp8 import is_fp8, resolve_kv_dtype
 from bulkgen.model.attention.kv_int8 import INT8_DTYPE, is_int8, quantize
-from bulkgen.model.attention.kv_layout import block_size_for, to_slots_inner
 from bulkgen.model.attention.metadata import AttnMetadata
 from bulkgen.model.attention.triton_backend import paged_attention
 
@@ -196,75 +194,6 @@ def bench_mixed(decode_rows: int, kv_dtype, context: int = 1500, chunk: int = 15
     }
 
 
-# (BLOCK_M, BLOCK_N, warps, stages) launches of the prefill kernel (stages 0: Triton's default);
-# the first is prefill_tiles' for long queries at the 8B shape.
-PREFILL_TILINGS = (
-    (64, 64, 4, 0),
-    (64, 64, 4, 2),
-    (64, 128, 4, 2),
-    (128, 32, 4, 3),
-    (128, 64, 4, 2),
-    (128, 64, 8, 2),
-    (128, 64, 8, 3),
-    (128, 128, 8, 2),
-    (128, 128, 8, 3),
-)
-# The launches also timed with an 8-bit cache's products on fp16 operands (names ending f16).
-F16_TILINGS = ((64, 64, 4, 2), (128, 64, 4, 2), (128, 128, 8, 2))
-# (sequence lengths, query lengths): a bulk mixed step's chunk alone, three new prompts filling
-# one, a chunk behind 1,024 cached tokens, and a 16K prompt's last chunk.
-PREFILL_CASES = (([1648], [1648]), ([300, 548, 800], [300, 548, 800]), ([2048], [1024]))
-PREFILL_CASES += (([16384], [2048]),)
-
-
-def bench_prefill_tiles(kv_dtype) -> list[dict]:
-    """Microseconds per call of each PREFILL_TILINGS launch (8 calls a graph), for each case."""
-    rows, slots_inner = [], kv_dtype == torch.float8_e4m3fn and fp8_v_slots_inner()
-    for seq_lens, query_lens in PREFILL_CASES:  # the engine's layout and block size
-        q, k_cache, v_cache, meta, (k_scale, v_scale) = paged_inputs(
-            seq_lens, query_lens, False, kv_dtype, block_size_for(slots_inner)
-        )
-        v_cache = to_slots_inner(v_cache) if slots_inner else v_cache
-        scale, args = HEAD_DIM**-0.5, (meta.query_start_loc, meta.seq_lens, meta.block_tables)
-        out = torch.empty_like(q)
-        ref = triton_prefill.paged_prefill(
-            q, k_cache, v_cache, *args, meta.max_query_len, scale, k_scale, v_scale
-        )
-        us, worst = {}, 0.0
-        eight_bit = kv_dtype in (torch.float8_e4m3fn, INT8_DTYPE)
-        runs = [(t, False) for t in PREFILL_TILINGS]
-        runs += [(t, True) for t in F16_TILINGS if eight_bit]  # triton_prefill's DOT_F16
-        for tiling, f16 in runs:
-            call = functools.partial(
-                triton_prefill.paged_prefill, q, k_cache, v_cache, *args, meta.max_query_len,
-                scale, k_scale, v_scale, out=out, tiling=tiling, f16_products=f16,
-            )  # fmt: skip
-            name = "m{}n{}w{}s{}".format(*tiling) + ("f16" if f16 else "")
-            try:
-                us[name] = round(steps_us([call] * 8), 1)
-                worst = max(worst, (out.float() - ref.float()).abs().max().item())
-            except Exception as e:  # out of shared memory or registers: not a candidate
-                us[name] = repr(e)[:80]
-        pairs = sum(
-            q_len * (s - q_len) + q_len * (q_len + 1) // 2
-            for s, q_len in zip(seq_lens, query_lens, strict=True)
-        )
-        timed = {k: v for k, v in us.items() if isinstance(v, float)}
-        best = min(timed, key=timed.__getitem__)
-        rows.append({
-            "kernel": "prefill-tiles",
-            "kv_dtype": str(kv_dtype).removeprefix("torch."),
-            "seq_lens": seq_lens,
-            "query_lens": query_lens,
-            "v_slots_inner": slots_inner,
-            "best": best,
-            "best_tflop_per_s": round(4 * NUM_Q_HEADS * HEAD_DIM * pairs / timed[best] / 1e6, 1),
-            "max_abs_diff": worst,
-            "us": us,
-        })  # fmt: skip
-    return rows
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -272,15 +201,7 @@ def main() -> None:
     )
     parser.add_argument("--batch-invariant", action="store_true", help="the invariant backend")
     parser.add_argument("--mixed", action="store_true", help="mixed steps, varlen against split")
-    parser.add_argument(
-        "--prefill-tiles", action="store_true", help="the prefill kernel's candidate launches"
-    )
     args = parser.parse_args()
-    if args.prefill_tiles:
-        for name in args.kv_cache_dtype.split(","):
-            for row in bench_prefill_tiles(resolve_kv_dtype(name, DTYPE)):
-                print(json.dumps(row), flush=True)
-        return
     if args.mixed:
         for name in args.kv_cache_dtype.split(","):
             for rows in (16, 64, 256, 448):

@@ -30,7 +30,7 @@
 #   eager: the host's launch time of one mixed step (441 decoding rows, a 1,607-token chunk)
 #      against a decode step, bf16 and FP8, eager and through mixed_graphs.py's pieces, with the
 #      launch's Python profile (bench_eager_host.py; where do the 23-45 ms go?), about 4 minutes;
-#   ptiles: the prefill kernel's candidate launches (bench_attention.py --prefill-tiles), bf16
+#   ptiles: the prefill kernel's candidate launches (bench_prefill_tiles.py), bf16
 #      and fp8 caches, four chunk shapes (about 2 minutes);
 #   mixedk: one bulk-like mixed step's GPU kernels by total time, bf16 and FP8 (about 2 minutes);
 #   pieces: bulk (512 prompts) bf16 and FP8, and blog bf16, with and without
@@ -241,7 +241,7 @@ if want spy; then  # who holds the interpreter during a run (issue 10: decode st
   done
 fi
 if want ptiles; then  # the prefill kernel's candidate launches, bf16 and fp8 caches
-  timeout 240 python3 scripts/bench_attention.py --prefill-tiles --kv-cache-dtype auto,fp8 2>&1 \
+  timeout 240 python3 scripts/bench_prefill_tiles.py --kv-cache-dtype auto,fp8 2>&1 \
     | grep -v -i warn | tee "$OUT/ptiles.jsonl" | cut -c1-300
 fi
 if want mixed; then  # mixed steps' attention: the varlen kernel alone against the split
