@@ -14,8 +14,7 @@ two adds by the compiler, and approximate divisions (div.approx, div.full, rcp.a
 must have none (it stores what kv_int8.quantize stores, bit for bit). The decode and prefill
 kernels are compiled as the JIT specializes them at run time: pointers and the q, cache and scale
 strides divisible by 16 (the block-table stride is the table's width, which need not be); without
-that, prefill's loads compiled byte by byte and without cp.async, which the
-JIT never builds (before 2026-12-01 prefill was compiled so: 4,251 bf16 instructions, now 2,309).
+that, prefill's loads compiled byte-wise without cp.async (4,251 bf16 instructions, not 2,309).
 An int8 cache (kv_int8.py) adds its scale tensors' pointers and strides, which the other caches'
 launches pass too (dummies, never read): "instructions" counts the PTX's instructions without
 the parameter declarations, which their extra arguments alone would change. int8 has no
