@@ -255,42 +255,6 @@ def test_stats_report_host_time_per_step(tiny_model_dir):
     assert stats["alloc_retries"] is None and stats["device_mallocs"] is None  # CPU: not kept
 
 
-def test_stats_name_the_experimental_switches_set_in_the_environment(tiny_model_dir, monkeypatch):
-    import os
-
-    from bulkgen import LLM
-
-    for name in [k for k in os.environ if k.startswith("BULKGEN_")]:
-        monkeypatch.delenv(name)
-    llm = LLM(str(tiny_model_dir), dtype="float32", device="cpu")
-    params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
-    llm.generate(encode_all(tiny_model_dir, PROMPTS[:1]), params)
-    assert llm.engine.stats["env_overrides"] == {}
-    monkeypatch.setenv("BULKGEN_SILU_FORM", "split")
-    monkeypatch.setenv("BULKGEN_FP8_PDL", "1")  # never on the CPU, but the run says it was asked
-    monkeypatch.setenv("BULKGEN_CPU_QUIET", "1")  # a run's own decision for its children: no switch
-    monkeypatch.setenv("BULKGEN_PREFILL_F16", "1")
-    monkeypatch.setenv("BULKGEN_FP8_HW_ROUNDING", "0")
-    monkeypatch.setenv("BULKGEN_BLAS", "cublaslt")  # CUDA only, named all the same
-    expected = {"BULKGEN_FP8_PDL": "1", "BULKGEN_SILU_FORM": "split"}
-    expected |= {"BULKGEN_PREFILL_F16": "1", "BULKGEN_FP8_HW_ROUNDING": "0"}
-    expected |= {"BULKGEN_BLAS": "cublaslt"}
-    assert llm.engine.stats["env_overrides"] == expected
-
-
-def test_a_blas_library_that_is_not_one_fails_at_load(tiny_model_dir, monkeypatch):
-    from bulkgen import LLM
-    from bulkgen.model.fp8 import blas_library
-
-    monkeypatch.setenv("BULKGEN_BLAS", "mkl")
-    with pytest.raises(ValueError, match="BULKGEN_BLAS must be one of cublas, cublaslt"):
-        LLM(str(tiny_model_dir), dtype="float32", device="cpu")
-    monkeypatch.setenv("BULKGEN_BLAS", "cublaslt")
-    assert blas_library(torch.device("cpu")) == "cublaslt"  # named; the CPU has no cuBLAS to set
-    monkeypatch.delenv("BULKGEN_BLAS")
-    assert blas_library(torch.device("cpu")) is None
-
-
 def test_recomputed_tokens_count_what_preemption_made_the_engine_compute_again(tiny_model_dir):
     from bulkgen import LLM
 
@@ -317,42 +281,3 @@ def test_recomputed_tokens_count_what_preemption_made_the_engine_compute_again(t
     assert stats["preemptions"] > 0 and stats["recomputed_tokens"] > 0
     # Everything computed beyond each position's first computation is recomputed work.
     assert stats["recomputed_tokens"] == computed[0] - sum(r.max_computed for r in requests)
-
-
-def test_plain_greedy_steps_can_take_the_argmax_of_16_bit_logits(tiny_model_dir, monkeypatch):
-    # sampler.float_logits (BULKGEN_BF16_ARGMAX=1): a step whose sampled rows are all plain greedy
-    # skips the float32 copy of its logits; the argmax of the 16-bit values is the argmax of their
-    # exact widening, so the tokens are the same.
-    from bulkgen import LLM
-    from bulkgen.engine.sampler import float_logits
-    from bulkgen.model.llama import LlamaForCausalLM
-
-    monkeypatch.delenv("BULKGEN_BF16_ARGMAX", raising=False)
-    greedy = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
-    logprobs = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, logprobs=2)
-    penalized = SamplingParams(max_tokens=12, temperature=0.0, repetition_penalty=1.3)
-    sampled = SamplingParams(max_tokens=12, temperature=0.8, seed=3)
-    assert float_logits([greedy])  # off unless set
-    monkeypatch.setenv("BULKGEN_BF16_ARGMAX", "1")
-    assert not float_logits([greedy, greedy]) and not float_logits([])
-    for other in (logprobs, penalized, sampled, SamplingParams(temperature=0.0, choice=["a"])):
-        assert float_logits([greedy, other]), other
-    assert float_logits([greedy], batch_invariant=True)
-
-    widths = []
-    compute_logits = LlamaForCausalLM.compute_logits
-
-    def spy(self, hidden, widen=True):
-        out = compute_logits(self, hidden, widen)
-        widths.append(out.dtype)
-        return out
-
-    monkeypatch.setattr(LlamaForCausalLM, "compute_logits", spy)
-    llm = LLM(str(tiny_model_dir), dtype="bfloat16", device="cpu")
-    ids = encode_all(tiny_model_dir, PROMPTS)
-    narrow = [o.token_ids for o in llm.generate(ids, greedy)]
-    assert torch.bfloat16 in widths and torch.float32 not in widths[-3:]
-    monkeypatch.setenv("BULKGEN_BF16_ARGMAX", "0")
-    widths.clear()
-    assert [o.token_ids for o in llm.generate(ids, greedy)] == narrow
-    assert set(widths) == {torch.float32}
