@@ -46,6 +46,15 @@ def test_a_blas_library_that_is_not_one_fails_at_load(tiny_model_dir, monkeypatc
     assert blas_library(torch.device("cpu")) is None
 
 
+@pytest.mark.parametrize("name", ["BULKGEN_BF16_ARGMAX", "BULKGEN_FP8_HW_ROUNDING"])
+def test_an_on_off_switch_that_is_not_1_or_0_fails_at_load(tiny_model_dir, monkeypatch, name):
+    from bulkgen import LLM
+
+    monkeypatch.setenv(name, "yes")  # read each step or launch later: checked before any
+    with pytest.raises(ValueError, match=f"{name} must be 1 or 0, got 'yes'"):
+        LLM(str(tiny_model_dir), dtype="float32", device="cpu")
+
+
 def test_plain_greedy_steps_can_take_the_argmax_of_16_bit_logits(tiny_model_dir, monkeypatch):
     # sampler.float_logits (BULKGEN_BF16_ARGMAX=1): a step whose sampled rows are all plain greedy
     # skips the float32 copy of its logits; the argmax of the 16-bit values is the argmax of their

@@ -56,6 +56,14 @@ def blas_library(device: torch.device) -> str | None:
     return name
 
 
+def apply_switches(device: torch.device) -> None:
+    """At model load, each process: the on/off switches' values checked (a bad one fails the
+    load in one line, not a step mid-run) and BULKGEN_BLAS's library set (blas_library)."""
+    for name in (HW_ROUNDING_ENV, PREFILL_F16_ENV, BF16_ARGMAX_ENV):
+        switch(name, False)
+    blas_library(device)
+
+
 def switch(name: str, default: bool) -> bool:
     """An on/off kernel switch: the environment's 1 or 0, else `default`."""
     value = os.environ.get(name)

@@ -18,7 +18,7 @@ from bulkgen.model.attention.kv_fp8 import load_kv_scale
 from bulkgen.model.config import ModelConfig
 from bulkgen.model.fp8 import (
     Fp8Linear,
-    blas_library,
+    apply_switches,
     fuse_input_quantization,
     quantize_model,
     replace_modules,
@@ -80,7 +80,7 @@ def load_model(
     logits) through invariant.invariant_linear. fp8_fast_accum: the FP8 projections' GEMMs sum
     in the tensor cores' own accumulator (Fp8Linear.fast_accum)."""
     tp = tp or TensorParallel()
-    blas_library(device)  # BULKGEN_BLAS, for this process before any GEMM is timed or captured
+    apply_switches(device)  # before any GEMM is timed or captured (BULKGEN_BLAS)
     with torch.device("meta"):
         model = LlamaForCausalLM(local_config(cfg, tp.size), backend, get_ops(device), tp)
     model = model.to(dtype)
