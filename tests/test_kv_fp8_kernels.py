@@ -68,10 +68,11 @@ def check_fp8_prefill(seq_lens, query_lens, num_kv_heads, group, head_dim, block
 
 
 def check_f16_products(monkeypatch, dtype):
-    """triton_prefill's DOT_F16 (prefill_tiling.F16_PRODUCTS, off by default until timed on a
-    GPU): the query scaled, then rounded to fp16; K, V and the weights in fp16."""
+    """triton_prefill's DOT_F16 (prefill_tiling.F16_PRODUCTS, the default): the query scaled,
+    then rounded to fp16; K, V and the weights in fp16."""
     monkeypatch.delenv("BULKGEN_PREFILL_F16", raising=False)  # the A/B switch: the default
     seq_lens, query_lens = [23, 1, 40, 150], [23, 1, 13, 70]
+    monkeypatch.setattr(triton_prefill, "F16_PRODUCTS", False)
     torch.manual_seed(1)
     plain = check_fp8_prefill(seq_lens, query_lens, 2, 4, 32, 8, dtype)
     monkeypatch.setattr(triton_prefill, "F16_PRODUCTS", True)
