@@ -21,11 +21,11 @@ folded out of the loop (k_scale into qk_scale, v_scale into the final normalisat
 DOT_F16 (prefill_tiling.F16_PRODUCTS, on since it ran 18-20% faster on the H200) an 8-bit
 cache's products run on fp16 operands as the decode kernel's do: e4m3 -> fp16 is one conversion
 per two values where bf16 takes more (the kernel ran 5.3 ms a 1,648-token chunk over an fp8
-cache against 3.5 over bf16 without it, H200 profile at 9141486), and the query is scaled before
-its one rounding. An int8 cache (KV_INT8) is cast likewise (exact) and its scales per (token, kv head)
-loaded with each tile: the scores times the key scales per column, the weights times the value
-scales in P @ V only (triton_kv.scale_weights; l_i sums the unscaled weights). Tilings:
-prefill_tiling.py; the loop over K/V tiles: prefill_attend.py.
+cache against 3.5 over bf16 without it, H200 profile at 9141486), and the query is scaled
+before its one rounding. An int8 cache (KV_INT8) is cast likewise (exact) and its scales per
+(token, kv head) loaded with each tile: the scores times the key scales per column, the
+weights times the value scales in P @ V only (triton_kv.scale_weights; l_i sums the unscaled
+weights). Tilings: prefill_tiling.py; the loop over K/V tiles: prefill_attend.py.
 """
 
 from __future__ import annotations
