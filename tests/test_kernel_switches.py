@@ -44,6 +44,12 @@ def test_a_blas_library_that_is_not_one_fails_at_load(tiny_model_dir, monkeypatc
     assert blas_library(torch.device("cpu")) == "cublaslt"  # named; the CPU has no cuBLAS to set
     monkeypatch.delenv("BULKGEN_BLAS")
     assert blas_library(torch.device("cpu")) is None
+    chosen = []  # on CUDA: cuBLASLt unless BULKGEN_BLAS names cuBLAS (no GPU needed to see it)
+    monkeypatch.setattr(torch.backends.cuda, "preferred_blas_library", chosen.append)
+    monkeypatch.setattr(torch.version, "hip", None)
+    assert blas_library(torch.device("cuda")) == "cublaslt"
+    monkeypatch.setenv("BULKGEN_BLAS", "cublas")
+    assert blas_library(torch.device("cuda")) == "cublas" and chosen == ["cublaslt", "cublas"]
 
 
 @pytest.mark.parametrize("name", ["BULKGEN_BF16_ARGMAX", "BULKGEN_FP8_HW_ROUNDING"])
@@ -56,9 +62,9 @@ def test_an_on_off_switch_that_is_not_1_or_0_fails_at_load(tiny_model_dir, monke
 
 
 def test_plain_greedy_steps_can_take_the_argmax_of_16_bit_logits(tiny_model_dir, monkeypatch):
-    # sampler.float_logits (BULKGEN_BF16_ARGMAX=1): a step whose sampled rows are all plain greedy
-    # skips the float32 copy of its logits; the argmax of the 16-bit values is the argmax of their
-    # exact widening, so the tokens are the same.
+    # sampler.float_logits (BF16_ARGMAX, on by default): a step whose sampled rows are all plain
+    # greedy skips the float32 copy of its logits; the argmax of the 16-bit values is the argmax
+    # of their exact widening, so the tokens are the same.
     from bulkgen import LLM
     from bulkgen.engine.sampler import float_logits
     from bulkgen.model.llama import LlamaForCausalLM
@@ -68,7 +74,9 @@ def test_plain_greedy_steps_can_take_the_argmax_of_16_bit_logits(tiny_model_dir,
     logprobs = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, logprobs=2)
     penalized = SamplingParams(max_tokens=12, temperature=0.0, repetition_penalty=1.3)
     sampled = SamplingParams(max_tokens=12, temperature=0.8, seed=3)
-    assert float_logits([greedy])  # off unless set
+    assert not float_logits([greedy])  # the default
+    monkeypatch.setenv("BULKGEN_BF16_ARGMAX", "0")
+    assert float_logits([greedy])
     monkeypatch.setenv("BULKGEN_BF16_ARGMAX", "1")
     assert not float_logits([greedy, greedy]) and not float_logits([])
     for other in (logprobs, penalized, sampled, SamplingParams(temperature=0.0, choice=["a"])):

@@ -41,17 +41,22 @@ BF16_ARGMAX_ENV = "BULKGEN_BF16_ARGMAX"  # 1: plain greedy steps skip the float3
 KERNEL_SWITCHES = (PDL_ENV, SILU_FORM_ENV, HW_ROUNDING_ENV, PREFILL_F16_ENV, BLAS_ENV)
 KERNEL_SWITCHES += (BF16_ARGMAX_ENV,)
 BLAS_LIBRARIES = ("cublas", "cublaslt")
+# cuBLASLt picks its kernels by other heuristics than cuBLAS (torch's default): on the H200 at
+# 161440a (one call, bf16) blog ran 5,233 tok/s through cuBLASLt against 5,071 through cuBLAS
+# (decode steps 6.01 against 6.20 ms), bulk 11,220 against 11,151; through cuBLAS the decode
+# graphs of 416 and 448 rows were slower than at 480 (graph_buckets_replaced), through cuBLASLt
+# only 448's.
+DEFAULT_BLAS = "cublaslt"
 
 
 def blas_library(device: torch.device) -> str | None:
-    """BULKGEN_BLAS: the library torch's 16-bit GEMMs go through on CUDA (None: torch's own
-    choice, cuBLAS). cuBLASLt picks its kernels by other heuristics; the H200 runs' bf16 decode
-    GEMMs of 416 and 448 rows were slower than at 480 through cuBLAS (graph_buckets_replaced), so
-    steps of 385-448 rows pay for 480. Set for the process on a CUDA device; checked everywhere."""
+    """The library torch's 16-bit GEMMs go through on CUDA: BULKGEN_BLAS, else DEFAULT_BLAS (None
+    on other devices unless named: nothing to set there). Set for the process at model load."""
     name = os.environ.get(BLAS_ENV) or None
     if name is not None and name not in BLAS_LIBRARIES:
         raise ValueError(f"{BLAS_ENV} must be one of {', '.join(BLAS_LIBRARIES)}, got {name!r}")
-    if name is not None and device.type == "cuda":
+    if device.type == "cuda" and torch.version.hip is None:
+        name = name or DEFAULT_BLAS
         torch.backends.cuda.preferred_blas_library(name)
     return name
 

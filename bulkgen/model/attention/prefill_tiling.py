@@ -48,6 +48,27 @@ FP8_STAGES = 2
 F16_PRODUCTS = True
 
 
+# A step whose longest query has LONG_QUERY positions or more runs LONG_TILING (BLOCK_M, BLOCK_N,
+# warps, stages) over a 16-bit or fp8 cache at head_dim 128 with a 16-bit query. On the H200
+# (c7331d4, scripts/bench_prefill_tiles.py, 8B shape), us a call against the short launch
+# (64x64, 4 warps): over bf16 a 1,648-token chunk 104.0 / 106.7, 1,024 behind 1,024 cached
+# 99.1 / 111.8, 2,048 behind 14,336 1,428 / 1,662; over fp8 (fp16 products) 119.4 / 122.8,
+# 119.7 / 130.6, 1,789 / 2,046. Three prompts of 300-800 lost with it (62.2 / 58.7 over bf16).
+LONG_QUERY = 1024
+LONG_TILING = (128, 128, 8, 2)
+
+
+def prefill_launch(
+    max_query_len: int, group: int, head_dim: int, fp8: bool, long_ok: bool
+) -> tuple[int, int, int, int, int]:
+    """(BLOCK_Q, BLOCK_M, BLOCK_N, warps, stages) of a step's launch (stages 0: Triton's
+    default). long_ok: a 16-bit query over a 16-bit or fp8 cache (the shapes timed)."""
+    block_m, block_n, warps, stages = LONG_TILING
+    if long_ok and head_dim == 128 and max_query_len >= LONG_QUERY and block_m % group == 0:
+        return block_m // group, block_m, block_n, warps, stages
+    return (*prefill_tiles(max_query_len, group, head_dim), 4, FP8_STAGES if fp8 else 0)
+
+
 def invariant_tiles(group: int, head_dim: int) -> tuple[int, int, int]:
     """The one tiling of the batch-invariant mode, whatever the step: the decode-like tile."""
     return prefill_tiles(1, group, head_dim)

@@ -34,12 +34,12 @@ import torch
 import triton
 import triton.language as tl
 
+from bulkgen.model.attention import prefill_tiling
 from bulkgen.model.attention.kv_fp8 import is_fp8
 from bulkgen.model.attention.kv_layout import v_slots_inner
 from bulkgen.model.attention.prefill_attend import attend_tiles
 from bulkgen.model.attention.prefill_tiling import (
     F16_PRODUCTS,
-    FP8_STAGES,
     _find_seq,
     invariant_tiles,
     prefill_tiles,
@@ -178,7 +178,7 @@ def paged_prefill(
     k_scale/v_scale dequantize an fp8 cache (floats) or an int8 one (its scale tensors; ignored
     for others). invariant: the fixed tiling and single masked loop of triton_invariant.py
     (max_query_len is then unused). out: where to write (triton_kv.output_for). tiling: (BLOCK_M,
-    BLOCK_N, warps, stages) instead of prefill_tiles' (scripts/bench_prefill_tiles.py times
+    BLOCK_N, warps, stages) instead of prefill_launch's (scripts/bench_prefill_tiles.py times
     candidates; stages 0: Triton's default). f16_products: an 8-bit cache's
     products on fp16 operands (None: F16_PRODUCTS, or BULKGEN_PREFILL_F16=1/0; a 16-bit query
     only)."""
@@ -201,8 +201,10 @@ def paged_prefill(
         block_m, block_n, warps, stages = tiling
         block_q = block_m // group
     else:
-        block_q, block_m, block_n = prefill_tiles(max_query_len, group, head_dim)
-        stages = FP8_STAGES if fp8 else 0
+        long_ok = q.dtype != torch.float32 and not int8
+        block_q, block_m, block_n, warps, stages = prefill_tiling.prefill_launch(
+            max_query_len, group, head_dim, fp8, long_ok
+        )
     _prefill_kernel[(num_tokens // block_q + num_seqs, num_kv_heads)](
         q,
         k_cache,
