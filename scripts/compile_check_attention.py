@@ -2,23 +2,19 @@
 
     PYTHONPATH=. python scripts/compile_check_attention.py
 
-The CPU interpreter runs the kernels as Python and never meets the GPU compiler: this catches
-what only codegen rejects (a constant that is not tl.constexpr, an fp8 cast the target lacks).
-For each kernel and cache dtype it prints the PTX size and the fp8 conversion instructions
-(cvt ... e4m3), which an fp8 variant must have and a bf16 one must not, its loops (backward
-branches): the batch-invariant prefill ("invariant", triton_invariant.py) streams K/V in one loop,
-and its byte-wise reads of shared memory (`ld.shared.b8`, `.s8`): "decode-vreg" is the decode
-kernel with DecodeLaunch.v_in_registers, whose 8-bit V tile must not be read back one byte at a
-time. For the int8 write kernel: its round-half-even pairs (y + 1.5 * 2**23) - 1.5 * 2**23 left as
-two adds by the compiler, and approximate divisions (div.approx, div.full, rcp.approx), of which it
-must have none (it stores what kv_int8.quantize stores, bit for bit). The decode and prefill
-kernels are compiled as the JIT specializes them at run time: pointers and the q, cache and scale
-strides divisible by 16 (the block-table stride is the table's width, which need not be); without
+The CPU interpreter never meets the GPU compiler: this catches what only codegen rejects (a
+constant that is not tl.constexpr, an fp8 cast the target lacks). For each kernel and cache it
+prints the PTX size, its fp8 conversions (cvt ... e4m3: an fp8 variant must have them, a bf16
+one not) and tensor-core products on e4m3 operands ("prefill-pvfp8", kv_fp8.FP8_PV), its
+loops (backward branches: the batch-invariant prefill, "invariant", streams K/V in one) and its
+byte-wise shared-memory reads (`ld.shared.b8`, `.s8`: "decode-vreg", DecodeLaunch.v_in_registers,
+must have none). For the int8 write kernel: its round-half-even pairs (y + 1.5 * 2**23) - 1.5 *
+2**23 kept as two adds, and approximate divisions (div.approx, div.full, rcp.approx), of which
+it must have none. The attention kernels are compiled as the JIT specializes them at run time:
+pointers and the q, cache and scale strides divisible by 16 (not the block table's); without
 that, prefill's loads compiled byte-wise without cp.async (4,251 bf16 instructions, not 2,309).
-An int8 cache (kv_int8.py) adds its scale tensors' pointers and strides, which the other caches'
-launches pass too (dummies, never read): "instructions" counts the PTX's instructions without
-the parameter declarations, which their extra arguments alone would change. int8 has no
-slots-inner variants (its V is stored in rows).
+int8's scale pointers and strides are passed to every launch (dummies elsewhere):
+"instructions" leaves out the parameter declarations. int8 has no slots-inner variants.
 """
 
 from __future__ import annotations
@@ -44,7 +40,8 @@ SCALES = {
 }
 # Kernels that never run over an int8 cache: its values are stored in rows (kv_layout.py).
 ROWS_ONLY = ("write_kv-vslots", "decode-vslots", "prefill-vslots")
-FP8_ONLY = ("decode-prefetch",)  # an experiment of the fp8 cache's launch (triton_decode.py)
+# Experiments of the fp8 cache's launches: block ids ahead (triton_decode.py), P @ V in e4m3.
+FP8_ONLY = ("decode-prefetch", "prefill-pvfp8")
 
 
 def _scalars(names: str, kind: str) -> dict[str, str]:
@@ -150,20 +147,14 @@ def decode_source(
     )
 
 
-def decode_vreg_source(cache: str) -> ASTSource:
-    return decode_source(cache, v_in_registers=True)
-
-
-def decode_vslots_source(cache: str) -> ASTSource:
-    return decode_source(cache, v_slots_inner=True)
-
-
 def decode_prefetch_source(cache: str) -> ASTSource:
     """The engine's fp8 layout (values slots inner) with each tile's block ids loaded ahead."""
     return decode_source(cache, v_slots_inner=True, prefetch_blocks=True)
 
 
-def prefill_source(cache: str, invariant: bool = False, v_slots_inner: bool = False) -> ASTSource:
+def prefill_source(
+    cache: str, invariant: bool = False, v_slots_inner: bool = False, pv_fp8: bool = False
+) -> ASTSource:
     v_signature, v_constants = _v_strides(v_slots_inner)
     if invariant:  # the batch-invariant backend's one tiling (triton_invariant.py)
         block_q, block_m, block_n = triton_prefill.invariant_tiles(GROUP, HEAD_DIM)
@@ -184,7 +175,7 @@ def prefill_source(cache: str, invariant: bool = False, v_slots_inner: bool = Fa
         **v_signature,
         **_scalars(
             "GROUP HEAD_DIM BLOCK_SIZE BLOCK_Q BLOCK_M BLOCK_N DOT_PRECISION KV_FP8 KV_INT8 "
-            "V_SLOTS_INNER INVARIANT DOT_F16",
+            "V_SLOTS_INNER INVARIANT DOT_F16 PV_FP8 ROUND_P",
             "constexpr",
         ),
     }
@@ -201,6 +192,8 @@ def prefill_source(cache: str, invariant: bool = False, v_slots_inner: bool = Fa
         "V_SLOTS_INNER": v_slots_inner,
         "INVARIANT": invariant,
         "DOT_F16": cache != "bf16" and triton_prefill.F16_PRODUCTS,  # as paged_prefill
+        "PV_FP8": pv_fp8,
+        "ROUND_P": False,  # the cast rounds on a GPU (fp8_kernels.hw_rounding)
         **v_constants,
     }
     return ASTSource(
@@ -216,11 +209,12 @@ SOURCES = {
     "write_kv": write_kv_source,
     "write_kv-vslots": functools.partial(write_kv_source, v_slots_inner=True),
     "decode": decode_source,
-    "decode-vreg": decode_vreg_source,
-    "decode-vslots": decode_vslots_source,
+    "decode-vreg": functools.partial(decode_source, v_in_registers=True),
+    "decode-vslots": functools.partial(decode_source, v_slots_inner=True),
     "decode-prefetch": decode_prefetch_source,
     "prefill": prefill_source,
     "prefill-vslots": functools.partial(prefill_source, v_slots_inner=True),
+    "prefill-pvfp8": functools.partial(prefill_source, v_slots_inner=True, pv_fp8=True),
     "invariant": invariant_source,
 }
 
@@ -234,6 +228,11 @@ def compile_ptx(kernel: str, cache: str) -> str:
 def fp8_conversions(ptx: str) -> int:
     """cvt instructions to or from e4m3 in the PTX."""
     return len(re.findall(r"\bcvt\.[^;]*e4m3", ptx))
+
+
+def fp8_products(ptx: str) -> int:
+    """Tensor-core products (mma, wgmma) on e4m3 operands."""
+    return len(re.findall(r"\b(?:wg)?mma[.\w]*\.e4m3\.e4m3\b", ptx))
 
 
 def instructions(ptx: str) -> int:
@@ -293,6 +292,7 @@ def main() -> None:
                   f"{approximate_divisions(ptx)} approximate divisions, "
                   f"copy waits {copy_waits(ptx)}, "
                   f"{shared_byte_reads(ptx)} shared byte reads, "
+                  f"{fp8_products(ptx)} e4m3 products, "
                   f"{fp8_conversions(ptx)} e4m3 conversions")  # fmt: skip
 
 

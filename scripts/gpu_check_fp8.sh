@@ -44,6 +44,7 @@
 #      (BULKGEN_BLAS=cublaslt; issue 10's bulk roofline: the decode GEMMs), about 4 minutes;
 #   argmax: the engine's GPU tests with BULKGEN_BF16_ARGMAX=1 (plain greedy steps take the argmax
 #      of the 16-bit logits, no float32 copy), then bulk bf16 and FP8 with it off and on (~5 min);
+#   fp8pv: the prefill's P @ V on e4m3 operands (BULKGEN_ATTN_FP8_PV; test, tiles, bulk off/on);
 #   pdl: the FP8 GEMM launched with programmatic dependent launch, its weight's first K tiles
 #      prefetched into L2 while the RMSNorm / SiLU / quantizer before it runs (BULKGEN_FP8_PDL=1,
 #      bulkgen/model/pdl.py): tests/test_gpu_pdl.py, then blog FP8 off/on twice, bulk FP8 off/on
@@ -67,11 +68,9 @@
 # Every step has its own timeout; bench lines are appended to $OUT/bench.jsonl as each finishes
 # (at most 8 files come back). All steps take more than one call (600 s): STEPS picks. A fresh
 # machine costs about a minute of device time before the command starts.
-# Measured calls at 857eb9d-4e6cee5 (2026-12-01, second session): "tests eager" 417 s on a fresh
-# machine (tests cut at 330 s), "pieces" 306 s, "trt" 366 s (fresh), "blog" 87 s.
-# Measured calls at 49fbb99-5ba166a (2026-12-01): "tune mm" 224 s, "tests bulk blog" 441 s
-# (tests 184 s), "sweep" of 3 settings at 1,000 requests 540 s (a fourth was cut). On a fresh
-# machine (cold Triton cache) the tests took more than 220 s (b5209a1): their limit is 330 s.
+# Measured calls: "tests bulk blog" (two engines each) 463 s on a fresh machine (64961ab; tests
+# 243 s), "blas argmax" 567 s fresh, "switches fused ptiles" 306 s fresh (2026-12-02); "sweep"
+# of 3 settings at 1,000 requests 540 s, "trt" 366 s (2026-12-01).
 #   GIT_COMMIT=abc1234 STEPS="tune mm" scripts/gpu_check_fp8.sh         # about 4 minutes
 #   GIT_COMMIT=abc1234 STEPS="tests bulk blog" scripts/gpu_check_fp8.sh # about 7.5 minutes
 #   GIT_COMMIT=abc1234 STEPS="trt rows" scripts/gpu_check_fp8.sh        # about 8 minutes
@@ -243,6 +242,17 @@ fi
 if want ptiles; then  # the prefill kernel's candidate launches, bf16 and fp8 caches
   timeout 240 python3 scripts/bench_prefill_tiles.py --kv-cache-dtype auto,fp8 2>&1 \
     | grep -v -i warn | tee "$OUT/ptiles.jsonl" | cut -c1-300
+fi
+if want fp8pv; then  # an fp8 cache's prefill P @ V on e4m3 operands (kv_fp8.FP8_PV, off): its
+  # GPU tests, the prefill launches over fp8 with it off then on, bulk FP8 off then on (~5 min)
+  gpu_tests fp8pv_tests 150 tests/test_attn_fp8_pv.py
+  for on in 0 1; do
+    BULKGEN_ATTN_FP8_PV=$on timeout 150 python3 scripts/bench_prefill_tiles.py --kv-cache-dtype fp8 \
+      2>&1 | grep -v -i warn | sed "s/^{/{\"fp8_pv\": $on, /" | tee -a "$OUT/ptiles_pv.jsonl" | cut -c1-200
+  done
+  for on in 0 1; do
+    BULKGEN_ATTN_FP8_PV=$on bench bulk 150 --workloads bulk --engines bulkgen-fp8 --num-prompts 512
+  done
 fi
 if want mixed; then  # mixed steps' attention: the varlen kernel alone against the split
   timeout 120 python3 scripts/bench_attention.py --mixed 2>&1 | grep -v -i warn \

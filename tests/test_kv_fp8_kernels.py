@@ -187,7 +187,7 @@ def test_kernels_compile_for_sm90_with_the_fp8_casts_only_in_the_fp8_variants(
     variants load the scales that the others do not (more instructions than bf16)."""
     lines = re.findall(
         r"^([\w-]+ +\w+) *:.* (\d+) instructions, .* (\d+) shared byte reads, "
-        r"(\d+) e4m3 conversions$",
+        r"\d+ e4m3 products, (\d+) e4m3 conversions$",
         attention_compile_check,
         re.M,
     )
@@ -198,7 +198,7 @@ def test_kernels_compile_for_sm90_with_the_fp8_casts_only_in_the_fp8_variants(
     kernels = ("write_kv", "decode", "decode-vreg", "prefill", "invariant")
     slots_inner = ("write_kv-vslots", "decode-vslots", "prefill-vslots")
     expected = {f"{k} {c}" for k in kernels for c in CACHES + ("int8",)}
-    experiments = {"decode-prefetch fp8"}  # test_decode_prefetch.py
+    experiments = {"decode-prefetch fp8", "prefill-pvfp8 fp8"}  # their own tests
     assert set(counts) == expected | {f"{k} {c}" for k in slots_inner for c in CACHES} | experiments
     for variant, n in counts.items():
         assert (n > 0) == variant.endswith("fp8"), counts
@@ -208,6 +208,7 @@ def test_kernels_compile_for_sm90_with_the_fp8_casts_only_in_the_fp8_variants(
         "decode-vslots fp8",
         "prefill-vslots fp8",
         "decode-prefetch fp8",
+        "prefill-pvfp8 fp8",
     ):
         assert byte_reads[variant] == 0, byte_reads
     assert byte_reads["decode-vreg int8"] == 0, byte_reads

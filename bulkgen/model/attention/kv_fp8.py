@@ -28,6 +28,20 @@ import torch
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
 FP8_MIN_CAPABILITY = (8, 9)
+# An fp8 cache's P @ V on e4m3 operands in the prefill kernel (values slots inner, a 16-bit
+# query): the softmax weights p (<= 1) times P_SCALE rounded to e4m3 against the cache's V bytes
+# as they are (no widening of the V tile); the row sums stay float32 and the output is divided by
+# P_SCALE (a power of two: exact). Compiled for sm_90 (scripts/compile_check_attention.py,
+# "prefill-pvfp8") it multiplies on wgmma's e4m3 form, 96 e4m3 conversions against 128. Not in
+# the decode kernel: at its 16-row tiles Triton 3.9 widens both fp8 operands to fp16 for sm_90's
+# mma.sync (144 conversions against 128, no e4m3 product); with 64-row tiles it takes wgmma but
+# the softmax over the padding rows grows the kernel to 2,186 PTX instructions against 1,333.
+# scripts/accuracy_attn_fp8.py's float32 emulation of it over the FP8 cache (24 texts, 4,395
+# positions; README, FP8 weights): top-1 0.957 and mean KL 0.0080 at x256 against 0.958-0.960
+# and 0.0090 without. Off until timed on a GPU; BULKGEN_ATTN_FP8_PV (1/0) switches it for A/B
+# runs.
+FP8_PV = False
+P_SCALE = 256.0
 
 
 def resolve_kv_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
@@ -44,6 +58,16 @@ def resolve_kv_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dty
 
 def is_fp8(cache: torch.Tensor) -> bool:
     return cache.dtype == FP8_DTYPE
+
+
+def fp8_pv(q: torch.Tensor, v_cache: torch.Tensor) -> bool:
+    """Whether a prefill launch runs P @ V on e4m3 operands (FP8_PV): an fp8 cache whose values
+    are stored slots inner (the K-major operand the FP8 tensor cores take), a 16-bit query."""
+    from bulkgen.model.attention.kv_layout import v_slots_inner
+    from bulkgen.model.fp8 import ATTN_FP8_PV_ENV, switch
+
+    eligible = is_fp8(v_cache) and v_slots_inner(v_cache) and q.dtype != torch.float32
+    return eligible and switch(ATTN_FP8_PV_ENV, FP8_PV)
 
 
 def fp8_supported(device: torch.device) -> bool:

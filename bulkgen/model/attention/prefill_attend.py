@@ -8,6 +8,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from bulkgen.model.attention.kv_fp8 import P_SCALE
 from bulkgen.model.attention.triton_kv import (
     kv_tile_blocks,
     kv_tile_offsets,
@@ -15,6 +16,9 @@ from bulkgen.model.attention.triton_kv import (
     load_v_tile,
     scale_weights,
 )
+from bulkgen.model.fp8_kernels import _round_e4m3
+
+_P_SCALE = tl.constexpr(P_SCALE)
 
 
 @triton.jit
@@ -51,6 +55,8 @@ def attend_tiles(
     KV_INT8: tl.constexpr,
     V_SLOTS_INNER: tl.constexpr,
     DOT_F16: tl.constexpr,  # q came scaled by qk_scale, in fp16 (see the module's docstring)
+    PV_FP8: tl.constexpr,  # P @ V on e4m3 operands, the weights times P_SCALE (kv_fp8.FP8_PV)
+    ROUND_P: tl.constexpr,  # PV_FP8's weights rounded before the cast (the interpreter's truncates)
 ):
     """Online-softmax update of (acc, l_i, m_i) with the cached positions lo..hi-1."""
     dims = tl.arange(0, HEAD_DIM)
@@ -90,11 +96,16 @@ def attend_tiles(
             v_cache_ptr, v_rows, pos, valid, hi, stride_v_dim, HEAD_DIM, BLOCK_SIZE, BLOCK_N,
             V_SLOTS_INNER,
         )  # fmt: skip
-        if KV_FP8 or KV_INT8:
+        if (KV_FP8 and not PV_FP8) or KV_INT8:
             v = v.to(q.dtype)
         if KV_INT8:
             p_v, v_top = scale_weights(p, v_s, visible)
             p_v = tl.dot(p_v.to(v.dtype), v, input_precision=DOT_PRECISION) * v_top
+        elif PV_FP8:
+            w = p * _P_SCALE
+            if ROUND_P:
+                w = _round_e4m3(w)
+            p_v = tl.dot(w.to(v.dtype), v)
         else:
             p_v = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         acc = acc * alpha[:, None] + p_v

@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from bulkgen.model.attention import prefill_tiling
-from bulkgen.model.attention.kv_fp8 import is_fp8
+from bulkgen.model.attention.kv_fp8 import P_SCALE, fp8_pv, is_fp8
 from bulkgen.model.attention.kv_layout import v_slots_inner
 from bulkgen.model.attention.prefill_attend import attend_tiles
 from bulkgen.model.attention.prefill_tiling import (
@@ -46,10 +46,12 @@ from bulkgen.model.attention.prefill_tiling import (
 )
 from bulkgen.model.attention.triton_kv import check_cache, int8_scale_args, output_for
 from bulkgen.model.fp8 import PREFILL_F16_ENV, switch
+from bulkgen.model.fp8_kernels import hw_rounding
 
 __all__ = ["invariant_tiles", "paged_prefill", "prefill_tiles"]
 
 LOG2E = 1.4426950408889634
+_P_INVERSE = tl.constexpr(1.0 / P_SCALE)
 
 
 # num_seqs changes from step to step; Triton would compile a variant for each "== 1 / divisible by
@@ -93,6 +95,8 @@ def _prefill_kernel(
     V_SLOTS_INNER: tl.constexpr,  # kv_layout.py
     INVARIANT: tl.constexpr,  # every K/V tile through the one masked loop (triton_invariant.py)
     DOT_F16: tl.constexpr,  # an 8-bit cache's products on fp16 operands (paged_prefill)
+    PV_FP8: tl.constexpr,  # an fp8 cache's P @ V on e4m3 operands (kv_fp8.FP8_PV)
+    ROUND_P: tl.constexpr,  # its weights rounded in float32 before the cast (the interpreter)
 ):
     tile_id = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -137,7 +141,7 @@ def _prefill_kernel(
         stride_scale_slot, stride_cache_block, stride_cache_slot, stride_cache_head,
         stride_v_block, stride_v_slot, stride_v_head, stride_v_dim,
         BLOCK_SIZE, BLOCK_N, HEAD_DIM, DOT_PRECISION, False, KV_FP8, KV_INT8, V_SLOTS_INNER,
-        DOT_F16,
+        DOT_F16, PV_FP8, ROUND_P,
     )
     acc, l_i, m_i = attend_tiles(
         acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, block_table_row, kv_head,
@@ -145,12 +149,14 @@ def _prefill_kernel(
         stride_scale_slot, stride_cache_block, stride_cache_slot, stride_cache_head,
         stride_v_block, stride_v_slot, stride_v_head, stride_v_dim,
         BLOCK_SIZE, BLOCK_N, HEAD_DIM, DOT_PRECISION, True, KV_FP8, KV_INT8, V_SLOTS_INNER,
-        DOT_F16,
+        DOT_F16, PV_FP8, ROUND_P,
     )
     # fmt: on
 
     if KV_FP8:
         out = acc * (v_scale / l_i)[:, None]
+        if PV_FP8:  # the weights went through e4m3 times P_SCALE, a power of two: exact
+            out = out * _P_INVERSE
     else:
         out = acc / l_i[:, None]
     num_q_heads = tl.num_programs(1) * GROUP
@@ -238,6 +244,8 @@ def paged_prefill(
         DOT_F16=(fp8 or int8)
         and q.dtype != torch.float32
         and (switch(PREFILL_F16_ENV, F16_PRODUCTS) if f16_products is None else f16_products),
+        PV_FP8=not invariant and fp8_pv(q, v_cache),
+        ROUND_P=not hw_rounding(q.device),
         num_warps=warps,
         **({"num_stages": stages} if stages else {}),
     )
