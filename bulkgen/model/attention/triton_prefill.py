@@ -22,7 +22,9 @@ DOT_F16 (prefill_tiling.F16_PRODUCTS, on since it ran 18-20% faster on the H200)
 cache's products run on fp16 operands as the decode kernel's do: e4m3 -> fp16 is one conversion
 per two values where bf16 takes more (the kernel ran 5.3 ms a 1,648-token chunk over an fp8
 cache against 3.5 over bf16 without it, H200 profile at 9141486), and the query is scaled
-before its one rounding. An int8 cache (KV_INT8) is cast likewise (exact) and its scales per
+before its one rounding. With PV_FP8 (kv_fp8.FP8_PV, off until timed on a GPU) an fp8 cache's
+P @ V runs on e4m3 operands: the weights times kv_fp8.P_SCALE against the cache's V bytes. An
+int8 cache (KV_INT8) is cast likewise (exact) and its scales per
 (token, kv head) loaded with each tile: the scores times the key scales per column, the
 weights times the value scales in P @ V only (triton_kv.scale_weights; l_i sums the unscaled
 weights). Tilings: prefill_tiling.py; the loop over K/V tiles: prefill_attend.py.
@@ -211,6 +213,7 @@ def paged_prefill(
         block_q, block_m, block_n, warps, stages = prefill_tiling.prefill_launch(
             max_query_len, group, head_dim, fp8, long_ok
         )
+    pv_fp8 = not invariant and fp8_pv(q, v_cache)
     _prefill_kernel[(num_tokens // block_q + num_seqs, num_kv_heads)](
         q,
         k_cache,
@@ -244,8 +247,8 @@ def paged_prefill(
         DOT_F16=(fp8 or int8)
         and q.dtype != torch.float32
         and (switch(PREFILL_F16_ENV, F16_PRODUCTS) if f16_products is None else f16_products),
-        PV_FP8=not invariant and fp8_pv(q, v_cache),
-        ROUND_P=not hw_rounding(q.device),
+        PV_FP8=pv_fp8,
+        ROUND_P=pv_fp8 and not hw_rounding(q.device),
         num_warps=warps,
         **({"num_stages": stages} if stages else {}),
     )
