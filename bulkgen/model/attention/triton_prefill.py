@@ -24,10 +24,10 @@ per two values where bf16 takes more (the kernel ran 5.3 ms a 1,648-token chunk 
 cache against 3.5 over bf16 without it, H200 profile at 9141486), and the query is scaled
 before its one rounding. With PV_FP8 (kv_fp8.FP8_PV, off until timed on a GPU) an fp8 cache's
 P @ V runs on e4m3 operands: the weights times kv_fp8.P_SCALE against the cache's V bytes. An
-int8 cache (KV_INT8) is cast likewise (exact) and its scales per
-(token, kv head) loaded with each tile: the scores times the key scales per column, the
-weights times the value scales in P @ V only (triton_kv.scale_weights; l_i sums the unscaled
-weights). Tilings: prefill_tiling.py; the loop over K/V tiles: prefill_attend.py.
+int8 cache (KV_INT8) is cast as an fp8 one is (exact) and its scales per (token, kv head)
+loaded with each tile: the scores times the key scales per column, the weights times the value
+scales in P @ V only (triton_kv.scale_weights; l_i sums the unscaled weights). Tilings:
+prefill_tiling.py; the loop over K/V tiles: prefill_attend.py.
 """
 
 from __future__ import annotations
