@@ -25,6 +25,9 @@ import re
 
 import torch
 
+from bulkgen.model.attention.kv_layout import v_slots_inner
+from bulkgen.model.fp8 import ATTN_FP8_PV_ENV, switch
+
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
 FP8_MIN_CAPABILITY = (8, 9)
@@ -63,9 +66,6 @@ def is_fp8(cache: torch.Tensor) -> bool:
 def fp8_pv(q: torch.Tensor, v_cache: torch.Tensor) -> bool:
     """Whether a prefill launch runs P @ V on e4m3 operands (FP8_PV): an fp8 cache whose values
     are stored slots inner (the K-major operand the FP8 tensor cores take), a 16-bit query."""
-    from bulkgen.model.attention.kv_layout import v_slots_inner
-    from bulkgen.model.fp8 import ATTN_FP8_PV_ENV, switch
-
     eligible = is_fp8(v_cache) and v_slots_inner(v_cache) and q.dtype != torch.float32
     return eligible and switch(ATTN_FP8_PV_ENV, FP8_PV)
 
