@@ -36,15 +36,22 @@ from bulkgen.model.shapes import LLAMA3_8B
 GREEDY = SamplingParams(max_tokens=1 << 20, temperature=0.0, ignore_eos=True)
 
 
-def step_plan(rows: int, context: int, chunk: int, block_size: int, num_blocks: int) -> Plan:
+def step_plan(
+    rows: int, context: int, chunk: int, block_size: int, num_blocks: int, shuffled: bool = False
+) -> Plan:
     """rows decoding sequences of `context` tokens, then (chunk > 0) a new prompt's chunk. The
-    blocks wrap around the cache: what attention reads is garbage, its cost is not."""
+    blocks wrap around the cache: what attention reads is garbage, its cost is not. Each sequence's
+    blocks are consecutive, or (shuffled) drawn at random from the whole cache, as a long run's
+    churn leaves them (a seeded permutation: the same blocks every call)."""
     plan, next_block = Plan(), 0
+    order = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(0)).tolist()
     shapes = [(context, context - 1, 1)] * rows + ([(chunk, 0, chunk)] if chunk else [])
     for i, (length, start, tokens) in enumerate(shapes):
         req = Request(f"bench-{i}", [1] * length, GREEDY, seed=i, table_row=i)
         count = -(-length // block_size)
         req.block_ids = [(next_block + j) % num_blocks for j in range(count)]
+        if shuffled:
+            req.block_ids = [order[i] for i in req.block_ids]
         next_block += count
         plan.seqs.append(ScheduledSeq(req, start, tokens, sample=True, from_prev=False))
     return plan
@@ -122,6 +129,11 @@ def main() -> None:
         action="store_true",
         help="the mixed step through mixed_graphs.py's pieces",
     )
+    ap.add_argument(
+        "--shuffled-blocks",
+        action="store_true",
+        help="each sequence's blocks at random over the cache (default: consecutive)",
+    )
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--kernels", action="store_true", help="the step's GPU kernels by total time")
@@ -143,8 +155,11 @@ def main() -> None:
     engine = Engine(cfg, model_config=None if args.model else dict(LLAMA3_8B))
     num_blocks = engine.scheduler.blocks.num_blocks
     for kind, chunk in (("mixed", args.chunk), ("decode", 0)):
-        plan = step_plan(args.rows, args.context, chunk, engine.cfg.block_size, num_blocks)
+        plan = step_plan(
+            args.rows, args.context, chunk, engine.cfg.block_size, num_blocks, args.shuffled_blocks
+        )
         line = {"step": kind, "rows": args.rows, "context": args.context, "chunk": chunk}
+        line.update(shuffled_blocks=args.shuffled_blocks, num_blocks=num_blocks)
         line.update(fp8=args.fp8, mixed_graphs=args.mixed_graphs)
         line.update(time_launches(engine, plan, args.reps, args.profile))
         if args.kernels and engine.device.type == "cuda":

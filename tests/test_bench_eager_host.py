@@ -32,3 +32,14 @@ def test_with_mixed_graphs_the_mixed_step_goes_through_the_pieces(tiny_model_dir
     plan = step_plan(5, 40, 23, engine.cfg.block_size, engine.scheduler.blocks.num_blocks)
     time_launches(engine, plan, reps=1, profile=False)
     assert engine.runner.mixed_graphs.steps == 3, "two untimed launches and one timed"
+
+
+def test_shuffled_blocks_are_distinct_cache_blocks_in_no_run(tiny_model_dir):
+    engine = LLM(str(tiny_model_dir), device="cpu", dtype="float32").engine
+    blocks, size = engine.scheduler.blocks.num_blocks, engine.cfg.block_size
+    plan = step_plan(3, 4 * size, 0, size, blocks, shuffled=True)
+    ids = [b for s in plan.seqs for b in s.request.block_ids]
+    assert len(ids) == len(set(ids)) == 12 and all(0 <= b < blocks for b in ids)
+    assert ids != sorted(ids), "a seeded permutation, not the consecutive blocks"
+    again = step_plan(3, 4 * size, 0, size, blocks, shuffled=True)
+    assert [b for s in again.seqs for b in s.request.block_ids] == ids
