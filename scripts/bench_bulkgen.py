@@ -33,6 +33,11 @@ JSON_SCHEMA = {
 
 # stats.json fields every bulkgen run's result carries (bench.py copies them into its line).
 STATS_KEYS = (
+    "gpu_sm_clock_mhz_median",  # over NVML's busy samples (engine/monitor.py)
+    "gpu_sm_clock_mhz_max",
+    "gpu_power_w_median",
+    "gpu_power_capped_pct",
+    "gpu_thermal_pct",
     "host_ms_per_step_median",
     "host_ms_per_step_p99",
     "host_decode_ms_per_step_median",

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import sys
+import threading
+import types
+
 from bulkgen.engine.monitor import GpuMonitor
 
 
-def monitor(samples: list[int]) -> GpuMonitor:
+def monitor(samples: list[int], clocks: list | None = None) -> GpuMonitor:
     m = GpuMonitor.__new__(GpuMonitor)  # no device: the samples and counters only
     m.copy_bandwidth, m.decode_s, m.decode_bytes, m._samples = 4e12, 0.0, 0.0, samples
+    m._clocks, m._max_clock, m._failed = clocks or [(None, None, None)] * len(samples), None, set()
     return m
 
 
@@ -20,3 +25,48 @@ def test_busy_over_the_run_starts_at_nvmls_first_busy_sample():
 def test_no_busy_sample_gives_no_run_figure():
     stats = monitor([0, 0]).stats
     assert stats["gpu_busy_pct"] == 0.0 and "gpu_busy_run_pct" not in stats
+
+
+def test_clock_power_and_limits_count_the_busy_samples_only():
+    clocks = [(1980, 90.0, 0), (1500, 690.0, 0x4), (1600, 700.0, 0x4 | 0x1), (1700, 650.0, 0x40)]
+    m = monitor([0, 100, 100, 100], clocks)  # the idle sample's full clock is left out
+    m._max_clock = 1980
+    stats = m.stats
+    assert stats["gpu_sm_clock_mhz_median"] == 1600 and stats["gpu_sm_clock_mhz_max"] == 1980
+    assert stats["gpu_power_w_median"] == 690.0
+    assert stats["gpu_power_capped_pct"] == round(200 / 3, 1)
+    assert stats["gpu_thermal_pct"] == round(100 / 3, 1)
+
+
+def test_nothing_nvml_cannot_say_is_reported():
+    stats = monitor([100, 100]).stats
+    assert "gpu_sm_clock_mhz_median" not in stats and "gpu_power_w_median" not in stats
+    assert "gpu_power_capped_pct" not in stats
+
+
+def test_the_sampler_asks_nvml_and_stops_asking_what_failed(monkeypatch):
+    calls = {"reasons": 0}
+
+    def reasons(handle):
+        calls["reasons"] += 1
+        raise RuntimeError("not supported")  # an older driver
+
+    fake = types.SimpleNamespace(
+        NVML_CLOCK_SM=1,
+        nvmlDeviceGetUtilizationRates=lambda h: types.SimpleNamespace(gpu=97),
+        nvmlDeviceGetMaxClockInfo=lambda h, kind: 1980,
+        nvmlDeviceGetClockInfo=lambda h, kind: 1755 if kind == 1 else 0,
+        nvmlDeviceGetPowerUsage=lambda h: 612_500,
+        nvmlDeviceGetCurrentClocksEventReasons=reasons,
+    )
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    m = monitor([])
+    m._nvml_handle, m._stop = object(), threading.Event()
+    waits = iter([False, False, True])  # three samples, then stopped
+    m._stop.wait = lambda timeout: next(waits)
+    m._sample()
+    assert m._samples == [97, 97, 97] and m._clocks == [(1755, 612.5, None)] * 3
+    assert calls["reasons"] == 1
+    stats = m.stats
+    assert stats["gpu_sm_clock_mhz_median"] == 1755 and stats["gpu_sm_clock_mhz_max"] == 1980
+    assert stats["gpu_power_w_median"] == 612.5 and "gpu_power_capped_pct" not in stats

@@ -3,7 +3,12 @@
 GPU busy is NVML's utilisation sampled every 50 ms in a background thread (nothing on the step
 path), over every sample (gpu_busy_pct) and from NVML's first busy sample to its last
 (gpu_busy_run_pct): NVML reports the busy share of its own last sample period, so it reads 0 for
-a few samples after the first step. Decode efficiency counts the bytes each decode step must
+a few samples after the first step. With each utilisation sample go the SM clock, the board's
+power draw and NVML's clock-event reasons; over the busy samples, stats give the median clock
+against the GPU's maximum, the median power, and the share of busy samples the power cap (or a
+thermal limit) held the clock down: a long run's steps can be slower than the same steps timed
+alone because the GPU runs at a lower clock, not because of anything the engine does. Decode
+efficiency counts the bytes each decode step must
 read (weights once, plus the live KV of its sequences) over the host time between decode
 launches, against a device-to-device copy's bandwidth measured once at startup: in the async
 loop the host is paced by the device, so that time is the device's.
@@ -12,6 +17,7 @@ loop the host is paced by the device, so that time is the device's.
 from __future__ import annotations
 
 import os
+import statistics
 import threading
 import time
 
@@ -37,6 +43,12 @@ def measure_copy_bandwidth(device: torch.device, nbytes: int = 256 << 20) -> flo
     return bandwidth
 
 
+# NVML's clock-event reason bits (nvmlClocksEventReasons): the software power cap and the
+# thermal slowdowns, software and hardware.
+POWER_CAP = 0x4
+THERMAL = 0x20 | 0x40
+
+
 class GpuMonitor:
     def __init__(self, device: torch.device, weight_bytes: int, kv_bytes_per_token: int) -> None:
         self.weight_bytes, self.kv_bytes_per_token = weight_bytes, kv_bytes_per_token
@@ -45,6 +57,11 @@ class GpuMonitor:
         self.decode_s = 0.0
         self._last_decode: float | None = None
         self._samples: list[int] = []
+        # (SM clock MHz, power W, clock-event reasons) with each utilisation sample; None where
+        # NVML cannot say (a query that fails once is not asked again).
+        self._clocks: list[tuple[int | None, float | None, int | None]] = []
+        self._max_clock: int | None = None
+        self._failed: set[str] = set()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._nvml_handle = self._nvml(device)
@@ -69,11 +86,32 @@ class GpuMonitor:
                 return None  # an index would be another GPU's
             return pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
 
+    def _query(self, name: str, *args):
+        """pynvml.<name>(handle, *args), or None once it has failed (an old driver, a vGPU)."""
+        if name in self._failed:
+            return None
+        import pynvml
+
+        try:
+            return getattr(pynvml, name)(self._nvml_handle, *args)
+        except Exception:
+            self._failed.add(name)
+            return None
+
     def _sample(self) -> None:
         import pynvml
 
+        self._max_clock = self._query("nvmlDeviceGetMaxClockInfo", pynvml.NVML_CLOCK_SM)
         while True:  # one sample at least, however short the job
             self._samples.append(pynvml.nvmlDeviceGetUtilizationRates(self._nvml_handle).gpu)
+            power = self._query("nvmlDeviceGetPowerUsage")  # milliwatts
+            self._clocks.append(
+                (
+                    self._query("nvmlDeviceGetClockInfo", pynvml.NVML_CLOCK_SM),
+                    None if power is None else power / 1e3,
+                    self._query("nvmlDeviceGetCurrentClocksEventReasons"),
+                )
+            )
             if self._stop.wait(0.05):
                 return
 
@@ -103,10 +141,30 @@ class GpuMonitor:
             if busy:  # NVML trails the GPU by its own sample period: read from its first busy one
                 run = self._samples[busy[0] : busy[-1] + 1]
                 out["gpu_busy_run_pct"] = round(sum(run) / len(run), 1)
+            out.update(self._clock_stats())
         if self.decode_s > 0:
             achieved = self.decode_bytes / self.decode_s
             out["decode_bandwidth_gbs"] = round(achieved / 1e9, 1)
             out["decode_bandwidth_efficiency"] = round(achieved / self.copy_bandwidth, 3)
+        return out
+
+    def _clock_stats(self) -> dict:
+        """Clock, power and limits over the samples NVML saw busy."""
+        # strict=False: read while the sampler runs, a sample may have its utilisation only
+        busy = [c for util, c in zip(self._samples, self._clocks, strict=False) if util > 0]
+        out = {}
+        clocks = [c for c, _, _ in busy if c is not None]
+        if clocks:
+            out["gpu_sm_clock_mhz_median"] = round(statistics.median(clocks))
+            if self._max_clock:
+                out["gpu_sm_clock_mhz_max"] = self._max_clock
+        powers = [p for _, p, _ in busy if p is not None]
+        if powers:
+            out["gpu_power_w_median"] = round(statistics.median(powers), 1)
+        reasons = [r for _, _, r in busy if r is not None]
+        if reasons:
+            for key, bits in (("gpu_power_capped_pct", POWER_CAP), ("gpu_thermal_pct", THERMAL)):
+                out[key] = round(100 * sum(1 for r in reasons if r & bits) / len(reasons), 1)
         return out
 
 
