@@ -115,9 +115,26 @@ def input_absmax(source) -> dict[str, float]:
     return calibrate(source)
 
 
-def write_fp8(src: Path, dst: Path, kind: str, strategy: str, absmax=None, ignore=()) -> Path:
+def block_quantize(w: torch.Tensor, block: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [N, K] in float8_e4m3fn with a scale per block (the last ones partial where the block
+    does not divide the shape), as block-wise FP8 checkpoints store it."""
+    rows, cols = block
+    n, k = w.shape
+    grid = torch.zeros(-(-n // rows), -(-k // cols))
+    for i in range(grid.shape[0]):
+        for j in range(grid.shape[1]):
+            part = w[i * rows : (i + 1) * rows, j * cols : (j + 1) * cols]
+            grid[i, j] = part.abs().max() / FP8_MAX
+    full = grid.repeat_interleave(rows, 0)[:n].repeat_interleave(cols, 1)[:, :k]
+    return (w / full).clamp(-FP8_MAX, FP8_MAX).to(FP8), grid
+
+
+def write_fp8(
+    src: Path, dst: Path, kind: str, strategy: str, absmax=None, ignore=(), block=None
+) -> Path:
     """src's projections in float8_e4m3fn with the scale tensors `kind` names; absmax given:
-    static input scales from it. Modules in `ignore` stay as they are."""
+    static input scales from it. Modules in `ignore` stay as they are. strategy "block": a scale
+    per `block` ([rows, columns])."""
     dst.mkdir()
     for f in src.iterdir():
         shutil.copy(f, dst / f.name)
@@ -130,12 +147,15 @@ def write_fp8(src: Path, dst: Path, kind: str, strategy: str, absmax=None, ignor
         if not name.endswith("proj.weight") or module in ignore:
             out[name] = w
             continue
-        if strategy == "tensor":
-            scale = w.abs().max() / FP8_MAX
-            scale = scale.reshape(1) if kind == "compressed-tensors" else scale
+        if strategy == "block":
+            out[name], scale = block_quantize(w, block)
         else:
-            scale = w.abs().amax(dim=1, keepdim=True) / FP8_MAX
-        out[name] = (w / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+            if strategy == "tensor":
+                scale = w.abs().max() / FP8_MAX
+                scale = scale.reshape(1) if kind == "compressed-tensors" else scale
+            else:
+                scale = w.abs().amax(dim=1, keepdim=True) / FP8_MAX
+            out[name] = (w / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
         out[f"{module}.{weight_scale}"] = scale.float()
         if absmax is not None:
             fused = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj"}
@@ -145,19 +165,22 @@ def write_fp8(src: Path, dst: Path, kind: str, strategy: str, absmax=None, ignor
             out[f"{module}.{input_scale}"] = torch.tensor([value] if kind != "fp8" else value)
     save_file(out, dst / "model.safetensors", metadata={"format": "pt"})
     config = json.loads((src / "config.json").read_text())
-    config["quantization_config"] = quantization_config(kind, strategy, absmax is not None, ignore)
+    q = quantization_config(kind, strategy, absmax is not None, ignore, block)
+    config["quantization_config"] = q
     (dst / "config.json").write_text(json.dumps(config))
     return dst
 
 
-def quantization_config(kind: str, strategy: str, static: bool, ignore=()) -> dict:
+def quantization_config(kind: str, strategy: str, static: bool, ignore=(), block=None) -> dict:
+    block = list(block) if block else None
     if kind == "fp8":
         scheme = "static" if static else "dynamic"
-        return {"quant_method": "fp8", "activation_scheme": scheme, "weight_block_size": None}
+        return {"quant_method": "fp8", "activation_scheme": scheme, "weight_block_size": block}
     activations = {"num_bits": 8, "type": "float", "symmetric": True}
     activations |= {"strategy": "tensor", "dynamic": False} if static else {"strategy": "token"}
     activations |= {} if static else {"dynamic": True}
     weights = {"num_bits": 8, "type": "float", "strategy": strategy, "symmetric": True}
+    weights |= {"block_structure": block} if block else {}
     return {
         "quant_method": "compressed-tensors",
         "format": "float-quantized",
@@ -249,7 +272,8 @@ def test_quantization_fp8_quantizes_a_float_checkpoint_at_load(source):
 @pytest.mark.parametrize(
     "change, named",
     [
-        ({"quant_method": "fp8", "weight_block_size": [128, 128]}, "block-wise weight scales"),
+        ({"quant_method": "fp8", "weight_block_size": [128]}, "block-wise weight scales"),
+        ({"quant_method": "fp8", "weight_block_size": [128, 0]}, "block-wise weight scales"),
         ({"config_groups": {"g": {"format": "float-quantized", "weights": {
             "num_bits": 8, "type": "float", "strategy": "block"}}}}, "block-wise weight scales"),
         ({"format": "pack-quantized"}, "format 'pack-quantized'"),

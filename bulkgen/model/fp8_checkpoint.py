@@ -2,10 +2,14 @@
 `quantization_config` says, which modules they store in FP8, and where their scale tensors go.
 
 Two kinds load: `compressed-tensors` (llm-compressor's `*-FP8` models: format float-quantized,
-8-bit float weights with per-tensor or per-channel `weight_scale`, activations dynamic or with a
-static per-tensor `input_scale`) and `fp8` (transformers' FineGrainedFP8 without blocks:
-`weight_scale_inv`, the multiplier despite its name, and `activation_scale`). Any other scheme is
-refused in one line that names it. Which modules are FP8 is read from the checkpoint itself (an
+8-bit float weights with per-tensor, per-channel or block-wise `weight_scale`, activations dynamic
+or with a static per-tensor `input_scale`) and `fp8` (transformers' FineGrainedFP8:
+`weight_scale_inv`, the multiplier despite its name, per tensor or per block of
+`weight_block_size`, and `activation_scale`). Any other scheme is refused in one line that names
+it. Block-wise weights (Qwen's and DeepSeek's FP8 releases: a scale per 128 x 128 block) are
+re-quantized per output row as they are read (BlockRequantizer): each weight dequantized with its
+block scales, then quantized as --quantization fp8 quantizes a bf16 one; the GEMMs take per-row
+scales only. Which modules are FP8 is read from the checkpoint itself (an
 fp8 weight tensor), so modules a config `ignore`s (lm_head, say) load as they are stored.
 
 Scales are kept exactly in our fused layout: a fused projection's weight scale is per output row,
@@ -15,12 +19,13 @@ parts because they read the same input, is the largest of theirs (no part's inpu
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from bulkgen.model.fp8 import FP8_TARGETS
+from bulkgen.model.fp8 import FP8, FP8_TARGETS, quantize_weight
 
 _SCALE_NAMES = {  # checkpoint tensor suffix -> our parameter name
     "weight_scale": "weight_scale",
@@ -37,10 +42,15 @@ class Fp8Checkpoint:
 
     kind: str  # compressed-tensors | fp8
     static_activations: bool
+    weight_block: tuple[int, int] | None = None  # block-wise weight scales: a block's rows, cols
 
     def describe(self) -> dict:
         activations = "static per-tensor" if self.static_activations else "dynamic per-token"
-        return _described(f"checkpoint ({self.kind})", activations)
+        out = _described(f"checkpoint ({self.kind})", activations)
+        if self.weight_block:
+            rows, cols = self.weight_block
+            out["weights"] += f", re-quantized at load from {rows}x{cols} block scales"
+        return out
 
 
 def _described(source: str, activations: str) -> dict:
@@ -86,7 +96,7 @@ def _compressed_tensors(q: dict) -> Fp8Checkpoint:
     groups = q.get("config_groups") or {}
     if not groups:
         raise _unsupported("compressed-tensors without config_groups")
-    static = set()
+    static, blocks = set(), set()
     for name, group in groups.items():
         fmt = group.get("format") or q.get("format")
         if fmt not in ("float-quantized", "naive-quantized"):
@@ -96,8 +106,12 @@ def _compressed_tensors(q: dict) -> Fp8Checkpoint:
             raise _unsupported(
                 f"{w.get('num_bits')}-bit {w.get('type')} weights (compressed-tensors {name})"
             )
-        if w.get("strategy") not in ("tensor", "channel"):
-            strategy = w.get("strategy")
+        strategy = w.get("strategy")
+        if strategy == "block":
+            blocks.add(_block_shape(w.get("block_structure"), f"block_structure of {name}"))
+        elif strategy in ("tensor", "channel"):
+            blocks.add(None)
+        else:
             raise _unsupported(f"{strategy}-wise weight scales (compressed-tensors {name})")
         if w.get("symmetric") is False:
             raise _unsupported(f"asymmetric weights with zero points (compressed-tensors {name})")
@@ -114,17 +128,79 @@ def _compressed_tensors(q: dict) -> Fp8Checkpoint:
         static.add(a.get("dynamic") in (False, "false"))
     if len(static) > 1:
         raise _unsupported("groups mixing static and dynamic activation scales")
-    return Fp8Checkpoint("compressed-tensors", static.pop())
+    if len(blocks) > 1:
+        raise _unsupported("groups mixing block-wise weight scales with others or other blocks")
+    return Fp8Checkpoint("compressed-tensors", static.pop(), blocks.pop())
 
 
 def _hf_fp8(q: dict) -> Fp8Checkpoint:
     block = q.get("weight_block_size")
-    if block:
-        raise _unsupported(f"block-wise weight scales (fp8 weight_block_size {list(block)})")
+    block = _block_shape(block, "fp8 weight_block_size") if block is not None else None
     scheme = q.get("activation_scheme", "dynamic")
     if scheme not in ("dynamic", "static"):
         raise _unsupported(f"fp8 activation_scheme {scheme!r}")
-    return Fp8Checkpoint("fp8", scheme == "static")
+    return Fp8Checkpoint("fp8", scheme == "static", block)
+
+
+def _block_shape(value, where: str) -> tuple[int, int]:
+    """A block's [rows, columns] as the config gives it, checked."""
+    ok = isinstance(value, (list, tuple)) and len(value) == 2
+    if not ok or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value):
+        shown = list(value) if isinstance(value, (list, tuple)) else value
+        raise _unsupported(f"block-wise weight scales of block {shown} ({where}: [rows, columns])")
+    return int(value[0]), int(value[1])
+
+
+def requantize_blocks(
+    weight: torch.Tensor, scales: torch.Tensor, block: tuple[int, int], module: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """An FP8 weight [N, K] with a scale per block [ceil(N / rows), ceil(K / cols)] (the last
+    blocks may be partial) -> (fp8 [N, K], float32 scales [N]), quantized per output row from the
+    dequantized weight."""
+    rows, cols = block
+    n, k = weight.shape
+    grid = (-(-n // rows), -(-k // cols))
+    if tuple(scales.shape) != grid:
+        raise ValueError(
+            f"{module}: block scales of shape {list(scales.shape)} for a [{n}, {k}] weight in "
+            f"{rows}x{cols} blocks (expected {list(grid)})"
+        )
+    full = scales.float().repeat_interleave(rows, 0)[:n].repeat_interleave(cols, 1)[:, :k]
+    return quantize_weight(weight.float() * full)
+
+
+class BlockRequantizer:
+    """A block-wise checkpoint's FP8 weights and their block scales, paired as they are read and
+    passed on re-quantized per output row (requantize_blocks); every other tensor as it is."""
+
+    def __init__(self, block: tuple[int, int]) -> None:
+        self.block = block
+
+    def tensors(
+        self, tensors: Iterator[tuple[str, torch.Tensor]]
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        pending: dict[str, dict[str, torch.Tensor]] = {}  # module -> the half read so far
+        for name, tensor in tensors:
+            module, _, leaf = name.rpartition(".")
+            if (scale_target(name) or "").endswith(".weight_scale"):
+                half = "weight_scale"
+            elif leaf == "weight" and tensor.dtype == FP8:
+                half = "weight"
+            else:
+                yield name, tensor
+                continue
+            halves = pending.setdefault(module, {})
+            halves[half] = tensor
+            if len(halves) == 2:
+                del pending[module]
+                q, scale = requantize_blocks(
+                    halves["weight"], halves["weight_scale"], self.block, module
+                )
+                yield f"{module}.weight", q
+                yield f"{module}.weight_scale", scale
+        for module, halves in sorted(pending.items()):
+            missing = "block scales" if "weight" in halves else "FP8 weight"
+            raise ValueError(f"{module}: a block-wise FP8 checkpoint without its {missing}")
 
 
 def fp8_modules(files: list[Path], fused: dict[str, tuple[str, int]]) -> list[str]:

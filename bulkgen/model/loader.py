@@ -25,6 +25,7 @@ from bulkgen.model.fp8 import (
     set_fast_accum,
 )
 from bulkgen.model.fp8_checkpoint import (
+    BlockRequantizer,
     checkpoint_quantization,
     copy_part,
     fp8_modules,
@@ -104,7 +105,9 @@ def load_model(
             _fill_dummy(model)
         else:
             slices = WeightShard(cfg, tp.rank, tp.size)
-            model.loaded_bytes = _load_safetensors(model, Path(model_dir), slices, device)
+            block = scheme.weight_block if scheme else None
+            blocks = BlockRequantizer(block) if block else None
+            model.loaded_bytes = _load_safetensors(model, Path(model_dir), slices, device, blocks)
         if quantization == "fp8" and scheme is None:
             quantize_model(model)
     if device.type == "cuda":  # the fused Triton ops: norms and SiLU write FP8 rows
@@ -158,9 +161,15 @@ def _iter_tensors(
 
 
 def _load_safetensors(
-    model: LlamaForCausalLM, model_dir: Path, slices: WeightShard, device: torch.device
+    model: LlamaForCausalLM,
+    model_dir: Path,
+    slices: WeightShard,
+    device: torch.device,
+    blocks: BlockRequantizer | None = None,
 ) -> int:
-    """Fill the model from the checkpoint; returns the bytes of the tensors read."""
+    """Fill the model from the checkpoint; returns the bytes of the tensors read (a block-wise
+    FP8 checkpoint's weights re-quantized per row on the way: its scales count as the per-row
+    ones that replace them)."""
     cfg = model.cfg  # this rank's shape
     params = dict(model.named_parameters())
     shards = {"qkv_proj": 3, "gate_up_proj": 2}
@@ -173,7 +182,8 @@ def _load_safetensors(
     shard_sizes["gate_up_proj"] = [cfg.intermediate_size] * 2
     loaded = 0
     written = set()  # a fused FP8 input scale is the largest of its parts'
-    for name, tensor in _iter_tensors(_checkpoint_files(model_dir), device, slices):
+    tensors = _iter_tensors(_checkpoint_files(model_dir), device, slices)
+    for name, tensor in blocks.tensors(tensors) if blocks else tensors:
         if "rotary_emb" in name or (name == "lm_head.weight" and model.lm_head is None):
             continue
         loaded += tensor.numel() * tensor.element_size()
