@@ -234,6 +234,34 @@ def scale_target(name: str) -> str | None:
     return None if ours is None else f"{module}.{ours}"
 
 
+def scale_shard(
+    name: str, where: tuple[int, int, int], shape: list[int], block: tuple[int, int] | None
+) -> tuple[int, int, int] | None:
+    """Which part of a tensor other than a weight or a bias a tensor-parallel rank reads, given
+    the (dim, start, length) slice of its module's weight: a weight scale per output row or per
+    block is sliced with the weight's rows (column-parallel: dim 0) and a block one with its
+    columns too (row-parallel: dim 1); every other scale (per tensor, per row of a row-parallel
+    weight, static input scales, KV-cache scales, zero points) is read whole (None). A slice
+    that does not fall on whole blocks is refused."""
+    leaf = name.rpartition(".")[2]
+    numel = 1
+    for size in shape:
+        numel *= size
+    if leaf not in ("weight_scale", "weight_scale_inv") or numel == 1:
+        return None
+    dim, start, length = where
+    if block is None:
+        return (0, start, length) if dim == 0 else None
+    step = block[dim]
+    # A partial block only at the weight's end (past the start of the grid's last block)
+    if start % step or (length % step and start + length <= (shape[dim] - 1) * step):
+        raise ValueError(
+            f"{name}: this rank's slice [{start}, {start + length}) of dim {dim} does not fall on "
+            f"the checkpoint's {block[0]}x{block[1]} weight blocks; use fewer tensor-parallel ranks"
+        )
+    return dim, start // step, -(-length // step)
+
+
 def is_zero_point(name: str) -> bool:
     """compressed-tensors may store zero points even for symmetric weights: all zeros, unused."""
     return name.endswith(("weight_zero_point", "input_zero_point"))

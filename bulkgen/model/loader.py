@@ -30,6 +30,7 @@ from bulkgen.model.fp8_checkpoint import (
     copy_part,
     fp8_modules,
     is_zero_point,
+    scale_shard,
     scale_target,
 )
 from bulkgen.model.invariant import make_batch_invariant
@@ -89,11 +90,6 @@ def load_model(
     if load_format != "dummy":
         scheme = checkpoint_quantization(json.loads((Path(model_dir) / "config.json").read_text()))
     if scheme is not None:  # FP8 modules before to_empty: .to(dtype) would cast their weights
-        if tp.size > 1:
-            raise ValueError(
-                f"{model_dir}: an FP8 checkpoint with --tensor-parallel is not supported yet; "
-                "run its bf16 source with --quantization fp8 instead"
-            )
         static = scheme.static_activations
         names = fp8_modules(_checkpoint_files(Path(model_dir)), _FUSED)
         replace_modules(model, names, lambda linear: Fp8Linear.like(linear, static))
@@ -106,8 +102,7 @@ def load_model(
         else:
             slices = WeightShard(cfg, tp.rank, tp.size)
             block = scheme.weight_block if scheme else None
-            blocks = BlockRequantizer(block) if block else None
-            model.loaded_bytes = _load_safetensors(model, Path(model_dir), slices, device, blocks)
+            model.loaded_bytes = _load_safetensors(model, Path(model_dir), slices, device, block)
         if quantization == "fp8" and scheme is None:
             quantize_model(model)
     if device.type == "cuda":  # the fused Triton ops: norms and SiLU write FP8 rows
@@ -141,9 +136,13 @@ def _checkpoint_files(model_dir: Path) -> list[Path]:
 
 
 def _iter_tensors(
-    files: list[Path], device: torch.device, slices: WeightShard
+    files: list[Path],
+    device: torch.device,
+    slices: WeightShard,
+    block: tuple[int, int] | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """Each checkpoint tensor, or this rank's slice of it (only those bytes are read)."""
+    """Each checkpoint tensor, or this rank's slice of it (only those bytes are read); an FP8
+    checkpoint's scales sliced as their weights are (scale_shard; block: its weight blocks)."""
     from safetensors import safe_open
 
     target = str(device) if device.type != "cuda" or device.index is not None else "cuda:0"
@@ -151,6 +150,8 @@ def _iter_tensors(
         with safe_open(str(path), framework="pt", device=target) as f:
             for name in f.keys():
                 where = slices.slice_of(name)
+                if where is not None and name.rpartition(".")[2] not in ("weight", "bias"):
+                    where = scale_shard(name, where, f.get_slice(name).get_shape(), block)
                 if where is None:
                     yield name, f.get_tensor(name)
                     continue
@@ -165,7 +166,7 @@ def _load_safetensors(
     model_dir: Path,
     slices: WeightShard,
     device: torch.device,
-    blocks: BlockRequantizer | None = None,
+    block: tuple[int, int] | None = None,
 ) -> int:
     """Fill the model from the checkpoint; returns the bytes of the tensors read (a block-wise
     FP8 checkpoint's weights re-quantized per row on the way: its scales count as the per-row
@@ -182,8 +183,8 @@ def _load_safetensors(
     shard_sizes["gate_up_proj"] = [cfg.intermediate_size] * 2
     loaded = 0
     written = set()  # a fused FP8 input scale is the largest of its parts'
-    tensors = _iter_tensors(_checkpoint_files(model_dir), device, slices)
-    for name, tensor in blocks.tensors(tensors) if blocks else tensors:
+    tensors = _iter_tensors(_checkpoint_files(model_dir), device, slices, block)
+    for name, tensor in BlockRequantizer(block).tensors(tensors) if block else tensors:
         if "rotary_emb" in name or (name == "lm_head.weight" and model.lm_head is None):
             continue
         loaded += tensor.numel() * tensor.element_size()
