@@ -94,17 +94,31 @@ def test_bulkgen_run_with_quantization_fp8_records_it_in_stats_json(tmp_path, ti
     assert stats["quantization"]["weights"].startswith("float8_e4m3fn")
 
 
-@pytest.mark.parametrize("static", [False, True])
-def test_an_fp8_checkpoint_runs_in_cuda_graphs_close_to_its_bf16_source(tmp_path, static):
+@pytest.mark.parametrize(
+    "kind, static, block",
+    [
+        ("compressed-tensors", False, None),
+        ("compressed-tensors", True, None),
+        ("fp8", False, (16, 16)),
+    ],
+)
+def test_an_fp8_checkpoint_runs_in_cuda_graphs_close_to_its_bf16_source(
+    tmp_path, kind, static, block
+):
+    """Per-tensor scales, dynamic or static activations, and block-wise scales (re-quantized per
+    row at load, on the GPU here)."""
     from test_fp8_checkpoint import IDS, build_source, calibrate, write_fp8
 
     source = build_source(tmp_path / "source")
     absmax = calibrate(source) if static else None
-    fp8_dir = write_fp8(source, tmp_path / "fp8", "compressed-tensors", "tensor", absmax)
+    strategy = "block" if block else "tensor"
+    fp8_dir = write_fp8(source, tmp_path / "fp8", kind, strategy, absmax, block=block)
     params = SamplingParams(max_tokens=1, temperature=0.0, logprobs=5)
     kw = dict(device="cuda", dtype="bfloat16")
     fp8 = LLM(str(fp8_dir), **kw)
-    assert fp8.engine.stats["quantization"]["source"] == "checkpoint (compressed-tensors)"
+    quantization = fp8.engine.stats["quantization"]
+    assert quantization["source"] == f"checkpoint ({kind})"
+    assert ("block scales" in quantization["weights"]) == (block is not None)
     prompts = [IDS[: 8 + i] for i in range(16)]
     got, ref = fp8.generate(prompts, params), LLM(str(source), **kw).generate(prompts, params)
     # FP8 costs accuracy, and this small random model's next-token logits lie close together
