@@ -58,3 +58,28 @@ def test_8b_shape_on_two_gpus_holds_half_the_weights_per_gpu():
         assert engine.runner.graph_steps > 0
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize("strategy, block", [("channel", None), ("block", (16, 16))])
+def test_an_fp8_checkpoint_over_two_gpus_picks_what_one_gpu_does(tmp_path, strategy, block):
+    """Each rank reads its slice of the FP8 weights and scales (fp8_checkpoint.scale_shard); a
+    row-parallel rank quantizes its half of each activation row on its own, so the logits are
+    not bit-equal to one GPU's: the pick must be among its top 5, and mostly the same."""
+    from test_fp8_checkpoint import IDS, build_source, write_fp8
+
+    kind = "fp8" if block else "compressed-tensors"
+    fp8_dir = write_fp8(
+        build_source(tmp_path / "source"), tmp_path / "fp8", kind, strategy, block=block
+    )
+    params = SamplingParams(max_tokens=1, temperature=0.0, logprobs=5)
+    prompts = [IDS[: 8 + i] for i in range(16)]
+    runs = []
+    for tp in (1, 2):
+        llm = LLM(str(fp8_dir), device="cuda", dtype="bfloat16", tensor_parallel=tp)
+        try:
+            runs.append(llm.generate(prompts, params))
+        finally:
+            llm.close()
+    pairs = list(zip(runs[1], runs[0], strict=True))
+    assert sum(a.token_ids[0] in {t for t, _ in b.top_logprobs[0]} for a, b in pairs) >= 15
+    assert sum(a.token_ids == b.token_ids for a, b in pairs) >= 12
