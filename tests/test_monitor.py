@@ -70,3 +70,20 @@ def test_the_sampler_asks_nvml_and_stops_asking_what_failed(monkeypatch):
     stats = m.stats
     assert stats["gpu_sm_clock_mhz_median"] == 1755 and stats["gpu_sm_clock_mhz_max"] == 1980
     assert stats["gpu_power_w_median"] == 612.5 and "gpu_power_capped_pct" not in stats
+
+
+def test_an_older_nvml_binding_gives_the_reasons_as_throttle_reasons(monkeypatch):
+    fake = types.SimpleNamespace(  # no nvmlDeviceGetCurrentClocksEventReasons at all
+        NVML_CLOCK_SM=1,
+        nvmlDeviceGetUtilizationRates=lambda h: types.SimpleNamespace(gpu=100),
+        nvmlDeviceGetMaxClockInfo=lambda h, kind: 1980,
+        nvmlDeviceGetClockInfo=lambda h, kind: 1500,
+        nvmlDeviceGetPowerUsage=lambda h: 700_000,
+        nvmlDeviceGetCurrentClocksThrottleReasons=lambda h: 0x4,
+    )
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    m = monitor([])
+    m._nvml_handle, m._stop = object(), threading.Event()
+    m._stop.wait = lambda timeout: True  # one sample
+    m._sample()
+    assert m.stats["gpu_power_capped_pct"] == 100.0 and m.stats["gpu_power_w_median"] == 700.0

@@ -98,6 +98,13 @@ class GpuMonitor:
             self._failed.add(name)
             return None
 
+    def _reasons(self) -> int | None:
+        """The clock-event reasons (older nvidia-ml-py releases name them throttle reasons)."""
+        reasons = self._query("nvmlDeviceGetCurrentClocksEventReasons")
+        if reasons is None:
+            reasons = self._query("nvmlDeviceGetCurrentClocksThrottleReasons")
+        return reasons
+
     def _sample(self) -> None:
         import pynvml
 
@@ -109,7 +116,7 @@ class GpuMonitor:
                 (
                     self._query("nvmlDeviceGetClockInfo", pynvml.NVML_CLOCK_SM),
                     None if power is None else power / 1e3,
-                    self._query("nvmlDeviceGetCurrentClocksEventReasons"),
+                    self._reasons(),
                 )
             )
             if self._stop.wait(0.05):
