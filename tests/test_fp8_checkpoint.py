@@ -196,10 +196,11 @@ def quantization_config(kind: str, strategy: str, static: bool, ignore=(), block
     }
 
 
-@pytest.mark.parametrize(
-    "kind, strategy", [("compressed-tensors", "tensor"), ("compressed-tensors", "channel"),
-                       ("fp8", "tensor")]
-)  # fmt: skip
+# Each checkpoint kind with the weight scales it can have, blocks aside (test_fp8_blocks.py).
+SCHEMES = [("compressed-tensors", "tensor"), ("compressed-tensors", "channel"), ("fp8", "tensor")]
+
+
+@pytest.mark.parametrize("kind, strategy", SCHEMES)
 def test_fp8_checkpoint_loads_with_each_fused_part_keeping_its_scale(
     source, tmp_path, kind, strategy
 ):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 from safetensors.torch import load_file
-from test_fp8_checkpoint import build_source, relative_error, write_fp8
+from test_fp8_checkpoint import SCHEMES, build_source, relative_error, write_fp8
 
 from bulkgen.model.attention import get_backend
 from bulkgen.model.config import ModelConfig
@@ -40,10 +40,7 @@ def same(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.dtype == b.dtype and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
 
 
-@pytest.mark.parametrize(
-    "kind, strategy", [("compressed-tensors", "channel"), ("compressed-tensors", "tensor"),
-                       ("fp8", "tensor")]
-)  # fmt: skip
+@pytest.mark.parametrize("kind, strategy", SCHEMES)
 def test_each_rank_holds_its_slice_of_the_fp8_weights_and_their_scales(
     source, tmp_path, kind, strategy
 ):
