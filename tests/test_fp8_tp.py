@@ -16,7 +16,7 @@ from test_fp8_checkpoint import SCHEMES, build_source, relative_error, write_fp8
 
 from bulkgen.model.attention import get_backend
 from bulkgen.model.config import ModelConfig
-from bulkgen.model.fp8 import Fp8Linear
+from bulkgen.model.fp8 import Fp8Linear, quantize_weight
 from bulkgen.model.fp8_checkpoint import requantize_blocks, scale_shard
 from bulkgen.model.loader import load_model
 from bulkgen.model.parallel_layers import TensorParallel
@@ -139,3 +139,29 @@ def test_which_scales_a_rank_slices():
         scale_shard(name, (0, 32, 36), [7, 4], (16, 16))
     for other in ("input_scale", "activation_scale", "k_scale", "weight_zero_point"):
         assert scale_shard(f"model.layers.0.self_attn.k_proj.{other}", q, [8], None) is None
+
+
+def test_quantizing_at_load_quantizes_each_ranks_slice_per_row(source):
+    """--quantization fp8 with ranks: a column-parallel rank's rows are the whole model's rows
+    (per-row scales are row-local); a row-parallel rank quantizes its own columns per row."""
+    cfg = ModelConfig.from_dir(source)
+    backend = get_backend("torch", CPU)
+
+    def load_fp8(tp: TensorParallel):
+        return load_model(source, cfg, backend, torch.float32, CPU, quantization="fp8", tp=tp)
+
+    whole, ref = load_fp8(TensorParallel()), load(source)
+    width = cfg.intermediate_size // 2
+    for rank in range(2):
+        model = load_fp8(TensorParallel(rank, 2))
+        gate_up, full = (
+            model.model.layers[0].mlp.gate_up_proj,
+            whole.model.layers[0].mlp.gate_up_proj,
+        )
+        rows = torch.arange(rank * width, (rank + 1) * width)
+        assert same(gate_up.weight[:width], full.weight[rows])
+        assert torch.equal(gate_up.weight_scale[:width], full.weight_scale[rows])
+        down = model.model.layers[0].mlp.down_proj
+        cols = ref.model.layers[0].mlp.down_proj.weight[:, rank * width : (rank + 1) * width]
+        q, scale = quantize_weight(cols)
+        assert same(down.weight, q) and torch.equal(down.weight_scale, scale)
