@@ -29,11 +29,19 @@ def source(tmp_path_factory):
     return build_source(tmp_path_factory.mktemp("fp8-tp-source"))
 
 
-def load(model_dir, rank: int = 0, size: int = 1):
+def load(model_dir, rank: int = 0, size: int = 1, quantization: str | None = None):
     cfg = ModelConfig.from_dir(model_dir)
     backend = get_backend("torch", CPU)
     tp = TensorParallel(rank, size)
-    return load_model(model_dir, cfg, backend, torch.float32, CPU, tp=tp)
+    return load_model(model_dir, cfg, backend, torch.float32, CPU, quantization=quantization, tp=tp)
+
+
+def assert_gate_rows_are_the_whole_models(model, whole, rank: int, width: int) -> None:
+    """A column-parallel rank quantized per row holds the whole model's rows, bytes and scales."""
+    gate_up, full = model.model.layers[0].mlp.gate_up_proj, whole.model.layers[0].mlp.gate_up_proj
+    rows = torch.arange(rank * width, (rank + 1) * width)
+    assert same(gate_up.weight[:width], full.weight[rows])
+    assert torch.equal(gate_up.weight_scale[:width], full.weight_scale[rows])
 
 
 def same(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -101,13 +109,7 @@ def test_block_wise_weights_are_sliced_on_their_blocks_then_requantized(source, 
     for rank in range(2):
         model = load(fp8_dir, rank, 2)
         # Column-parallel rows are re-quantized row by row: the whole model's rows exactly.
-        gate_up, full = (
-            model.model.layers[0].mlp.gate_up_proj,
-            whole.model.layers[0].mlp.gate_up_proj,
-        )
-        gate_rows = torch.arange(rank * width, (rank + 1) * width)
-        assert same(gate_up.weight[:width], full.weight[gate_rows])
-        assert torch.equal(gate_up.weight_scale[:width], full.weight_scale[gate_rows])
+        assert_gate_rows_are_the_whole_models(model, whole, rank, width)
         # Row-parallel: this rank's columns and their blocks' scales, re-quantized on their own.
         prefix = "model.layers.0.mlp.down_proj"
         cols = slice(rank * width, (rank + 1) * width)
@@ -144,23 +146,11 @@ def test_which_scales_a_rank_slices():
 def test_quantizing_at_load_quantizes_each_ranks_slice_per_row(source):
     """--quantization fp8 with ranks: a column-parallel rank's rows are the whole model's rows
     (per-row scales are row-local); a row-parallel rank quantizes its own columns per row."""
-    cfg = ModelConfig.from_dir(source)
-    backend = get_backend("torch", CPU)
-
-    def load_fp8(tp: TensorParallel):
-        return load_model(source, cfg, backend, torch.float32, CPU, quantization="fp8", tp=tp)
-
-    whole, ref = load_fp8(TensorParallel()), load(source)
-    width = cfg.intermediate_size // 2
+    whole, ref = load(source, quantization="fp8"), load(source)
+    width = whole.cfg.intermediate_size // 2
     for rank in range(2):
-        model = load_fp8(TensorParallel(rank, 2))
-        gate_up, full = (
-            model.model.layers[0].mlp.gate_up_proj,
-            whole.model.layers[0].mlp.gate_up_proj,
-        )
-        rows = torch.arange(rank * width, (rank + 1) * width)
-        assert same(gate_up.weight[:width], full.weight[rows])
-        assert torch.equal(gate_up.weight_scale[:width], full.weight_scale[rows])
+        model = load(source, rank, 2, quantization="fp8")
+        assert_gate_rows_are_the_whole_models(model, whole, rank, width)
         down = model.model.layers[0].mlp.down_proj
         cols = ref.model.layers[0].mlp.down_proj.weight[:, rank * width : (rank + 1) * width]
         q, scale = quantize_weight(cols)
