@@ -1,7 +1,7 @@
 """Block-wise FP8 checkpoints (a scale per block of weights, as Qwen's and DeepSeek's FP8 releases
 ship): loaded with each weight re-quantized per output row from its dequantized blocks.
 
-The checkpoints are written here, as test_fp8_checkpoint.py writes the per-tensor ones, from the
+The checkpoints are written by fp8_checkpoints.py, as the per-tensor ones are, from the
 same tiny Llama whose fused parts differ in scale; blocks of 16 x 24 leave partial blocks in
 every projection's last column (64 and 128 inputs) so that the cropping is exercised.
 """
@@ -12,8 +12,7 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
-from test_fp8_checkpoint import (
+from fp8_checkpoints import (
     IDS,
     TOLERANCE,
     build_source,
@@ -22,6 +21,7 @@ from test_fp8_checkpoint import (
     relative_error,
     write_fp8,
 )
+from safetensors.torch import load_file, save_file
 
 from bulkgen.model.fp8 import FP8, Fp8Linear, quantize_weight
 from bulkgen.model.fp8_checkpoint import checkpoint_quantization, requantize_blocks

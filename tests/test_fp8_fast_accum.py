@@ -21,8 +21,8 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 import yaml  # noqa: E402
 from click.testing import CliRunner  # noqa: E402
+from fp8_checkpoints import IDS, load, logits  # noqa: E402
 from test_fp8 import needs_fp8_gpu  # noqa: E402
-from test_fp8_checkpoint import IDS, load, logits  # noqa: E402
 from test_fp8_gemm import SHAPES_8B, assert_rounds_like_the_reference, operands  # noqa: E402
 
 from bulkgen import LLM  # noqa: E402

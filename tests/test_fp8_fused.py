@@ -81,7 +81,7 @@ def test_the_split_silu_takes_each_rows_scale_from_all_its_chunks():
 
 
 def test_a_model_with_fused_input_quantization_computes_what_it_did_without(tiny_model_dir):
-    from test_fp8_checkpoint import load, logits, relative_error
+    from fp8_checkpoints import load, logits, relative_error
 
     model = load(tiny_model_dir, quantization="fp8")
     ids = list(range(5, 30))

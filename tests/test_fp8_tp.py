@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from fp8_checkpoints import SCHEMES, build_source, relative_error, write_fp8
 from safetensors.torch import load_file
-from test_fp8_checkpoint import SCHEMES, build_source, relative_error, write_fp8
 
 from bulkgen.model.attention import get_backend
 from bulkgen.model.config import ModelConfig

@@ -107,7 +107,7 @@ def test_an_fp8_checkpoint_runs_in_cuda_graphs_close_to_its_bf16_source(
 ):
     """Per-tensor scales, dynamic or static activations, and block-wise scales (re-quantized per
     row at load, on the GPU here)."""
-    from test_fp8_checkpoint import IDS, build_source, calibrate, write_fp8
+    from fp8_checkpoints import IDS, build_source, calibrate, write_fp8
 
     source = build_source(tmp_path / "source")
     absmax = calibrate(source) if static else None

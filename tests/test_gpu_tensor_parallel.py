@@ -65,7 +65,7 @@ def test_an_fp8_checkpoint_over_two_gpus_picks_what_one_gpu_does(tmp_path, strat
     """Each rank reads its slice of the FP8 weights and scales (fp8_checkpoint.scale_shard); a
     row-parallel rank quantizes its half of each activation row on its own, so the logits are
     not bit-equal to one GPU's: the pick must be among its top 5, and mostly the same."""
-    from test_fp8_checkpoint import IDS, build_source, write_fp8
+    from fp8_checkpoints import IDS, build_source, write_fp8
 
     kind = "fp8" if block else "compressed-tensors"
     fp8_dir = write_fp8(
