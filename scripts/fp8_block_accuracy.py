@@ -31,7 +31,7 @@ from safetensors.torch import load_file, save_file
 from bulkgen.model.attention import get_backend
 from bulkgen.model.config import ModelConfig
 from bulkgen.model.fp8 import FP8, FP8_MAX, quantize_weight
-from bulkgen.model.fp8_checkpoint import requantize_blocks
+from bulkgen.model.fp8_checkpoint import dequantize_blocks, requantize_blocks
 from bulkgen.model.loader import load_model
 
 CPU = torch.device("cpu")
@@ -83,9 +83,7 @@ def write_rounded(src: Path, blockwise: Path, dst: Path, how: str) -> Path:
         else:
             grid = fp8[name.removesuffix("weight") + "weight_scale_inv"]
             if how == "block":
-                n, k = state[name].shape
-                full = grid.repeat_interleave(block[0], 0)[:n].repeat_interleave(block[1], 1)
-                state[name] = fp8[name].float() * full[:, :k]
+                state[name] = dequantize_blocks(fp8[name], grid, block, name)
                 continue
             q, scale = requantize_blocks(fp8[name], grid, block, name)
         state[name] = q.float() * scale[:, None]

@@ -19,6 +19,7 @@ parts because they read the same input, is the largest of theirs (no part's inpu
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -151,12 +152,11 @@ def _block_shape(value, where: str) -> tuple[int, int]:
     return int(value[0]), int(value[1])
 
 
-def requantize_blocks(
+def dequantize_blocks(
     weight: torch.Tensor, scales: torch.Tensor, block: tuple[int, int], module: str
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> torch.Tensor:
     """An FP8 weight [N, K] with a scale per block [ceil(N / rows), ceil(K / cols)] (the last
-    blocks may be partial) -> (fp8 [N, K], float32 scales [N]), quantized per output row from the
-    dequantized weight."""
+    blocks may be partial) as float32."""
     rows, cols = block
     n, k = weight.shape
     grid = (-(-n // rows), -(-k // cols))
@@ -166,7 +166,15 @@ def requantize_blocks(
             f"{rows}x{cols} blocks (expected {list(grid)})"
         )
     full = scales.float().repeat_interleave(rows, 0)[:n].repeat_interleave(cols, 1)[:, :k]
-    return quantize_weight(weight.float() * full)
+    return weight.float() * full
+
+
+def requantize_blocks(
+    weight: torch.Tensor, scales: torch.Tensor, block: tuple[int, int], module: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A block-wise FP8 weight -> (fp8 [N, K], float32 scales [N]), quantized per output row from
+    its dequantized values (dequantize_blocks)."""
+    return quantize_weight(dequantize_blocks(weight, scales, block, module))
 
 
 class BlockRequantizer:
@@ -182,7 +190,7 @@ class BlockRequantizer:
         pending: dict[str, dict[str, torch.Tensor]] = {}  # module -> the half read so far
         for name, tensor in tensors:
             module, _, leaf = name.rpartition(".")
-            if (scale_target(name) or "").endswith(".weight_scale"):
+            if is_weight_scale(name):
                 half = "weight_scale"
             elif leaf == "weight" and tensor.dtype == FP8:
                 half = "weight"
@@ -234,6 +242,11 @@ def scale_target(name: str) -> str | None:
     return None if ours is None else f"{module}.{ours}"
 
 
+def is_weight_scale(name: str) -> bool:
+    """A checkpoint's weight scale (weight_scale, or the fp8 kind's weight_scale_inv)."""
+    return (scale_target(name) or "").endswith(".weight_scale")
+
+
 def scale_shard(
     name: str, where: tuple[int, int, int], shape: list[int], block: tuple[int, int] | None
 ) -> tuple[int, int, int] | None:
@@ -243,11 +256,7 @@ def scale_shard(
     columns too (row-parallel: dim 1); every other scale (per tensor, per row of a row-parallel
     weight, static input scales, KV-cache scales, zero points) is read whole (None). A slice
     that does not fall on whole blocks is refused."""
-    leaf = name.rpartition(".")[2]
-    numel = 1
-    for size in shape:
-        numel *= size
-    if leaf not in ("weight_scale", "weight_scale_inv") or numel == 1:
+    if not is_weight_scale(name) or math.prod(shape) == 1:
         return None
     dim, start, length = where
     if block is None:
