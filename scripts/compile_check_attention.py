@@ -104,7 +104,6 @@ def decode_source(
     v_in_registers: bool = False,
     v_slots_inner: bool = False,
     prefetch_blocks: bool = False,
-    fused_merge: bool = False,
 ) -> ASTSource:
     v_signature, v_constants = _v_strides(v_slots_inner)
     signature = {
@@ -113,7 +112,6 @@ def decode_source(
         **_scalars("seq_lens_ptr block_tables_ptr", "*i32"),
         "out_ptr": "*bf16",
         **_scalars("part_out_ptr part_lse_ptr", "*fp32"),
-        "count_ptr": "*i32",
         **_scalars("qk_scale v_scale", "fp32"),
         **SCALES,
         **_scalars(
@@ -123,7 +121,7 @@ def decode_source(
         **v_signature,
         **_scalars(
             "GROUP GROUP_PAD HEAD_DIM BLOCK_SIZE BLOCK_N DOT_PRECISION KV_FP8 KV_INT8 DOT_F16 "
-            "V_IN_REGISTERS V_SLOTS_INNER PREFETCH_BLOCKS FUSED_MERGE SPLITS_PAD",
+            "V_IN_REGISTERS V_SLOTS_INNER PREFETCH_BLOCKS",
             "constexpr",
         ),
     }
@@ -141,8 +139,6 @@ def decode_source(
         "V_IN_REGISTERS": eight_bit and v_in_registers,
         "V_SLOTS_INNER": v_slots_inner,
         "PREFETCH_BLOCKS": prefetch_blocks,
-        "FUSED_MERGE": fused_merge,
-        "SPLITS_PAD": 2 if fused_merge else 1,  # the engine's 2 splits at blog's 32 rows
         **v_constants,
     }
     attrs = _aligned(signature)
@@ -216,7 +212,6 @@ SOURCES = {
     "decode-vreg": functools.partial(decode_source, v_in_registers=True),
     "decode-vslots": functools.partial(decode_source, v_slots_inner=True),
     "decode-prefetch": decode_prefetch_source,
-    "decode-fused": functools.partial(decode_source, fused_merge=True),
     "prefill": prefill_source,
     "prefill-vslots": functools.partial(prefill_source, v_slots_inner=True),
     "prefill-pvfp8": functools.partial(prefill_source, v_slots_inner=True, pv_fp8=True),

@@ -59,8 +59,6 @@
 #      --rows; does a batch of 441, run as 448, cost what 512 does?), about a minute;
 #   ncu: the decode kernel under Nsight Compute at blog's 32 rows (fp8 and bf16) and 256 x 2K
 #      (scripts/ncu_decode.py; about 2 minutes);
-#   merge: split decode's fused merge, its GPU test and blog bf16 and FP8 with it off and on,
-#      twice (BULKGEN_DECODE_FUSED_MERGE; about 5 minutes);
 #   ncumm: blog's four FP8 GEMMs (32 rows, the table's launches) under Nsight Compute
 #      (scripts/ncu_fp8_gemm.py; about a minute);
 #   diag = host fp8mm prof: host time per step at 256 rows x 2K (bench_host.py); FP8 GEMMs
@@ -186,16 +184,6 @@ if want pdl; then  # the FP8 GEMM launched with PDL behind its input's producers
   for on in 0 1 0 1; do BULKGEN_FP8_PDL=$on bench blog 120 --workloads blog --engines bulkgen-fp8; done
   for on in 0 1; do
     BULKGEN_FP8_PDL=$on bench bulk 150 --workloads bulk --engines bulkgen-fp8 --num-prompts 512
-  done
-fi
-if want merge; then  # split decode's fused merge (decode_merge.py): its GPU test, then blog bf16
-  # and FP8 with BULKGEN_DECODE_FUSED_MERGE 0 and 1, alternating (each line's "env" says which)
-  OUT=$WORK/tests TESTS=1 BENCH=0 PYTEST_ARGS="tests/test_decode_fused_merge.py" timeout 150 \
-    scripts/gpu_check.sh > /dev/null 2>&1
-  { tail -3 "$WORK/tests/gpu_tests.log"; grep -E "FAILED|^E " "$WORK/tests/gpu_tests.log" | head; } \
-    | tee "$OUT/merge_tests.txt"
-  for on in ${MERGE_ORDER:-0 1 0 1}; do
-    BULKGEN_DECODE_FUSED_MERGE=$on bench blog 150 --workloads blog --engines bulkgen,bulkgen-fp8
   done
 fi
 if want switches; then  # the two FP8 options built off (fp8_kernels.HW_ROUNDING,

@@ -53,13 +53,7 @@ def test_a_blas_library_that_is_not_one_fails_at_load(tiny_model_dir, monkeypatc
 
 
 @pytest.mark.parametrize(
-    "name",
-    [
-        "BULKGEN_BF16_ARGMAX",
-        "BULKGEN_FP8_HW_ROUNDING",
-        "BULKGEN_ATTN_FP8_PV",
-        "BULKGEN_DECODE_FUSED_MERGE",
-    ],
+    "name", ["BULKGEN_BF16_ARGMAX", "BULKGEN_FP8_HW_ROUNDING", "BULKGEN_ATTN_FP8_PV"]
 )
 def test_an_on_off_switch_that_is_not_1_or_0_fails_at_load(tiny_model_dir, monkeypatch, name):
     from bulkgen import LLM

@@ -55,7 +55,7 @@ def engine_stats(engine: Engine) -> dict:
 def env_overrides() -> dict[str, str]:
     """The experimental switches set in the environment (fp8.KERNEL_SWITCHES: BULKGEN_FP8_PDL,
     BULKGEN_SILU_FORM, BULKGEN_FP8_HW_ROUNDING, BULKGEN_PREFILL_F16, BULKGEN_BLAS,
-    BULKGEN_BF16_ARGMAX, BULKGEN_ATTN_FP8_PV, BULKGEN_DECODE_FUSED_MERGE): a run's stats say
-    which kernels it ran ({} when none is set). Only those: other BULKGEN_* variables (the cache
-    folder, the CPU-thread decision a run passes to its children) choose no kernel."""
+    BULKGEN_BF16_ARGMAX, BULKGEN_ATTN_FP8_PV): a run's stats say which kernels it ran ({} when
+    none is set). Only those: other BULKGEN_* variables (the cache folder, the CPU-thread
+    decision a run passes to its children) choose no kernel."""
     return {k: os.environ[k] for k in sorted(KERNEL_SWITCHES) if k in os.environ}

@@ -39,9 +39,8 @@ PREFILL_F16_ENV = "BULKGEN_PREFILL_F16"
 BLAS_ENV = "BULKGEN_BLAS"
 BF16_ARGMAX_ENV = "BULKGEN_BF16_ARGMAX"  # 1: plain greedy steps skip the float32 logits
 ATTN_FP8_PV_ENV = "BULKGEN_ATTN_FP8_PV"  # 1: an fp8 cache's prefill P @ V in e4m3 (kv_fp8.py)
-DECODE_FUSED_MERGE_ENV = "BULKGEN_DECODE_FUSED_MERGE"  # 0: split decode merges in a 2nd launch
 KERNEL_SWITCHES = (PDL_ENV, SILU_FORM_ENV, HW_ROUNDING_ENV, PREFILL_F16_ENV, BLAS_ENV)
-KERNEL_SWITCHES += (BF16_ARGMAX_ENV, ATTN_FP8_PV_ENV, DECODE_FUSED_MERGE_ENV)
+KERNEL_SWITCHES += (BF16_ARGMAX_ENV, ATTN_FP8_PV_ENV)
 BLAS_LIBRARIES = ("cublas", "cublaslt")
 # cuBLASLt picks its kernels by other heuristics than cuBLAS (torch's default): on the H200 at
 # 161440a (one call, bf16) blog ran 5,233 tok/s through cuBLASLt against 5,071 through cuBLAS
@@ -66,8 +65,7 @@ def blas_library(device: torch.device) -> str | None:
 def apply_switches(device: torch.device) -> None:
     """At model load, each process: the on/off switches' values checked (a bad one fails the
     load in one line, not a step mid-run) and BULKGEN_BLAS's library set (blas_library)."""
-    for name in (HW_ROUNDING_ENV, PREFILL_F16_ENV, BF16_ARGMAX_ENV, ATTN_FP8_PV_ENV,
-                 DECODE_FUSED_MERGE_ENV):  # fmt: skip
+    for name in (HW_ROUNDING_ENV, PREFILL_F16_ENV, BF16_ARGMAX_ENV, ATTN_FP8_PV_ENV):
         switch(name, False)
     blas_library(device)
 

@@ -9,10 +9,9 @@ each K/V element once and keeping enough CTAs busy:
   and runs an online softmax (base 2) over split s of sequence b's context: the context is cut
   into S equal runs of whole BLOCK_N tiles, sized from seq_lens[b] read on the device. Splits past
   the end of a short sequence write a neutral partial (lse = -inf, out = 0). With S == 1 the
-  program writes the final output directly and no reduction runs. With S > 1 the last of a
-  (b, h)'s S programs to finish merges their partials by their log-sum-exps (decode_merge.py's
-  fused merge, the default), or a second launch does (decode_merge.merge_splits, grid (B, Hq));
-  the same bits either way.
+  program writes the final output directly and no reduction runs.
+- decode_merge.merge_splits, grid (B, Hq): merges the S normalised partials of each query head
+  by their log-sum-exps.
 
 S is chosen from the batch size, kv-head count and block-table width (all static shapes), never
 from the lengths of this step, so the grid and every argument stay the same from one step to the
@@ -46,12 +45,7 @@ import torch
 import triton
 import triton.language as tl
 
-from bulkgen.model.attention.decode_merge import (
-    fused_merge,
-    merge_counters,
-    merge_group_when_last,
-    merge_splits,
-)
+from bulkgen.model.attention.decode_merge import merge_splits
 from bulkgen.model.attention.decode_tiling import DecodeLaunch, decode_launch, num_kv_splits
 from bulkgen.model.attention.kv_fp8 import is_fp8
 from bulkgen.model.attention.kv_layout import v_slots_inner
@@ -79,7 +73,6 @@ def _decode_split_kernel(
     out_ptr,
     part_out_ptr,
     part_lse_ptr,
-    count_ptr,  # int32 per (sequence, kv head), zero between launches (FUSED_MERGE)
     qk_scale,  # softmax scale * log2(e) (* k_scale for an fp8 cache)
     v_scale,  # an fp8 cache's value scale
     k_scales_ptr,  # an int8 cache's scales [num_blocks, block_size, Hkv] (else unused)
@@ -108,8 +101,6 @@ def _decode_split_kernel(
     V_IN_REGISTERS: tl.constexpr,
     V_SLOTS_INNER: tl.constexpr,
     PREFETCH_BLOCKS: tl.constexpr,
-    FUSED_MERGE: tl.constexpr,
-    SPLITS_PAD: tl.constexpr,  # a power of two >= the launch's splits (FUSED_MERGE)
 ):
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -208,11 +199,6 @@ def _decode_split_kernel(
         )
         lse = tl.where(has_work, m_i + tl.log2(l_safe), float("-inf"))
         tl.store(part_lse_ptr + part, lse, mask=head_mask)
-        if FUSED_MERGE:
-            merge_group_when_last(
-                part_out_ptr, part_lse_ptr, out_ptr, count_ptr, b, kv_head, num_q_heads,
-                num_splits, GROUP, SPLITS_PAD, HEAD_DIM,
-            )  # fmt: skip
 
 
 def paged_decode(
@@ -227,13 +213,11 @@ def paged_decode(
     k_scale: float | torch.Tensor = 1.0,
     v_scale: float | torch.Tensor = 1.0,
     out: torch.Tensor | None = None,
-    fused: bool | None = None,
 ) -> torch.Tensor:
     """Attention of one query row per sequence, q [B, Hq, D], over its cached context.
 
     num_splits and launch override the tuned choices (for benchmarks); k_scale/v_scale
-    dequantize an fp8 cache (floats) or an int8 one (scale tensors); out: where to write;
-    fused: whether splits merge in the same launch (None: decode_merge.fused_merge()).
+    dequantize an fp8 cache (floats) or an int8 one (scale tensors); out: where to write.
     """
     batch, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -259,8 +243,6 @@ def paged_decode(
     part_shape = (batch, num_q_heads, num_splits)
     part_out = torch.empty((*part_shape, head_dim), dtype=torch.float32, device=q.device)
     part_lse = torch.empty(part_shape, dtype=torch.float32, device=q.device)
-    fused = num_splits > 1 and (fused_merge() if fused is None else fused)
-    counters = merge_counters(batch * num_kv_heads, q.device) if fused else part_lse
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](
         q,
         k_cache,
@@ -270,7 +252,6 @@ def paged_decode(
         out,
         part_out,
         part_lse,
-        counters,
         scale * LOG2E * (k_scale if fp8 else 1.0),
         v_scale if fp8 else 1.0,
         *scale_args,
@@ -293,11 +274,9 @@ def paged_decode(
         DOT_F16=(fp8 or int8) and q.dtype != torch.float32,
         V_IN_REGISTERS=(fp8 or int8) and launch.v_in_registers,
         PREFETCH_BLOCKS=launch.prefetch_blocks,
-        FUSED_MERGE=fused,
-        SPLITS_PAD=triton.next_power_of_2(num_splits) if fused else 1,
         num_warps=launch.num_warps,
         **({"num_stages": launch.num_stages} if launch.num_stages else {}),
     )
-    if num_splits > 1 and not fused:
+    if num_splits > 1:
         merge_splits(part_out, part_lse, out)
     return out
