@@ -50,15 +50,21 @@ def _ceilings() -> dict:
 
 
 def git_commit() -> str:
-    if os.environ.get("GIT_COMMIT"):  # the device copy of the tree has no .git
+    """GIT_COMMIT when set (a device call passes the commit it runs), else HEAD's short hash,
+    with "-dirty" when tracked files differ from it: a device copy of the tree can hold an older
+    .git than its files (seen 2026-12-02: HEAD read c5e5448 where the files were 2958d54's)."""
+    if os.environ.get("GIT_COMMIT"):
         return os.environ["GIT_COMMIT"]
     try:
-        out = subprocess.run(
+        head = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
         )
-        return out.stdout.strip() or "unknown"
+        status = ["git", "status", "--porcelain", "--untracked-files=no"]
+        changed = subprocess.run(status, capture_output=True, text=True).stdout.strip()
     except OSError:
         return "unknown"
+    commit = head.stdout.strip()
+    return (commit + "-dirty" * bool(changed)) if commit else "unknown"
 
 
 class Sampler:
