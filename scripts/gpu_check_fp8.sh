@@ -26,7 +26,8 @@
 #      256,512,1024,auto; TRT_TIMEOUT_S for all; about 105 s a run at 1,000 requests);
 #   chunks: bulk (512 prompts) bf16 and FP8 at --max-batch-tokens 2048,4096,8192: fewer, larger
 #      mixed steps, which cost the engine thread 23-45 ms each at 0cbf7c0 (FP8 runs 93-96%
-#      busy); about 60 s a run, CHUNKS_TIMEOUT_S (default 480) for all six;
+#      busy); about 60 s a run, CHUNKS_TIMEOUT_S (default 480) for all six; CHUNKS_WORKLOAD
+#      (bulk or trt), CHUNKS_ENGINES, CHUNKS_PROMPTS and CHUNKS_SIZES choose other runs;
 #   eager: the host's launch time of one mixed step (441 decoding rows, a 1,607-token chunk)
 #      against a decode step, bf16 and FP8, eager and through mixed_graphs.py's pieces, with the
 #      launch's Python profile (bench_eager_host.py; where do the 23-45 ms go?), about 4 minutes;
@@ -161,8 +162,9 @@ want sweep && bench trt "${TRT_TIMEOUT_S:-480}" --workloads trt --engines bulkge
   --num-prompts "$TRT_PROMPTS" --max-num-seqs "${SWEEP_SEQS:-256,512,1024,auto}"
 want bulk && bench bulk 210 --workloads bulk --engines "${BULK_ENGINES:-bulkgen,bulkgen-fp8,bulkgen-fp8exact}" --num-prompts 512
 want blog && bench blog "${BLOG_TIMEOUT_S:-100}" --workloads blog --engines bulkgen,bulkgen-fp8
-want chunks && bench bulk "${CHUNKS_TIMEOUT_S:-480}" --workloads bulk --engines bulkgen,bulkgen-fp8 \
-  --num-prompts 512 --max-batch-tokens 2048,4096,8192
+want chunks && bench "${CHUNKS_WORKLOAD:-bulk}" "${CHUNKS_TIMEOUT_S:-480}" \
+  --workloads "${CHUNKS_WORKLOAD:-bulk}" --engines "${CHUNKS_ENGINES:-bulkgen,bulkgen-fp8}" \
+  --num-prompts "${CHUNKS_PROMPTS:-512}" --max-batch-tokens "${CHUNKS_SIZES:-2048,4096,8192}"
 if want eager; then
   for opts in "" --fp8 --mixed-graphs "--fp8 --mixed-graphs"; do
     timeout 120 python3 scripts/bench_eager_host.py --profile $opts 2>&1 | grep -v -i warn \
