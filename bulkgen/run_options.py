@@ -204,7 +204,7 @@ _OPTIONS = [
         "--max-batch-tokens",
         type=int,
         default=None,
-        help="Most tokens in one engine step, prefill chunks included [engine default: 2048].",
+        help="Most tokens in one engine step, prefill chunks included [engine default: 8192].",
     ),
     click.option(
         "--kv-memory",
