@@ -56,7 +56,10 @@ def test_kill_9_at_random_points_then_rerun_gives_every_row_exactly_once(tmp_pat
     out = tmp_path / "out"
     args = [str(tmp_path / "in.jsonl"), "-m", str(tiny_model_dir), "-o", str(out), "-q",
             "--shard-size", "37", "--max-num-seqs", "16"]  # fmt: skip
-    env = {**os.environ, FAKE_ENGINE_ENV: json.dumps({"steps": 2, "step_delay": 0.004})}
+    # 3,000 rows of 2 steps at 16 a step sleep 3.75 s in steps alone, so five kills at most 0.8 s
+    # after a run's first shard land mid-job (at 4 ms a step one full suite run saw a single
+    # partial kill of five).
+    env = {**os.environ, FAKE_ENGINE_ENV: json.dumps({"steps": 2, "step_delay": 0.01})}
     rng = random.Random(1234)
     partial_kills = 0
     for _ in range(5):
