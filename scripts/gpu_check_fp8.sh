@@ -6,6 +6,9 @@
 #   layers: scripts/bench_decode_layers.py (the decode kernel's fixed cost and rate per token at
 #      32 rows, 32 launches a graph; about a minute); fused: scripts/bench_fp8_fused.py (the FP8
 #      SiLU's three forms and quantize_rows' two at 1-1,024 rows, in graphs; about a minute);
+#   l2pf: scripts/bench_l2_prefetch.py (blog's four FP8 GEMMs at 32 rows, 32 layers a graph,
+#      with and without a launch before each small kernel that asks L2 for the first K tiles of
+#      every GEMM program's weight rows: does that cut their 5-7 us fixed cost? about a minute);
 #   tune: scripts/tune_decode.py --kv-cache-dtype fp8 --write-table (the per-batch launches the
 #      engine then uses; values slots inner only unless TUNE_LAYOUTS=rows,slots_inner: 36 launches
 #      with the prefetching ones, about 3 minutes; both layouts 60, about 5);
@@ -104,6 +107,9 @@ if want prefetch; then  # the decode kernel with block ids loaded ahead (deeper 
 fi
 if want layers; then  # the decode kernel as a step runs it, 32 rows, contexts 128-4096
   timeout 150 python3 scripts/bench_decode_layers.py 2>&1 | grep -v -i warn | tee "$OUT/layers.jsonl"
+fi
+if want l2pf; then  # blog's FP8 GEMMs with their programs' first weight tiles asked into L2 first
+  timeout 150 python3 scripts/bench_l2_prefetch.py 2>&1 | grep -v -i warn | tee "$OUT/l2pf.jsonl"
 fi
 if want fused; then  # the FP8 SiLU / quantize kernels' forms, 32 calls a CUDA graph
   timeout 150 python3 scripts/bench_fp8_fused.py 2>&1 | grep -v -i warn | tee "$OUT/fused.jsonl" \

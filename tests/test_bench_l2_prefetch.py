@@ -1,0 +1,41 @@
+"""scripts/bench_l2_prefetch.py (an experiment run on the GPU machine): the prefetch launch asks
+for the first K tiles of exactly the weight rows and K ranges the GEMM's programs start on, and
+the kernel compiles for sm_90 to L2 prefetches."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+
+from bench_l2_prefetch import _prefetch_heads, prefetch_plan  # noqa: E402
+
+from bulkgen.model.fp8_gemm_configs import CANDIDATES  # noqa: E402
+
+
+def test_the_plan_covers_each_programs_first_tiles():
+    config = CANDIDATES["m16n64k256s2tfp3"]  # qkv's launch at 32 rows
+    plan = prefetch_plan(6144, 4096, config, tiles=2)
+    # 96 tiles of 64 rows, 2 K splits of 8 tiles of 256 bytes: 2 lines a tile
+    assert plan["grid"] == (96, 2) and plan["per_split"] == 8 and plan["lines"] == 2
+    assert plan["bytes"] == 6144 * 2 * 2 * 256
+    # never more tiles than a split has; a 128-byte tile is one line
+    small = prefetch_plan(4096, 256, CANDIDATES["m16n64k128s4tf"], tiles=4)
+    assert small["per_split"] == 1 and small["tiles"] == 1 and small["lines"] == 1
+    assert prefetch_plan(4096, 4096, config, tiles=0)["bytes"] == 0
+
+
+def test_it_compiles_for_sm_90_to_l2_prefetches():
+    signature = {"w_ptr": "*fp8e4nv", "stride_wn": "i32", "N": "i32", "K": "i32",
+                 "per_split": "i32", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr",
+                 "TILES": "constexpr", "LINES": "constexpr"}  # fmt: skip
+    constexprs = {"BLOCK_N": 64, "BLOCK_K": 256, "TILES": 2, "LINES": 2}
+    src = ASTSource(_prefetch_heads, signature, constexprs=constexprs)
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+    assert ptx.count("prefetch.global.L2") >= 2  # two tiles, at least one line each
+    assert "ld.global" not in ptx  # nothing read into registers
