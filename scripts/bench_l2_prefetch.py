@@ -13,6 +13,7 @@ nothing: its launch's own cost); tiles 1, 2, 4. Projections: each alone (32 laye
 `layer` (qkv, o, gate_up, down in a step's order, a stand-in before each).
 
     PYTHONPATH=.:scripts python scripts/bench_l2_prefetch.py [--rows 32]
+    PYTHONPATH=. python scripts/bench_l2_prefetch.py --compile-check   # sm_90 PTX, no GPU
 
 One JSON line per (projection, setting): microseconds per layer (median of 20 replays) and the
 bytes each layer prefetches. If tiles beat none by more than launch costs, the prefetch belongs
@@ -85,6 +86,21 @@ def prefetch(wq: torch.Tensor, config: Fp8GemmConfig, tiles: int) -> None:
     )  # fmt: skip
 
 
+def compile_check() -> str:
+    """The prefetch kernel compiled for sm_90 (no GPU; not under TRITON_INTERPRET): one line of
+    its L2 prefetches and global loads in the PTX, at qkv's launch with 2 tiles."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    signature = {"w_ptr": "*fp8e4nv", "stride_wn": "i32", "N": "i32", "K": "i32",
+                 "per_split": "i32", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr",
+                 "TILES": "constexpr", "LINES": "constexpr"}  # fmt: skip
+    constexprs = {"BLOCK_N": 64, "BLOCK_K": 256, "TILES": 2, "LINES": 2}
+    src = ASTSource(_prefetch_heads, signature, constexprs=constexprs)
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+    return f"{ptx.count('prefetch.global.L2')} L2 prefetches, {ptx.count('ld.global')} global loads"
+
+
 def main() -> None:
     from bench_attention import steps_us
     from bench_measure import git_commit
@@ -94,7 +110,11 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=32)
+    parser.add_argument("--compile-check", action="store_true", help="sm_90 PTX only, no GPU")
     args = parser.parse_args()
+    if args.compile_check:
+        print(compile_check())
+        return
     dev = torch.device("cuda")
     rows = args.rows
     weights = {}  # projection -> LAYERS of (xq, x_scale, wq, w_scale, counters, config)
