@@ -188,9 +188,9 @@ class EngineConfig:
     block_size: int | None = None
     num_blocks: int | None = None
     kv_memory: float = 0.9  # fraction of free device memory for the KV cache
-    # Tokens a step, prefill chunks included. 8192 (2048 before 7d776c0's measurements on the
-    # H200: fewer, larger steps with prefill ran bulk 1.5% (bf16) and 2.1% (FP8) faster, trt
-    # with an FP8 cache 1.8%, trt bf16 the same; 16384 no better; README, Performance).
+    # Tokens a step, prefill chunks included: 8192 since a52960b, 2048 before. On the H200 at
+    # 7d776c0 the fewer, larger steps with prefill ran bulk 1.5% (bf16) and 2.1% (FP8) faster,
+    # trt with an FP8 cache 1.8% (4096 and 16384 less), trt bf16 the same (README, Step size).
     max_batch_tokens: int = 8192
     max_num_seqs: int | str = "auto"
     auto_max_num_seqs: int | None = None
