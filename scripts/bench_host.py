@@ -2,6 +2,10 @@
 steps of N running requests of a given context (issue 10's target: <= 1.5 ms at 256 rows, 2K).
 
     python scripts/bench_host.py --rows 256 --context 2048 --steps 200
+    python scripts/bench_host.py --mixed --rows 512 --max-batch-tokens 8192
+
+--mixed times the steps with prefill instead: --rows prompts of 64-1,023 tokens (bulk's range,
+seeded) prefilled in steps of --max-batch-tokens, every step from the first to the last prefill.
 
 Prints one JSON line: milliseconds per step (median) for each phase. The device copy is left out
 (CPU tensors are cloned instead); the GPU's launch calls come on top and are measured by the
@@ -34,7 +38,11 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--sampling", default="greedy", choices=["greedy", "sample"])
     ap.add_argument("--profile", action="store_true", help="cProfile the timed steps")
+    ap.add_argument("--mixed", action="store_true", help="time the steps with prefill")
+    ap.add_argument("--max-batch-tokens", type=int, default=None, help="(--mixed) step budget")
     args = ap.parse_args()
+    if args.mixed:
+        return mixed(args)
     bs, max_len = 16, args.context + args.steps + 1024  # room for decodes during the prefills
     cfg = EngineConfig(model="-", max_num_seqs=args.rows, max_batch_tokens=args.rows * 16)
     blocks = BlockManager(args.rows * (max_len // bs + 2), bs, prefix_cache=True)
@@ -81,6 +89,37 @@ def main() -> None:
     line["total_ms"] = round(sum(line[k] for k in times), 3)
     line.update(rows=args.rows, context=args.context, sampling=args.sampling,
                 seqs_per_step=len(prev.seqs))  # fmt: skip
+    print(json.dumps(line))
+
+
+def mixed(args) -> None:
+    """Host time of the steps with prefill of a bulk-like batch (decoding rows beside chunks)."""
+    bs, max_len = 16, 2200
+    tokens = args.max_batch_tokens or EngineConfig(model="-").max_batch_tokens
+    cfg = EngineConfig(model="-", max_num_seqs=args.rows, max_batch_tokens=tokens)
+    blocks = BlockManager(args.rows * (max_len // bs + 2), bs, prefix_cache=True)
+    sched = Scheduler(cfg, blocks, max_len, eos_ids=[0])
+    params = SamplingParams(max_tokens=1024, ignore_eos=True, temperature=0.0)
+    gen = torch.Generator().manual_seed(0)
+    for i in range(args.rows):
+        n = int(torch.randint(64, 1024, (1,), generator=gen))
+        prompt = torch.randint(1000, 100000, (n,), generator=gen).tolist()
+        sched.add(Request(str(i), prompt, params, seed=i))
+    packer = InputPacker(torch.device("cpu"), bs, tokens, args.rows, max_len // bs + 1)
+    times: dict[str, list[float]] = {"schedule": [], "pack": [], "update": []}
+    while any(r.num_computed < len(r.prompt_ids) for r in sched.running) or sched.waiting:
+        t0 = time.perf_counter()
+        plan = sched.schedule()
+        t1 = time.perf_counter()
+        packer.pack(plan, None)
+        t2 = time.perf_counter()
+        sched.update(plan, StepResult([7] * len(plan.sampled)))
+        times["schedule"].append(t1 - t0)
+        times["pack"].append(t2 - t1)
+        times["update"].append(time.perf_counter() - t2)
+    line = {k: round(1e3 * statistics.median(v), 3) for k, v in times.items()}
+    line.update({f"{k}_max": round(1e3 * max(v), 3) for k, v in times.items()})
+    line.update(rows=args.rows, max_batch_tokens=tokens, mixed_steps=len(times["pack"]))
     print(json.dumps(line))
 
 
