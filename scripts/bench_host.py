@@ -31,6 +31,28 @@ from bulkgen.engine.scheduler import Scheduler
 from bulkgen.engine.step import StepResult
 
 
+def setup(
+    lengths: list[int], params: SamplingParams, max_len: int, max_batch_tokens: int
+) -> tuple[Scheduler, InputPacker]:
+    """A scheduler holding one waiting request a prompt length (random ids, seeded) and a CPU
+    packer for its steps, 16-token blocks, room for every request's max_len."""
+    bs, rows = 16, len(lengths)
+    cfg = EngineConfig(model="-", max_num_seqs=rows, max_batch_tokens=max_batch_tokens)
+    blocks = BlockManager(rows * (max_len // bs + 2), bs, prefix_cache=True)
+    sched = Scheduler(cfg, blocks, max_len, eos_ids=[0])
+    gen = torch.Generator().manual_seed(0)
+    for i, n in enumerate(lengths):
+        prompt = torch.randint(1000, 100000, (n,), generator=gen).tolist()
+        sched.add(Request(str(i), prompt, params, seed=i))
+    packer = InputPacker(torch.device("cpu"), bs, max_batch_tokens, rows, max_len // bs + 1)
+    return sched, packer
+
+
+def prefilling(sched: Scheduler) -> bool:
+    """A prompt is still waiting or not wholly prefilled."""
+    return bool(sched.waiting) or any(r.num_computed < len(r.prompt_ids) for r in sched.running)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--rows", type=int, default=256)
@@ -43,23 +65,15 @@ def main() -> None:
     args = ap.parse_args()
     if args.mixed:
         return mixed(args)
-    bs, max_len = 16, args.context + args.steps + 1024  # room for decodes during the prefills
-    cfg = EngineConfig(model="-", max_num_seqs=args.rows, max_batch_tokens=args.rows * 16)
-    blocks = BlockManager(args.rows * (max_len // bs + 2), bs, prefix_cache=True)
-    sched = Scheduler(cfg, blocks, max_len, eos_ids=[0])
+    max_len = args.context + args.steps + 1024  # room for decodes during the prefills
     temperature = 0.0 if args.sampling == "greedy" else 0.8
     params = SamplingParams(
         max_tokens=max_len, ignore_eos=True, temperature=temperature, top_p=0.95
     )
-    gen = torch.Generator().manual_seed(0)
-    for i in range(args.rows):
-        prompt = torch.randint(1000, 100000, (args.context,), generator=gen).tolist()
-        sched.add(Request(str(i), prompt, params, seed=i))
-    packer = InputPacker(
-        torch.device("cpu"), bs, cfg.max_batch_tokens, args.rows, max_len // bs + 1
-    )
+    lengths = [args.context] * args.rows
+    sched, packer = setup(lengths, params, max_len, max_batch_tokens=args.rows * 16)
     # Prefill until every request decodes (not timed).
-    while any(r.num_computed < len(r.prompt_ids) for r in sched.running) or sched.waiting:
+    while prefilling(sched):
         plan = sched.schedule()
         packer.pack(plan, None)
         sched.update(plan, StepResult([7] * len(plan.sampled)))
@@ -94,20 +108,12 @@ def main() -> None:
 
 def mixed(args) -> None:
     """Host time of the steps with prefill of a bulk-like batch (decoding rows beside chunks)."""
-    bs, max_len = 16, 2200
     tokens = args.max_batch_tokens or EngineConfig(model="-").max_batch_tokens
-    cfg = EngineConfig(model="-", max_num_seqs=args.rows, max_batch_tokens=tokens)
-    blocks = BlockManager(args.rows * (max_len // bs + 2), bs, prefix_cache=True)
-    sched = Scheduler(cfg, blocks, max_len, eos_ids=[0])
     params = SamplingParams(max_tokens=1024, ignore_eos=True, temperature=0.0)
-    gen = torch.Generator().manual_seed(0)
-    for i in range(args.rows):
-        n = int(torch.randint(64, 1024, (1,), generator=gen))
-        prompt = torch.randint(1000, 100000, (n,), generator=gen).tolist()
-        sched.add(Request(str(i), prompt, params, seed=i))
-    packer = InputPacker(torch.device("cpu"), bs, tokens, args.rows, max_len // bs + 1)
+    lengths = torch.randint(64, 1024, (args.rows,), generator=torch.Generator().manual_seed(0))
+    sched, packer = setup(lengths.tolist(), params, 2200, max_batch_tokens=tokens)
     times: dict[str, list[float]] = {"schedule": [], "pack": [], "update": []}
-    while any(r.num_computed < len(r.prompt_ids) for r in sched.running) or sched.waiting:
+    while prefilling(sched):
         t0 = time.perf_counter()
         plan = sched.schedule()
         t1 = time.perf_counter()
