@@ -9,6 +9,9 @@ on the compute stream, so the launches never wait for it: host ms is the launch 
 ms the step's kernels (CUDA events). --profile adds the launch's Python functions by own time;
 --kernels the step's GPU kernels by total time (one more step under torch.profiler: where does a
 bulk FP8 mixed step's 37 ms go, against about 27 ms for its GEMMs and KV reads by the roofline?).
+--api the launch's CUDA driver and runtime calls by host time, the GPU held 200 ms behind: a call
+that waits for the GPU shows about 200 ms (at 8,192-token steps the engine thread's launch of a
+mixed step took as long as the step ran on the GPU, in the logits' F.linear by py-spy, 6736282).
 
     python scripts/bench_eager_host.py --rows 441 --chunk 1607 [--fp8] [--mixed-graphs] [--kernels]
 
@@ -118,6 +121,27 @@ def kernel_totals(engine: Engine, plan: Plan, top: int = 18) -> dict:
     }
 
 
+def api_totals(engine: Engine, plan: Plan, top: int = 10) -> dict:
+    """One launch, 200 ms behind the GPU, under torch.profiler: its CUDA API calls by host time,
+    [name, calls, total ms] for the `top` largest."""
+    from torch.profiler import ProfilerActivity, profile
+
+    runner = engine.runner
+    with torch.cuda.stream(runner.compute_stream):
+        torch.cuda._sleep(400_000_000)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        step = runner.launch(plan)
+    step.wait()
+    totals: dict[str, list] = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CPU and e.name.startswith("cu"):
+            entry = totals.setdefault(e.name, [0, 0.0])
+            entry[0] += 1
+            entry[1] += e.time_range.elapsed_us() / 1e3
+    ranked = sorted(totals.items(), key=lambda kv: -kv[1][1])
+    return {"api_top": [[name, n, round(ms, 3)] for name, (n, ms) in ranked[:top]]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=441)
@@ -137,6 +161,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--kernels", action="store_true", help="the step's GPU kernels by total time")
+    ap.add_argument("--api", action="store_true", help="the launch's CUDA API calls by host time")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--model", default=None, help="a model folder (default: 8B dummy)")
     args = ap.parse_args()
@@ -164,6 +189,8 @@ def main() -> None:
         line.update(time_launches(engine, plan, args.reps, args.profile))
         if args.kernels and engine.device.type == "cuda":
             line.update(kernel_totals(engine, plan))
+        if args.api and engine.device.type == "cuda":
+            line.update(api_totals(engine, plan))
         print(json.dumps(line), flush=True)
     engine.close()
 

@@ -36,6 +36,8 @@
 #      launch's Python profile (bench_eager_host.py; where do the 23-45 ms go?), about 4 minutes;
 #   ptiles: the prefill kernel's candidate launches (bench_prefill_tiles.py), bf16
 #      and fp8 caches, four chunk shapes (about 2 minutes);
+#   api: the CUDA API calls of a mixed step's launch by host time, 8,192- and 2,048-token steps
+#      (bench_eager_host.py --api; about 2 minutes);
 #   mixedk: one bulk-like mixed step's GPU kernels by total time, bf16 and FP8 (about 2 minutes);
 #   pieces: bulk (512 prompts) bf16 and FP8, and blog bf16, with and without
 #      EngineConfig.mixed_graphs (steps with prefill replaying CUDA graphs of everything but
@@ -139,7 +141,7 @@ fi
 # minutes on a fresh machine: the whole GPU suite did not fit one step's 330 s at 857eb9d).
 ENGINE_TESTS="tests/test_gpu_engine.py tests/test_mixed_graphs.py tests/test_triton_stage.py \
   tests/test_gpu_fp8.py tests/test_fp8_fast_accum.py tests/test_mixed_split.py tests/test_admission.py \
-  tests/test_gpu_structured_output.py"
+  tests/test_gpu_structured_output.py tests/test_gpu_warm_logits.py"
 gpu_tests() {  # gpu_tests <step> <limit> <pytest args...>
   local step=$1 limit=$2
   shift 2
@@ -176,6 +178,14 @@ if want eager; then
   for opts in "" --fp8 --mixed-graphs "--fp8 --mixed-graphs"; do
     timeout 120 python3 scripts/bench_eager_host.py --profile $opts 2>&1 | grep -v -i warn \
       | tee -a "$OUT/eager.jsonl" | cut -c1-400
+  done
+fi
+if want api; then  # which CUDA call a mixed step's launch waits in (bench_eager_host.py --api):
+  # 480 decoding rows beside a 7,700-token chunk (an 8,192-token step) and a 1,600-token one, FP8
+  # and bf16, through the pieces as the engine runs them (about 2 minutes)
+  for opts in "--fp8 --chunk 7700" "--fp8 --chunk 1600" "--chunk 7700"; do
+    timeout 150 python3 scripts/bench_eager_host.py --mixed-graphs --api --reps 3 --rows 480 \
+      --context 600 $opts 2>&1 | grep -v -i warn | tee -a "$OUT/api.jsonl" | cut -c1-900
   done
 fi
 if want mixedk; then  # a bulk-like mixed step's GPU kernels by total time (400 decoding rows of
@@ -248,10 +258,12 @@ if want spy; then  # who holds the interpreter during a run (issue 10: decode st
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
     $(ls .whl/*.whl 2> /dev/null || ls /tmp/whl/*.whl) > /dev/null 2>&1
   mkdir -p "$WORK/spy"
+  blocking=--nonblocking  # py-spy cannot unwind C frames without pausing the process
+  [[ " ${SPY_FLAGS:-} " == *" --native "* ]] && blocking=
   for mode in ${SPY_MODES:-gil idle}; do
     HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONPATH="$PYTHONPATH:/tmp/site" \
       timeout "${SPY_TIMEOUT_S:-150}" /tmp/site/bin/py-spy record --subprocesses --threads \
-      "--$mode" ${SPY_FLAGS:-} --nonblocking --rate 200 --format raw -o "$OUT/spy_$mode.txt" -- \
+      "--$mode" ${SPY_FLAGS:-} $blocking --rate 200 --format raw -o "$OUT/spy_$mode.txt" -- \
       python3 scripts/bench.py --tokenizer .carry --out "$WORK/spy" ${SPY_ARGS:---workloads trt \
       --engines bulkgen --num-prompts 400 --max-num-seqs 256} > "$WORK/spy/out.txt" 2>&1
     grep -h '"error"' "$WORK/spy/out.txt" | cut -c1-1500 | tee -a "$OUT/log.txt"

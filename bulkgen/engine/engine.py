@@ -130,7 +130,7 @@ class Engine:
         # Every rank runs the same warm-up plans and captures the same graphs: their collectives
         # meet. Only then does rank 0 send its steps to the others.
         if self.device.type == "cuda":
-            self.runner.warm_up(warmup_plans(cfg, self.max_model_len, num_blocks))
+            self.runner.warm_up(warmup_plans(cfg, self.max_model_len, num_blocks), logits=True)
         self.runner.capture_graphs()
         self.runner.followers = self.group
         if self.group is not None:

@@ -31,6 +31,7 @@ from bulkgen.engine.plan import Plan
 from bulkgen.engine.sampler import SamplingTensors, sample, top_logprobs, unpack_bitmask
 from bulkgen.engine.step import Forward, Step
 from bulkgen.engine.tables import DeviceTables
+from bulkgen.engine.warmup import warm_logits
 from bulkgen.model.attention.kv_fp8 import FP8_DTYPE, resolve_kv_dtype
 from bulkgen.model.attention.kv_int8 import INT8_DTYPE, scale_bytes_per_token
 from bulkgen.model.attention.kv_layout import allocate_kv_cache
@@ -217,11 +218,13 @@ class ModelRunner:
         tokens, seqs, sampled, _ = packed.sizes
         return tokens == seqs <= self.graphs.max_batch and sampled == seqs
 
-    def warm_up(self, plans: list[Plan]) -> None:
+    def warm_up(self, plans: list[Plan], logits: bool = False) -> None:
         """Run plans whose results are dropped (their fake requests write only their own blocks
-        and table rows)."""
+        and table rows); `logits`: then the lm_head at every sampled row count (warm_logits)."""
         for plan in plans:
             self.launch(plan).wait()
+        if logits and self.cuda:
+            warm_logits(self.model, self.ecfg.seq_rows, self.compute_stream)
         self.graph_steps = self.eager_decode_steps = 0  # stats count the engine's own steps
         if self.mixed_graphs is not None:
             self.mixed_graphs.steps = 0
@@ -253,16 +256,8 @@ class ModelRunner:
             scores = self.penalties.apply(logits, inp)
         all_greedy = all(p.greedy for p in params)
         if self.fused_sample is not None and (allowed is not None or not all_greedy):
-            ids = self.fused_sample(
-                scores,
-                inp.temperature,
-                inp.top_k,
-                inp.top_p,
-                inp.min_p,
-                inp.seeds,
-                inp.sample_positions,
-                allowed=allowed,
-            )
+            ids = self.fused_sample(scores, inp.temperature, inp.top_k, inp.top_p, inp.min_p,
+                                    inp.seeds, inp.sample_positions, allowed=allowed)  # fmt: skip
         else:
             st = SamplingTensors(
                 temperature=inp.temperature,

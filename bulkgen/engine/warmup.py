@@ -10,6 +10,8 @@ the largest graph replays and tells how much memory that graph's pool will keep.
 
 from __future__ import annotations
 
+import torch
+
 from bulkgen.config import EngineConfig, SamplingParams
 from bulkgen.engine.plan import Plan, ScheduledSeq
 from bulkgen.engine.request import Request
@@ -42,6 +44,21 @@ def warmup_plans(
     plans = [long_prefill, wide, odd, short, split, [1] * min(3, seqs), [1]]
     plans = [_plan(lengths, cfg.block_size, num_blocks) for lengths in plans]
     return plans + [widest_decode(cfg, num_blocks)]
+
+
+def warm_logits(model: torch.nn.Module, rows: int, stream: torch.cuda.Stream) -> None:
+    """The lm_head's GEMM once at every row count a step can sample (1..rows), on `stream`.
+    On the H200 (torch 2.11, CUDA 13) cuBLAS's first GEMM at a new row count waits for the GPU
+    to finish everything queued before it (202 ms behind a 200 ms sleep, 0.2 ms the second time;
+    scripts/bench_gemm_first_use.py: not module loading), and the rows that sample change from
+    step to step: without this, bulk FP8 runs at 8,192-token steps spent each step with
+    prefill's launch (125 ms median) in the logits' F.linear, and the GPU idled after it."""
+    table = model.model.embed_tokens.weight  # [vocab rows, hidden] in the activations' dtype
+    with torch.cuda.stream(stream):
+        hidden = table.new_zeros(rows, table.shape[1])
+        for m in range(1, rows + 1):
+            model.compute_logits(hidden[:m], widen=False)
+    stream.synchronize()
 
 
 def widest_decode(cfg: EngineConfig, num_blocks: int | None = None) -> Plan:
