@@ -9,7 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bulkgen import LLM
+from bulkgen.config import EngineConfig
+from bulkgen.engine.engine import Engine
+from bulkgen.model.shapes import LLAMA3_8B
 
 pytestmark = [
     pytest.mark.gpu,
@@ -31,9 +33,13 @@ def _waits(runner, hidden: torch.Tensor) -> bool:
     return waited
 
 
-def test_lm_head_never_waits_at_a_sampled_row_count(tiny_model_dir):
-    llm = LLM(str(tiny_model_dir), device="cuda", dtype="bfloat16", max_num_seqs=48)
-    runner, rows = llm.engine.runner, llm.engine.cfg.seq_rows
+def test_lm_head_never_waits_at_a_sampled_row_count():
+    # The 8B shape's lm_head (a tiny model's GEMMs did not wait on the H200), one layer.
+    shape = dict(LLAMA3_8B, num_hidden_layers=1)
+    cfg = EngineConfig(model="llama3-8b-dummy", load_format="dummy", max_model_len=2048,
+                       max_num_seqs=48, prefix_cache=False)  # fmt: skip
+    engine = Engine(cfg, model_config=shape)
+    runner, rows = engine.runner, engine.cfg.seq_rows
     table = runner.model.model.embed_tokens.weight
     hidden = table.new_zeros(rows + 64, table.shape[1])
     # Row counts past any step's: never warmed. If none of them waits, this stack's cuBLAS has
@@ -41,4 +47,5 @@ def test_lm_head_never_waits_at_a_sampled_row_count(tiny_model_dir):
     if not any(_waits(runner, hidden[:m]) for m in (rows + 9, rows + 33, rows + 64)):
         pytest.skip("cuBLAS here does not wait at a new row count")
     waited = [m for m in (1, 2, 7, 23, rows - 1, rows) if _waits(runner, hidden[:m])]
+    engine.close()
     assert waited == [], f"the lm_head waited for the GPU at {waited} rows"
