@@ -70,6 +70,10 @@ STATS_KEYS = (
     "alloc_syncs",
     "device_mallocs",
     "device_frees",
+    "gc_collections",  # Python's collections in the run, by generation (gc_policy.py): a
+    "gc_pause_s",  # collection holds every thread, the engine's too
+    "gc_pause_max_ms",
+    "gc_pauses_over_10ms",
     "gpu_gapless_pct",  # the GPU's clock: idle between steps (bulkgen/engine/gpu_gaps.py)
     "gpu_step_gaps_s",
     "gpu_step_gaps_before_mixed_s",

@@ -253,6 +253,7 @@ def test_stats_report_host_time_per_step(tiny_model_dir):
         assert 0 < stats[f"host_{kind}_launch_cpu_ms_per_step_median"]
     assert stats["host_mixed_launch_ms_per_step_median"] == round(1e3 * phases["launch"][0], 3)
     assert stats["alloc_retries"] is None and stats["device_mallocs"] is None  # CPU: not kept
+    assert len(stats["gc_collections"]) == 3 and stats["gc_pause_s"] >= 0  # kept on the CPU too
 
 
 def test_recomputed_tokens_count_what_preemption_made_the_engine_compute_again(tiny_model_dir):

@@ -152,7 +152,7 @@ class Engine:
         self.allocator = AllocatorCounts(self.device)  # cudaMalloc and retries while running
         self.gaps = StepGaps()  # the GPU's idle time between steps, on its clock (CUDA)
         self.startup_s = time.perf_counter() - t0
-        freeze_startup_objects()
+        self.gc_pauses = freeze_startup_objects()  # and the collections after it (stats.json)
 
     def _monitor(self, model, mcfg: ModelConfig) -> GpuMonitor:
         embed = model.model.embed_tokens.weight.numel() * self.dtype.itemsize

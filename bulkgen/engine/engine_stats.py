@@ -35,6 +35,7 @@ def engine_stats(engine: Engine) -> dict:
         **engine.host_times.stats,
         **engine.allocator.stats,
         **engine.gaps.stats,
+        **engine.gc_pauses.stats,
         **step_time_stats(mask=engine.mask_s),
         "max_num_seqs": engine.cfg.max_num_seqs,
         **engine.scheduler.admission.stats,
