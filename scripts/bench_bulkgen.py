@@ -40,6 +40,7 @@ STATS_KEYS = (
     "gpu_thermal_pct",
     "host_ms_per_step_median",
     "host_ms_per_step_p99",
+    "host_ms_per_step_max",
     "host_decode_ms_per_step_median",
     "host_decode_ms_per_step_p99",
     "host_mixed_ms_per_step_median",

@@ -41,9 +41,11 @@ class HostTimes:
 
     @property
     def stats(self) -> dict:
-        """host_ms_per_step_*, host_{decode,mixed}_ms_per_step_*, host_{phase}_ms_per_step_*,
+        """host_ms_per_step_* (and _max: one slow step among thousands is past the p99),
+        host_{decode,mixed}_ms_per_step_*, host_{phase}_ms_per_step_*,
         host_{decode,mixed}_launch_ms_per_step_* and host_{decode,mixed}_launch_cpu_*."""
-        return step_time_stats(
+        slowest = {"host_ms_per_step_max": round(1e3 * max(self.total), 3)} if self.total else {}
+        return slowest | step_time_stats(
             host=self.total,
             **{f"host_{kind}_launch": seconds for kind, seconds in self.launch.items()},
             **{f"host_{kind}_launch_cpu": s for kind, s in self.launch_cpu.items()},
