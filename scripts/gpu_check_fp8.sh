@@ -8,7 +8,8 @@
 #      SiLU's three forms and quantize_rows' two at 1-1,024 rows, in graphs; about a minute);
 #   l2pf: scripts/bench_l2_prefetch.py (blog's four FP8 GEMMs at 32 rows, 32 layers a graph,
 #      with and without a launch before each small kernel that asks L2 for the first K tiles of
-#      every GEMM program's weight rows: does that cut their 5-7 us fixed cost? about a minute);
+#      every GEMM program's weight rows: does that cut their 5-7 us fixed cost? about a minute;
+#      no: every tile count was slower than none at 6736282, README's scripts list);
 #   tune: scripts/tune_decode.py --kv-cache-dtype fp8 --write-table (the per-batch launches the
 #      engine then uses; values slots inner only unless TUNE_LAYOUTS=rows,slots_inner: 36 launches
 #      with the prefetching ones, about 3 minutes; both layouts 60, about 5);
@@ -170,7 +171,7 @@ want trt && bench trt "${TRT_TIMEOUT_S:-420}" --workloads trt --engines bulkgen,
 want sweep && bench trt "${TRT_TIMEOUT_S:-480}" --workloads trt --engines bulkgen \
   --num-prompts "$TRT_PROMPTS" --max-num-seqs "${SWEEP_SEQS:-256,512,1024,auto}"
 want bulk && bench bulk 210 --workloads bulk --engines "${BULK_ENGINES:-bulkgen,bulkgen-fp8,bulkgen-fp8exact}" --num-prompts 512
-want blog && bench blog "${BLOG_TIMEOUT_S:-100}" --workloads blog --engines bulkgen,bulkgen-fp8
+want blog && bench blog "${BLOG_TIMEOUT_S:-180}" --workloads blog --engines bulkgen,bulkgen-fp8
 want chunks && bench "${CHUNKS_WORKLOAD:-bulk}" "${CHUNKS_TIMEOUT_S:-480}" \
   --workloads "${CHUNKS_WORKLOAD:-bulk}" --engines "${CHUNKS_ENGINES:-bulkgen,bulkgen-fp8}" \
   --num-prompts "${CHUNKS_PROMPTS:-512}" --max-batch-tokens "${CHUNKS_SIZES:-2048,4096,8192}"
