@@ -52,7 +52,7 @@ class GcPauses:
         long = [seconds for end, _, seconds in _long if end >= self.start]
         return {
             "gc_collections": [now - then for now, then in zip(_count, self.count0, strict=True)],
-            "gc_pause_s": round(sum(_seconds) - sum(self.seconds0), 4),
+            "gc_pause_s": round(sum(_seconds) - sum(self.seconds0), 6),
             "gc_pause_max_ms": round(max(long, default=0.0) * 1e3, 2),
             "gc_pauses_over_10ms": sum(seconds > 0.01 for seconds in long),
         }
