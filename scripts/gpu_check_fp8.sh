@@ -57,7 +57,8 @@
 #      bulkgen/model/pdl.py): tests/test_gpu_pdl.py, then blog FP8 off/on twice, bulk FP8 off/on
 #      (about 5 minutes on a warm machine);
 #   spy: trt at 256 rows (400 requests; SPY_ARGS: other bench.py arguments, e.g. blog's;
-#      SPY_FLAGS: more py-spy flags, e.g. --native for the C and driver frames) under
+#      SPY_FLAGS: more py-spy flags, e.g. --native for the C and driver frames, which pauses
+#      the process for each sample: at 200 Hz it fell 11 s behind, so also SPY_RATE=20) under
 #      py-spy, --gil then --idle (about 2.5 minutes): who holds the interpreter while decode
 #      steps are launched, where the engine thread's time goes in a run (spy_*.txt, spy.jsonl
 #      from scripts/spy_summary.py);
@@ -264,7 +265,8 @@ if want spy; then  # who holds the interpreter during a run (issue 10: decode st
   for mode in ${SPY_MODES:-gil idle}; do
     HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONPATH="$PYTHONPATH:/tmp/site" \
       timeout "${SPY_TIMEOUT_S:-150}" /tmp/site/bin/py-spy record --subprocesses --threads \
-      "--$mode" ${SPY_FLAGS:-} $blocking --rate 200 --format raw -o "$OUT/spy_$mode.txt" -- \
+      "--$mode" ${SPY_FLAGS:-} $blocking --rate "${SPY_RATE:-200}" --format raw \
+      -o "$OUT/spy_$mode.txt" -- \
       python3 scripts/bench.py --tokenizer .carry --out "$WORK/spy" ${SPY_ARGS:---workloads trt \
       --engines bulkgen --num-prompts 400 --max-num-seqs 256} > "$WORK/spy/out.txt" 2>&1
     grep -h '"error"' "$WORK/spy/out.txt" | cut -c1-1500 | tee -a "$OUT/log.txt"
