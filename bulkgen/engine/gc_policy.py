@@ -5,57 +5,67 @@ gives its device memory back to the next one."""
 from __future__ import annotations
 
 import atexit
-import collections
 import gc
 import time
+import weakref
 
 import torch
 
-# Every collection in the process since the first engine started (a callback in gc.callbacks,
-# installed once): counts and seconds by generation, and the end time, generation and seconds of
-# each one of LONG_S or more (a collection holds the interpreter: every thread waits, the engine
-# thread included, and the GPU idles once its queued steps are done).
-LONG_S = 0.001
-_count = [0, 0, 0]
-_seconds = [0.0, 0.0, 0.0]
-_long: collections.deque[tuple[float, int, float]] = collections.deque(maxlen=100_000)
-_began: list[float] = []
-
-
-def _on_collection(phase: str, info: dict) -> None:
-    now = time.perf_counter()
-    if phase == "start":
-        _began[:] = [now]
-        return
-    if not _began:
-        return
-    seconds, generation = now - _began.pop(), info["generation"]
-    _count[generation] += 1
-    _seconds[generation] += seconds
-    if seconds >= LONG_S:
-        _long.append((now, generation, seconds))
+LONG_S = 0.01  # a collection longer than this is counted apart (gc_pauses_over_10ms)
 
 
 class GcPauses:
-    """The collections from its creation on, for stats.json."""
+    """Python's collections from its creation on, for stats.json: counts by generation, seconds,
+    the longest. A collection holds the interpreter: every thread waits, the engine thread
+    included, and the GPU idles once its queued steps are done. Each instance hooks its own
+    callback into gc.callbacks through a weak reference; a hook whose instance is gone is
+    unhooked when the next instance is made (never during a collection, which walks the list)."""
 
     def __init__(self) -> None:
-        if _on_collection not in gc.callbacks:
-            gc.callbacks.append(_on_collection)
-        self.start = time.perf_counter()
-        self.count0, self.seconds0 = list(_count), list(_seconds)
+        gc.callbacks[:] = [cb for cb in gc.callbacks if not _orphaned(cb)]
+        self.count = [0, 0, 0]
+        self.seconds = 0.0
+        self.longest = 0.0
+        self.long = 0
+        self._began: float | None = None
+        ref = weakref.ref(self)
+
+        def hook(phase: str, info: dict) -> None:
+            if (pauses := ref()) is not None:
+                pauses._record(phase, info["generation"])
+
+        hook.pauses = ref  # type: ignore[attr-defined]
+        gc.callbacks.append(hook)
+
+    def _record(self, phase: str, generation: int) -> None:
+        now = time.perf_counter()
+        if phase == "start":
+            self._began = now
+            return
+        if self._began is None:  # made during a collection: its end is not one of ours
+            return
+        seconds, self._began = now - self._began, None
+        self.count[generation] += 1
+        self.seconds += seconds
+        self.longest = max(self.longest, seconds)
+        self.long += seconds > LONG_S
 
     @property
     def stats(self) -> dict:
         """gc_collections: by generation (0, 1, 2); gc_pause_s: their seconds in all;
         gc_pause_max_ms: the longest; gc_pauses_over_10ms: how many took longer."""
-        long = [seconds for end, _, seconds in _long if end >= self.start]
         return {
-            "gc_collections": [now - then for now, then in zip(_count, self.count0, strict=True)],
-            "gc_pause_s": round(sum(_seconds) - sum(self.seconds0), 6),
-            "gc_pause_max_ms": round(max(long, default=0.0) * 1e3, 2),
-            "gc_pauses_over_10ms": sum(seconds > 0.01 for seconds in long),
+            "gc_collections": list(self.count),
+            "gc_pause_s": round(self.seconds, 6),
+            "gc_pause_max_ms": round(self.longest * 1e3, 2),
+            "gc_pauses_over_10ms": self.long,
         }
+
+
+def _orphaned(callback) -> bool:
+    """A GcPauses hook whose instance is gone (other libraries' callbacks are never)."""
+    ref = getattr(callback, "pauses", None)
+    return ref is not None and ref() is None
 
 
 def freeze_startup_objects() -> GcPauses:
