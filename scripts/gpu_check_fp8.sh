@@ -39,6 +39,9 @@
 #      and fp8 caches, four chunk shapes (about 2 minutes);
 #   api: the CUDA API calls of a mixed step's launch by host time, 8,192- and 2,048-token steps
 #      (bench_eager_host.py --api; about 2 minutes);
+#   firstuse: scripts/bench_gemm_first_use.py, the lm_head and the 8B's projections (and their
+#      --tp 2 halves) at new row counts, bf16 and FP8: which GEMMs wait for the GPU at a first
+#      use (about a minute);
 #   mixedk: one bulk-like mixed step's GPU kernels by total time, bf16 and FP8 (about 2 minutes);
 #   pieces: bulk (512 prompts) bf16 and FP8, and blog bf16, with and without
 #      EngineConfig.mixed_graphs (steps with prefill replaying CUDA graphs of everything but
@@ -189,6 +192,16 @@ if want api; then  # which CUDA call a mixed step's launch waits in (bench_eager
     timeout 150 python3 scripts/bench_eager_host.py --mixed-graphs --api --reps 3 --rows 480 \
       --context 600 $opts 2>&1 | grep -v -i warn | tee -a "$OUT/api.jsonl" | cut -c1-900
   done
+fi
+if want firstuse; then  # cuBLAS's first GEMM at a new row count: the lm_head (warmed since
+  # db4302e), then the 8B's projections and their --tp 2 halves at eager steps' token counts, bf16
+  # and FP8 (do tensor parallelism's eager steps wait? about a minute)
+  g=scripts/bench_gemm_first_use.py
+  proj=6144:4096,4096:4096,28672:4096,4096:14336,3072:4096,4096:2048,14336:4096,4096:7168
+  { timeout 60 python3 $g --rows 1,33,257,480
+    timeout 90 python3 $g --shapes $proj --rows 300,1111,4567
+    timeout 90 python3 $g --fp8 --shapes $proj --rows 300,1111,4567; } 2>&1 | grep -v -i warn \
+    | tee -a "$OUT/firstuse.jsonl" | cut -c1-200
 fi
 if want mixedk; then  # a bulk-like mixed step's GPU kernels by total time (400 decoding rows of
   # 700 tokens, a 1,648-token chunk), bf16 and FP8, through the pieces as the engine runs it
