@@ -23,6 +23,9 @@ _FILTERED = SamplingParams(
 )
 
 
+WARM_LOGITS_ROWS = 1024  # warm_logits' most rows: --max-num-seqs auto's ceiling
+
+
 def warmup_plans(
     cfg: EngineConfig, max_model_len: int, num_blocks: int | None = None
 ) -> list[Plan]:
@@ -52,7 +55,11 @@ def warm_logits(model: torch.nn.Module, rows: int, stream: torch.cuda.Stream) ->
     to finish everything queued before it (202 ms behind a 200 ms sleep, 0.2 ms the second time;
     scripts/bench_gemm_first_use.py: not module loading), and the rows that sample change from
     step to step: without this, bulk FP8 runs at 8,192-token steps spent each step with
-    prefill's launch (125 ms median) in the logits' F.linear, and the GPU idled after it."""
+    prefill's launch (125 ms median) in the logits' F.linear, and the GPU idled after it.
+    The counts go up to WARM_LOGITS_ROWS: the warm-up's time grows with the square of the rows
+    (about 1 s for 1,024 on the 8B shape's vocabulary, by arithmetic), and a count past it waits
+    once in a run, as every count did before."""
+    rows = min(rows, WARM_LOGITS_ROWS)
     table = model.model.embed_tokens.weight  # [vocab rows, hidden] in the activations' dtype
     with torch.cuda.stream(stream):
         hidden = table.new_zeros(rows, table.shape[1])
