@@ -5,7 +5,9 @@ the timed run (seconds of an idle GPU). Two plans cover the step shapes that mat
 prefill (one sequence of max_batch_tokens) and the widest sampling step (EngineConfig.seq_rows
 sequences sampling with every filter on), which also holds the sampler's largest [seqs, vocab]
 temporaries. The widest decode step (graph_rows sequences of one token) builds the decode kernels
-the largest graph replays and tells how much memory that graph's pool will keep.
+the largest graph replays and tells how much memory that graph's pool will keep. Then
+warm_logits runs the lm_head at every row count a step can sample: cuBLAS's first GEMM at a new
+count waits for the GPU, which the plans' few counts would leave to the run.
 """
 
 from __future__ import annotations
