@@ -41,6 +41,7 @@ STATS_KEYS = (
     "host_ms_per_step_median",
     "host_ms_per_step_p99",
     "host_ms_per_step_max",
+    "host_max_step",
     "host_decode_ms_per_step_median",
     "host_decode_ms_per_step_p99",
     "host_mixed_ms_per_step_median",

@@ -41,10 +41,15 @@ class HostTimes:
 
     @property
     def stats(self) -> dict:
-        """host_ms_per_step_* (and _max: one slow step among thousands is past the p99),
+        """host_ms_per_step_* (and _max, with host_max_step its step's index from 0: one slow
+        step among thousands is past the p99, and a run's first step may be it),
         host_{decode,mixed}_ms_per_step_*, host_{phase}_ms_per_step_*,
         host_{decode,mixed}_launch_ms_per_step_* and host_{decode,mixed}_launch_cpu_*."""
-        slowest = {"host_ms_per_step_max": round(1e3 * max(self.total), 3)} if self.total else {}
+        slowest = {}
+        if self.total:
+            step = max(range(len(self.total)), key=self.total.__getitem__)
+            slowest = {"host_ms_per_step_max": round(1e3 * self.total[step], 3)}
+            slowest["host_max_step"] = step
         return slowest | step_time_stats(
             host=self.total,
             **{f"host_{kind}_launch": seconds for kind, seconds in self.launch.items()},
