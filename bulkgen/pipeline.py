@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bulkgen import stages
 from bulkgen.channel import Channel, Stopped
@@ -35,7 +36,10 @@ from bulkgen.samples import Resume, Samples
 from bulkgen.text.stage import Detokenize, Tokenize
 from bulkgen.text.stop import StopWatcher
 
-EngineFactory = Callable[[EngineConfig], object]
+if TYPE_CHECKING:
+    from bulkgen.engine.interface import GenerationEngine
+
+EngineFactory = Callable[[EngineConfig], "GenerationEngine"]
 # Queue sizes, in batches. The engine's output queue is the largest: the engine must never wait
 # on the text stages.
 _READ_QUEUE, _TOKEN_QUEUE, _RESULT_QUEUE, _WRITE_QUEUE = 4, 8, 256, 16

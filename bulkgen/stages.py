@@ -8,6 +8,7 @@ Stopped (see channel.py).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from bulkgen.channel import EMPTY, Channel, Stopped
 from bulkgen.guard import RowGuard
@@ -16,6 +17,9 @@ from bulkgen.io.writer import ShardWriter
 from bulkgen.progress import Progress
 from bulkgen.row import Row
 from bulkgen.text.stop import StopWatcher
+
+if TYPE_CHECKING:
+    from bulkgen.engine.interface import GenerationEngine
 
 _DETOK_BATCH_ROWS = 2048
 
@@ -46,7 +50,9 @@ def tokenize(
     out.close()
 
 
-def generate(engine, inp: Channel, out: Channel, bound: int, watcher: StopWatcher | None) -> None:
+def generate(
+    engine: GenerationEngine, inp: Channel, out: Channel, bound: int, watcher: StopWatcher | None
+) -> None:
     """The engine thread's loop: keep the engine fed and pass on what finishes.
 
     Requests are added while fewer than `bound` are unfinished (twice what the engine runs at
@@ -55,7 +61,7 @@ def generate(engine, inp: Channel, out: Channel, bound: int, watcher: StopWatche
     failed before the engine go straight on. Requests with stop strings are watched by the
     watcher's thread; the ones it found a stop string in are aborted before the next step.
     """
-    watch = watcher is not None and hasattr(engine, "take_progress")
+    watch = watcher is not None
     in_engine: dict[str, Row] = {}  # the engine's request id -> the row it came from
     next_id = 0
     closed = False

@@ -74,6 +74,12 @@ class FakeEngine:
     def abort(self, request_id: str) -> None:
         self._aborted.add(request_id)
 
+    def take_progress(self) -> list[tuple[str, list[int]]]:
+        """Nothing: an answer appears whole when its request ends (stop strings are then cut
+        from the text by the detokenizer, as for a real request that ends before a watcher's
+        abort lands)."""
+        return []
+
     @property
     def num_unfinished(self) -> int:
         return len(self._waiting) + len(self._running) + len(self._errors)
