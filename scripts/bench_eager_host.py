@@ -100,6 +100,18 @@ def time_launches(engine: Engine, plan: Plan, reps: int, profile: bool) -> dict:
     return line
 
 
+def summed(events, keep) -> list[tuple[str, int, float]]:
+    """torch.profiler events for which keep(event) holds, summed by name: (name, count, ms),
+    largest total first."""
+    totals: dict[str, list] = {}
+    for e in events:
+        if keep(e):
+            entry = totals.setdefault(e.name[:90], [0, 0.0])
+            entry[0] += 1
+            entry[1] += e.time_range.elapsed_us() / 1e3
+    return sorted(((name, n, ms) for name, (n, ms) in totals.items()), key=lambda t: -t[2])
+
+
 def kernel_totals(engine: Engine, plan: Plan, top: int = 18) -> dict:
     """One step's GPU kernels under torch.profiler, summed by name: [name, launches, total ms]
     for the `top` largest, and the sum over all of them (kernels in graph replays included)."""
@@ -108,22 +120,17 @@ def kernel_totals(engine: Engine, plan: Plan, top: int = 18) -> dict:
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         engine.runner.launch(plan).wait()
         torch.cuda.synchronize()
-    totals: dict[str, list] = {}
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            entry = totals.setdefault(e.name[:90], [0, 0.0])
-            entry[0] += 1
-            entry[1] += e.time_range.elapsed_us() / 1e3
-    ranked = sorted(totals.items(), key=lambda kv: -kv[1][1])
+    ranked = summed(prof.events(), lambda e: e.device_type == torch.autograd.DeviceType.CUDA)
     return {
-        "kernels_ms_total": round(sum(ms for _, ms in totals.values()), 3),
-        "kernels_top": [[name, n, round(ms, 3)] for name, (n, ms) in ranked[:top]],
+        "kernels_ms_total": round(sum(ms for _, _, ms in ranked), 3),
+        "kernels_top": [[name, n, round(ms, 3)] for name, n, ms in ranked[:top]],
     }
 
 
 def api_totals(engine: Engine, plan: Plan, top: int = 10) -> dict:
     """One launch, 200 ms behind the GPU, under torch.profiler: its CUDA API calls by host time,
-    [name, calls, total ms] for the `top` largest."""
+    [name, calls, total ms] for the `top` largest (the profiler's own synchronize at its exit
+    among them)."""
     from torch.profiler import ProfilerActivity, profile
 
     runner = engine.runner
@@ -132,14 +139,9 @@ def api_totals(engine: Engine, plan: Plan, top: int = 10) -> dict:
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         step = runner.launch(plan)
     step.wait()
-    totals: dict[str, list] = {}
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CPU and e.name.startswith("cu"):
-            entry = totals.setdefault(e.name, [0, 0.0])
-            entry[0] += 1
-            entry[1] += e.time_range.elapsed_us() / 1e3
-    ranked = sorted(totals.items(), key=lambda kv: -kv[1][1])
-    return {"api_top": [[name, n, round(ms, 3)] for name, (n, ms) in ranked[:top]]}
+    cpu = torch.autograd.DeviceType.CPU
+    ranked = summed(prof.events(), lambda e: e.device_type == cpu and e.name.startswith("cu"))
+    return {"api_top": [[name, n, round(ms, 3)] for name, n, ms in ranked[:top]]}
 
 
 def main() -> None:

@@ -47,9 +47,9 @@ class HostTimes:
         host_{decode,mixed}_launch_ms_per_step_* and host_{decode,mixed}_launch_cpu_*."""
         slowest = {}
         if self.total:
-            step = max(range(len(self.total)), key=self.total.__getitem__)
-            slowest = {"host_ms_per_step_max": round(1e3 * self.total[step], 3)}
-            slowest["host_max_step"] = step
+            most = max(self.total)
+            slowest = {"host_ms_per_step_max": round(1e3 * most, 3)}
+            slowest["host_max_step"] = self.total.index(most)
         return slowest | step_time_stats(
             host=self.total,
             **{f"host_{kind}_launch": seconds for kind, seconds in self.launch.items()},
