@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from bulkgen import stages
 from bulkgen.channel import Channel, Stopped
 from bulkgen.config import EngineConfig
+from bulkgen.engine.gc_policy import survivors_frozen
 from bulkgen.errors import UserError
 from bulkgen.guard import RowGuard
 from bulkgen.idle import idle_stats, nothing_left
@@ -254,7 +255,8 @@ class _Run:
         try:
             self.engine_ready.set()
             bound = 2 * engine_config.seq_rows
-            stages.generate(engine, inp, out, bound, self.watcher)
+            with survivors_frozen():
+                stages.generate(engine, inp, out, bound, self.watcher)
             self.engine_stats = dict(engine.stats)
         finally:
             engine.close()
