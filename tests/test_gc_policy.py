@@ -7,6 +7,7 @@ import gc
 import weakref
 
 from bulkgen import LLM
+from bulkgen.config import SamplingParams
 from bulkgen.engine.gc_policy import collect_frozen_garbage, survivors_frozen
 
 
@@ -92,3 +93,17 @@ def test_a_pipeline_run_leaves_no_hook_behind(tiny_model_dir, tmp_path):
 
 class _Holder:
     pass
+
+
+def test_a_queued_prompt_is_left_out_of_full_collections(tiny_model_dir):
+    llm = LLM(str(tiny_model_dir), dtype="float32", device="cpu")
+    engine = llm.engine
+    engine.add("r", list(range(3, 40)), SamplingParams(max_tokens=2, temperature=0.0))
+    prompt = engine._requests["r"].prompt_ids
+    gc.collect(0)  # a young collection sees it holds only ints
+    assert not gc.is_tracked(prompt), "no collection walks its ids again"
+    finished = []
+    while engine.num_unfinished:
+        finished += engine.step()
+    assert finished[0].prompt_token_ids == list(range(3, 40))
+    assert isinstance(finished[0].prompt_token_ids, list)

@@ -165,7 +165,7 @@ class Engine:
 
     def add(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
         seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
-        req = Request(str(request_id), list(prompt_ids), params, seed)
+        req = Request(str(request_id), tuple(prompt_ids), params, seed)
         if params.constrained:
             try:
                 req.matcher = self.grammars.matcher(params)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from bulkgen.config import SamplingParams
@@ -48,7 +49,9 @@ class RequestOutput:
 @dataclass(eq=False)
 class Request:
     request_id: str
-    prompt_ids: list[int]
+    # A tuple (Engine.add makes one): once a young collection has seen that it holds only ints,
+    # the collector stops tracking it, and no full collection walks a queued prompt again.
+    prompt_ids: Sequence[int]
     params: SamplingParams
     seed: int  # params.seed, or one drawn by the engine when the request was added
     output_ids: list[int] = field(default_factory=list)
@@ -87,17 +90,17 @@ class Request:
 
     @property
     def all_token_ids(self) -> list[int]:
-        return self.prompt_ids + self.output_ids
+        return [*self.prompt_ids, *self.output_ids]
 
     def token_at(self, i: int) -> int:
         n = len(self.prompt_ids)
         return self.prompt_ids[i] if i < n else self.output_ids[i - n]
 
-    def token_slice(self, start: int, end: int) -> list[int]:
+    def token_slice(self, start: int, end: int) -> Sequence[int]:
         n = len(self.prompt_ids)
         if end <= n:
             return self.prompt_ids[start:end]
-        return self.prompt_ids[start:] + self.output_ids[max(start - n, 0) : end - n]
+        return [*self.prompt_ids[start:], *self.output_ids[max(start - n, 0) : end - n]]
 
     @property
     def is_finished(self) -> bool:
@@ -106,7 +109,7 @@ class Request:
     def to_output(self) -> RequestOutput:
         return RequestOutput(
             request_id=self.request_id,
-            prompt_token_ids=self.prompt_ids,
+            prompt_token_ids=list(self.prompt_ids),
             token_ids=self.output_ids,
             finish_reason=self.finish_reason or "error",
             error=self.error,
