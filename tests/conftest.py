@@ -131,6 +131,37 @@ def allow_fp8(monkeypatch):
     monkeypatch.setattr(kv_fp8, "fp8_supported", lambda device: True)
 
 
+@pytest.fixture
+def rowwise_interpreted_dots(monkeypatch):
+    """Under TRITON_INTERPRET each tl.dot is one numpy matmul, and a BLAS may give a row different
+    bits beside different neighbours (OpenBLAS 0.3.31 on an AMD EPYC does: a [32, 104] x [104, 16]
+    float32 product's rows differ by up to 7e-6 with the rows reversed). Tests of which rows a
+    kernel reads make each row of a tile its own product. Nothing changes on CUDA."""
+    if torch.cuda.is_available():
+        return
+    import dataclasses
+
+    import numpy as np
+    from triton.runtime.interpreter import InterpreterBuilder
+
+    whole_tile = InterpreterBuilder.create_dot
+
+    def row_by_row(self, a, b, d, *precision):
+        rows = [
+            whole_tile(
+                self,
+                dataclasses.replace(a, data=a.data[..., i : i + 1, :]),
+                b,
+                dataclasses.replace(d, data=d.data[..., i : i + 1, :]),
+                *precision,
+            ).data
+            for i in range(a.data.shape[-2])
+        ]
+        return dataclasses.replace(d, data=np.concatenate(rows, axis=-2))
+
+    monkeypatch.setattr(InterpreterBuilder, "create_dot", row_by_row)
+
+
 @pytest.fixture(scope="session")
 def attention_compile_check() -> str:
     """The output of scripts/compile_check_attention.py (every attention kernel compiled for

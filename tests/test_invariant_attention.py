@@ -41,6 +41,7 @@ TOLERANCE = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 1e-2}
 gpu = pytest.mark.gpu
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 f32, f16, bf16 = torch.float32, torch.float16, torch.bfloat16
+pytestmark = pytest.mark.usefixtures("rowwise_interpreted_dots")  # bits, not BLAS
 
 # The target is 150 tokens long: three 64-key tiles, the last one partial; the chunk ends are
 # not multiples of a query tile, so a position sits at another row of its tile in each step.

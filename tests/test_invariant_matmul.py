@@ -29,6 +29,7 @@ SMALL = MatmulConfig(32, 16, 32)  # small tiles: several row and column tiles in
 SMALL_TMA = MatmulConfig(32, 16, 32, tma=True)
 TILINGS = pytest.mark.parametrize("cfg", [SMALL, SMALL_TMA], ids=["pointers", "tma"])
 DTYPES = (torch.float32, torch.bfloat16)
+pytestmark = pytest.mark.usefixtures("rowwise_interpreted_dots")  # bits, not BLAS
 BF16_STEP = 2.0**-7  # bfloat16 keeps 8 significant bits
 # Llama-3-8B's projections and lm_head, (N, K).
 LLAMA_8B = {
