@@ -11,7 +11,12 @@ positions. The references: "fp32" (float32 cache) and "bf16" (keys and values ro
 the GPU's cache). Against each, per scheme: top1 (argmax agreement over all positions), mean_kl
 (KL(ref || scheme), nats), clear_top1 (agreement over positions whose reference top-2
 log-probability margin is >= 0.5 nats), and near_tie_share (the share of the disagreements whose
-reference margin is < 0.1 nats). In "fp8 K only" / "fp8 V only" the other half is bf16.
+reference margin is < 0.1 nats), most_common_positions ([position in its text, disagreements]:
+the texts share the chat template's system prompt, so a flip there counts once per text),
+top1_past_64 and mean_kl_past_64 (over positions 64 on, past that prompt). In
+"fp8 K only" / "fp8 V only" the other half is bf16; "first N tokens bf16" keeps each text's
+first N positions at 16 bits (attention sinks, IntactKV's idea; bytes_per_token leaves them
+out: they cost bytes per sequence, not per token).
 --bf16-model adds the bf16 model (bf16 cache; and an fp8 cache, the H200's configuration) as
 the run to measure and as a third reference, "bf16_model".
 
@@ -27,6 +32,7 @@ import dataclasses
 import json
 import math
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -35,6 +41,7 @@ from accuracy_kv import next_token_logprobs, texts
 from kv_quant_schemes import (
     E4M3,
     E5M2,
+    first_kept,
     fp8_fixed,
     fp8_per_token,
     int8_per_token,
@@ -46,6 +53,7 @@ from bulkgen import LLM
 
 Quantizer = Callable[[torch.Tensor], torch.Tensor]
 CLEAR, NEAR_TIE = 0.5, 0.1  # nats between the reference's top two log-probabilities
+PAST = 64  # *_past_64: positions from here on (past the shared system prompt, and the kept tokens)
 
 
 @dataclass(frozen=True)
@@ -69,6 +77,12 @@ class Tally:
     clear: int = 0
     clear_agree: int = 0
     disagree_near_tie: int = 0
+    # position in its text -> disagreements there (texts share the chat template's system
+    # prompt, so one flip there counts once per text)
+    where: Counter = dataclasses.field(default_factory=Counter)
+    past: int = 0
+    past_agree: int = 0
+    past_kl: float = 0.0
 
     def add(self, ref: torch.Tensor, got: torch.Tensor) -> None:
         top2 = ref.topk(2, dim=-1).values
@@ -80,6 +94,10 @@ class Tally:
         self.clear += int((margin >= CLEAR).sum())
         self.clear_agree += int((same & (margin >= CLEAR)).sum())
         self.disagree_near_tie += int((~same & (margin < NEAR_TIE)).sum())
+        self.where.update((~same).nonzero().flatten().tolist())
+        self.past += int(same[PAST:].numel())
+        self.past_agree += int(same[PAST:].sum())
+        self.past_kl += float((ref.exp() * (ref - got))[PAST:].sum())
 
     def summary(self) -> dict:
         disagree = self.positions - self.agree
@@ -89,6 +107,9 @@ class Tally:
             "clear_top1": round(self.clear_agree / max(self.clear, 1), 5),
             "disagree": disagree,
             "near_tie_share": round(self.disagree_near_tie / max(disagree, 1), 3),
+            "most_common_positions": self.where.most_common(4),
+            f"top1_past_{PAST}": round(self.past_agree / max(self.past, 1), 5),
+            f"mean_kl_past_{PAST}": round(self.past_kl / max(self.past, 1), 6),
         }
 
 
@@ -174,6 +195,17 @@ def schemes(amax: torch.Tensor, mean: torch.Tensor, bf16_model: bool) -> list[Sc
             "int8 K, fp8 V, per-token, K+V Hadamard",
             [rotated(int8_per_token)] * n,
             [rotated(fp8_per_token)] * n,
+            1,
+            4,
+        ),
+        *(
+            both(first_kept(count, fixed(1.0)), 1, f"fp8 scale 1.0, first {count} tokens bf16")
+            for count in (1, 4, 16, 64)
+        ),
+        Scheme(
+            "fp8 K - mean, per-token-head, first 16 tokens bf16",
+            [first_kept(16, q) for q in k_centred_token],
+            [first_kept(16, fp8_per_token)] * n,
             1,
             4,
         ),

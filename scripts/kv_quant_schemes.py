@@ -9,6 +9,8 @@ scripts/accuracy_kv_schemes.py to compare scale schemes without touching the ker
 - fp8_per_token: one float32 scale per (token, kv head), amax / max_finite, so every head
   vector uses the format's whole range (the scale stored beside the cache: 4 bytes per head).
 - int8_per_token: the same with symmetric int8 (round(x / s), s = amax / 127), for comparison.
+- first_kept: a quantizer for all but a sequence's first tokens, which stay bfloat16 (the
+  attention sinks every later query leans on; IntactKV's idea).
 - hadamard / rotated: a normalized Hadamard rotation of the head dimension before quantizing
   (and its inverse after); q . k is unchanged when both q and k are rotated, so emulating it as
   H^T QD(H k) gives the attention the same scores the rotated cache would.
@@ -71,5 +73,17 @@ def rotated(quantizer: Quantizer) -> Quantizer:
     def quantize(x: torch.Tensor) -> torch.Tensor:
         h = hadamard(x.shape[-1]).to(x.device)
         return quantizer(x.float() @ h) @ h
+
+    return quantize
+
+
+def first_kept(count: int, quantizer: Quantizer) -> Quantizer:
+    """quantizer for rows count.. of x [T, Hkv, D], rows 0..count-1 rounded to bfloat16 only: x's
+    rows are a sequence's positions from 0 (one prefill from the start)."""
+
+    def quantize(x: torch.Tensor) -> torch.Tensor:
+        out = quantizer(x)
+        out[:count] = x[:count].to(torch.bfloat16).float()
+        return out
 
     return quantize

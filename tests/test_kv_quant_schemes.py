@@ -13,6 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 from kv_quant_schemes import (  # noqa: E402
     E4M3,
     E5M2,
+    first_kept,
     fp8_fixed,
     fp8_per_token,
     hadamard,
@@ -76,3 +77,11 @@ def test_rotation_keeps_dot_products_and_an_exact_quantizer_is_identity():
     assert torch.allclose(torch.einsum("qhd,khd->hqk", q @ h, k @ h),
                           torch.einsum("qhd,khd->hqk", q, k), atol=1e-4)  # fmt: skip
     assert torch.allclose(rotated(lambda x: x)(k), k, atol=1e-5)
+
+
+def test_first_kept_rounds_the_first_rows_to_bfloat16_and_quantizes_the_rest():
+    x = torch.randn(40, 3, 64) * 4
+    got = first_kept(16, fp8_per_token)(x)
+    assert torch.equal(got[:16], x[:16].to(torch.bfloat16).float())
+    assert torch.equal(got[16:], fp8_per_token(x[16:]))
+    assert not torch.equal(got[16:], x[16:].to(torch.bfloat16).float())
