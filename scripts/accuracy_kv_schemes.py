@@ -46,6 +46,7 @@ from kv_quant_schemes import (
     fp8_per_token,
     int8_per_token,
     max_finite,
+    own_mean_centred,
     rotated,
 )
 
@@ -208,6 +209,26 @@ def schemes(amax: torch.Tensor, mean: torch.Tensor, bf16_model: bool) -> list[Sc
             [first_kept(16, fp8_per_token)] * n,
             1,
             4,
+        ),
+        Scheme(
+            "fp8 K - own mean, per-token-head, first 16 tokens bf16",
+            [first_kept(16, own_mean_centred(fp8_per_token))] * n,
+            [first_kept(16, fp8_per_token)] * n,
+            1,
+            4,
+        ),
+        both(first_kept(16, fp8_per_token), 1, "fp8 per-token-head, first 16 tokens bf16", 4),
+        Scheme(
+            "fp8 K - own mean, scale 1.0, first 16 tokens bf16",
+            [first_kept(16, own_mean_centred(fixed(1.0)))] * n,
+            [first_kept(16, fixed(1.0))] * n,
+            1,
+        ),
+        Scheme(  # the mean of positions 16-31 only: a function of the first two blocks
+            "fp8 K - own mean of block 1, scale 1.0, first 16 tokens bf16",
+            [first_kept(16, own_mean_centred(fixed(1.0), 16, 32))] * n,
+            [first_kept(16, fixed(1.0))] * n,
+            1,
         ),
         both(int8_per_token, 1, "int8 per-token-head", 4),
         both(rotated(int8_per_token), 1, "int8 per-token-head, K+V Hadamard", 4),

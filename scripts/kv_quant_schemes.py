@@ -11,6 +11,8 @@ scripts/accuracy_kv_schemes.py to compare scale schemes without touching the ker
 - int8_per_token: the same with symmetric int8 (round(x / s), s = amax / 127), for comparison.
 - first_kept: a quantizer for all but a sequence's first tokens, which stay bfloat16 (the
   attention sinks every later query leans on; IntactKV's idea).
+- own_mean_centred: keys minus the mean of the sequence's own keys at some positions (no
+  calibration file: a per-sequence offset, which the softmax cancels as it does a fixed one).
 - hadamard / rotated: a normalized Hadamard rotation of the head dimension before quantizing
   (and its inverse after); q . k is unchanged when both q and k are rotated, so emulating it as
   H^T QD(H k) gives the attention the same scores the rotated cache would.
@@ -85,5 +87,19 @@ def first_kept(count: int, quantizer: Quantizer) -> Quantizer:
         out = quantizer(x)
         out[:count] = x[:count].to(torch.bfloat16).float()
         return out
+
+    return quantize
+
+
+def own_mean_centred(quantizer: Quantizer, start: int = 16, end: int = 80) -> Quantizer:
+    """quantizer applied to x [T, Hkv, D] minus the mean of its rows start..end-1 (fewer if x is
+    shorter; none: no shift), added back after. One vector per sequence and kv head shifts every
+    score of a query by the same amount, so a cache may store the difference; an engine would
+    take the mean from the prompt's first chunk."""
+
+    def quantize(x: torch.Tensor) -> torch.Tensor:
+        rows = x[start:end].float()
+        mu = rows.mean(0, keepdim=True) if len(rows) else torch.zeros_like(x[:1]).float()
+        return quantizer(x.float() - mu) + mu
 
     return quantize

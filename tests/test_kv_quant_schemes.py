@@ -18,6 +18,7 @@ from kv_quant_schemes import (  # noqa: E402
     fp8_per_token,
     hadamard,
     int8_per_token,
+    own_mean_centred,
     rotated,
 )
 
@@ -85,3 +86,13 @@ def test_first_kept_rounds_the_first_rows_to_bfloat16_and_quantizes_the_rest():
     assert torch.equal(got[:16], x[:16].to(torch.bfloat16).float())
     assert torch.equal(got[16:], fp8_per_token(x[16:]))
     assert not torch.equal(got[16:], x[16:].to(torch.bfloat16).float())
+
+
+def test_own_mean_centred_quantizes_the_difference_from_the_sequences_mean():
+    x = torch.randn(100, 2, 64) + 5.0  # a common offset, as keys have
+    mu = x[16:80].mean(0, keepdim=True)
+    got = own_mean_centred(fp8_per_token)(x)
+    assert torch.allclose(got, fp8_per_token(x - mu) + mu)
+    assert (got - x).abs().mean() < (fp8_per_token(x) - x).abs().mean() / 2
+    short = x[:10]  # no rows to average: nothing is shifted
+    assert torch.equal(own_mean_centred(fp8_per_token)(short), fp8_per_token(short))
