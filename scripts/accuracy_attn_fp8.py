@@ -26,7 +26,7 @@ equal to each other: float32 noise (summation order, ~1e-7) in one layer's outpu
 of the next layers' e4m3 roundings of K and V (one step: 1/16 to 1/8 of the value), so "fp8 KV"
 against "fp8_kv" is the noise floor of any change to the arithmetic over an fp8 cache. The
 "bf16 KV" schemes run the same arithmetic over a bf16 cache, where no such flips amplify it.
-Per reference, per scheme: top1, mean_kl, clear_top1 (Tally in accuracy_kv_schemes.py).
+Per reference, per scheme: top1, mean_kl, clear_top1 (Tally in kv_agreement.py).
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ from dataclasses import dataclass
 
 import torch
 from accuracy_kv import next_token_logprobs, texts
-from accuracy_kv_schemes import Tally, bf16, fixed, install, same
+from accuracy_kv_schemes import bf16, fixed, install, same
+from kv_agreement import Tally
 from kv_quant_schemes import E4M3, max_finite
 
 from bulkgen import LLM

@@ -8,12 +8,8 @@ model's greedy answer, one prefill per text that attends over keys and values re
 cache). Every scheme runs the float32 model over a float32 cache whose writes go through the
 scheme's quantize-dequantize (kv_quant_schemes.py), so every scheme sees the same texts and
 positions. The references: "fp32" (float32 cache) and "bf16" (keys and values rounded to bf16,
-the GPU's cache). Against each, per scheme: top1 (argmax agreement over all positions), mean_kl
-(KL(ref || scheme), nats), clear_top1 (agreement over positions whose reference top-2
-log-probability margin is >= 0.5 nats), and near_tie_share (the share of the disagreements whose
-reference margin is < 0.1 nats), most_common_positions ([position in its text, disagreements]:
-the texts share the chat template's system prompt, so a flip there counts once per text),
-top1_past_64 and mean_kl_past_64 (over positions 64 on, past that prompt). In
+the GPU's cache). Against each, per scheme: kv_agreement.Tally's summary (top1, mean_kl,
+clear_top1, near_tie_share, most_common_positions, top1 and mean_kl past position 64). In
 "fp8 K only" / "fp8 V only" the other half is bf16; "first N tokens bf16" keeps each text's
 first N positions at 16 bits (attention sinks, IntactKV's idea; bytes_per_token leaves them
 out: they cost bytes per sequence, not per token).
@@ -32,12 +28,12 @@ import dataclasses
 import json
 import math
 import time
-from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 from accuracy_kv import next_token_logprobs, texts
+from kv_agreement import CLEAR, NEAR_TIE, Tally
 from kv_quant_schemes import (
     E4M3,
     E5M2,
@@ -53,8 +49,6 @@ from kv_quant_schemes import (
 from bulkgen import LLM
 
 Quantizer = Callable[[torch.Tensor], torch.Tensor]
-CLEAR, NEAR_TIE = 0.5, 0.1  # nats between the reference's top two log-probabilities
-PAST = 64  # *_past_64: positions from here on (past the shared system prompt, and the kept tokens)
 
 
 @dataclass(frozen=True)
@@ -66,52 +60,6 @@ class Scheme:
     # float32 scales per token and kv head, counted as if both K and V had one (K only: 2).
     scale_bytes_per_head: int = 0
     model: str = "fp32"
-
-
-@dataclass
-class Tally:
-    """Agreement of a scheme's next-token distributions with one reference's."""
-
-    positions: int = 0
-    agree: int = 0
-    kl: float = 0.0
-    clear: int = 0
-    clear_agree: int = 0
-    disagree_near_tie: int = 0
-    # position in its text -> disagreements there (texts share the chat template's system
-    # prompt, so one flip there counts once per text)
-    where: Counter = dataclasses.field(default_factory=Counter)
-    past: int = 0
-    past_agree: int = 0
-    past_kl: float = 0.0
-
-    def add(self, ref: torch.Tensor, got: torch.Tensor) -> None:
-        top2 = ref.topk(2, dim=-1).values
-        margin = top2[:, 0] - top2[:, 1]
-        same = ref.argmax(-1) == got.argmax(-1)
-        self.positions += len(ref)
-        self.agree += int(same.sum())
-        self.kl += float((ref.exp() * (ref - got)).sum(-1).sum())
-        self.clear += int((margin >= CLEAR).sum())
-        self.clear_agree += int((same & (margin >= CLEAR)).sum())
-        self.disagree_near_tie += int((~same & (margin < NEAR_TIE)).sum())
-        self.where.update((~same).nonzero().flatten().tolist())
-        self.past += int(same[PAST:].numel())
-        self.past_agree += int(same[PAST:].sum())
-        self.past_kl += float((ref.exp() * (ref - got))[PAST:].sum())
-
-    def summary(self) -> dict:
-        disagree = self.positions - self.agree
-        return {
-            "top1": round(self.agree / self.positions, 5),
-            "mean_kl": round(self.kl / self.positions, 6),
-            "clear_top1": round(self.clear_agree / max(self.clear, 1), 5),
-            "disagree": disagree,
-            "near_tie_share": round(self.disagree_near_tie / max(disagree, 1), 3),
-            "most_common_positions": self.where.most_common(4),
-            f"top1_past_{PAST}": round(self.past_agree / max(self.past, 1), 5),
-            f"mean_kl_past_{PAST}": round(self.past_kl / max(self.past, 1), 6),
-        }
 
 
 def same(x: torch.Tensor) -> torch.Tensor:

@@ -71,7 +71,6 @@ def test_the_hook_is_gone_after_the_block_and_objects_are_left_to_the_collector(
 def test_a_pipeline_run_leaves_no_hook_behind(tiny_model_dir, tmp_path):
     import json
 
-    from bulkgen.config import SamplingParams
     from bulkgen.pipeline import run
     from bulkgen.run_config import RunConfig
 
