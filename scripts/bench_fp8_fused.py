@@ -4,9 +4,10 @@
 
 For T rows of the 8B shape: fused.silu_and_mul (bf16 out) beside silu_and_mul_fp8 in each of its
 forms (two passes over 2,048-wide runs, the whole 14,336-wide row in one tile, split: a
-program per 2,048-wide chunk of every row, in two launches, and staged: the bf16 op, then the
-quantizer; names ending _hw with the e4m3 rounding left to the cast, fp8_kernels.HW_ROUNDING); and
-fp8_kernels.quantize_rows of a 4,096-wide row (the attention output, o_proj's input) both ways.
+program per 2,048-wide chunk of every row, in two launches, stash: split with the values kept
+between its launches, and staged: the bf16 op, then the quantizer; names ending _hw with the
+e4m3 rounding left to the cast, fp8_kernels.HW_ROUNDING); and fp8_kernels.quantize_rows of a
+4,096-wide row (the attention output, o_proj's input) both ways.
 Median microseconds each, and whether the two forms gave the same bits. One JSON line per T; the
 last line says which form won at every T (fp8_fused.default_silu_form and
 fp8_kernels.ONE_PASS_MAX_ROWS should follow it). Each time is per call of LAYERS calls over their
@@ -33,10 +34,13 @@ from bulkgen.model.fp8_kernels import quantize_rows
 WIDTH, HIDDEN = 14336, 4096
 FORMS = {
     "silu": ("silu_fp8_two_pass", "silu_fp8_one_pass", "silu_fp8_split", "silu_fp8_staged")
-    + ("silu_fp8_split_hw", "silu_fp8_staged_hw"),
+    + ("silu_fp8_stash", "silu_fp8_split_hw", "silu_fp8_staged_hw", "silu_fp8_stash_hw"),
     "quantize": ("quantize_two_pass", "quantize_one_pass", "quantize_one_pass_hw"),
 }
 LAYERS = 32  # calls a timed graph replays, each over its own input
+# Decode batches, then steps with prefill (8,192 tokens: the default --max-batch-tokens); from
+# 4,096 rows a graph replays LAYERS // 4 calls (32 inputs of 8,192 x 28,672 would take 15 GB).
+ROWS = (1, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
 
 def layers_us(fn, inputs: list) -> float:
@@ -46,18 +50,20 @@ def layers_us(fn, inputs: list) -> float:
 
 def main() -> None:
     wins = {kernel: {} for kernel in FORMS}
-    for rows in (1, 32, 64, 128, 256, 512, 1024, 2048):
+    for rows in ROWS:
+        calls = LAYERS if rows < 4096 else LAYERS // 4
         gate_ups = [
             torch.randn(rows, 2 * WIDTH, device="cuda", dtype=torch.bfloat16) * 4
-            for _ in range(LAYERS)
+            for _ in range(calls)
         ]
         xs = [torch.randn(rows, HIDDEN, device="cuda", dtype=torch.bfloat16) * 4 for _ in gate_ups]
         gate_up, x = gate_ups[0], xs[0]
         one = silu_and_mul_fp8(gate_up, form="one_pass")
         two, split = silu_and_mul_fp8(gate_up, "two_pass"), silu_and_mul_fp8(gate_up, "split")
         q_one, q_two = quantize_rows(x, one_pass=True), quantize_rows(x, one_pass=False)
-        staged = silu_and_mul_fp8(gate_up, "staged")
+        staged, stash = silu_and_mul_fp8(gate_up, "staged"), silu_and_mul_fp8(gate_up, "stash")
         same = same_bits(one, two) and same_bits(one, split) and same_bits(one, staged)
+        same = same and same_bits(one, stash)
         same = same and same_bits(q_one, q_two)
         times = {
             "silu_bf16": layers_us(fused.silu_and_mul, gate_ups),
@@ -65,13 +71,15 @@ def main() -> None:
             "silu_fp8_one_pass": layers_us(lambda g: silu_and_mul_fp8(g, "one_pass"), gate_ups),
             "silu_fp8_split": layers_us(lambda g: silu_and_mul_fp8(g, "split"), gate_ups),
             "silu_fp8_staged": layers_us(lambda g: silu_and_mul_fp8(g, "staged"), gate_ups),
+            "silu_fp8_stash": layers_us(lambda g: silu_and_mul_fp8(g, "stash"), gate_ups),
             "quantize_two_pass": layers_us(lambda x: quantize_rows(x, one_pass=False), xs),
             "quantize_one_pass": layers_us(lambda x: quantize_rows(x, one_pass=True), xs),
         }
         os.environ[HW_ROUNDING_ENV] = "1"  # fp8_kernels.HW_ROUNDING: the rounding left to the cast
-        hw = silu_and_mul_fp8(gate_up, "split"), quantize_rows(x, one_pass=True)
+        hw = silu_and_mul_fp8(gate_up, "stash"), quantize_rows(x, one_pass=True)
         times["silu_fp8_split_hw"] = layers_us(lambda g: silu_and_mul_fp8(g, "split"), gate_ups)
         times["silu_fp8_staged_hw"] = layers_us(lambda g: silu_and_mul_fp8(g, "staged"), gate_ups)
+        times["silu_fp8_stash_hw"] = layers_us(lambda g: silu_and_mul_fp8(g, "stash"), gate_ups)
         times["quantize_one_pass_hw"] = layers_us(lambda x: quantize_rows(x, one_pass=True), xs)
         del os.environ[HW_ROUNDING_ENV]
         same = same and same_bits(one, hw[0]) and same_bits(q_one, hw[1])

@@ -14,6 +14,8 @@ from triton.compiler import ASTSource
 from bulkgen.model import fp8_fused, fp8_kernels, fp8_silu_split
 
 FP8_OUT = {"q_ptr": "*fp8e4nv", "scale_ptr": "*fp32"}
+SPLIT_IN = {"gate_up_ptr": "*bf16", "absmax_ptr": "*fp32", "stash_ptr": "*bf16"}
+SPLIT_IN |= {"I": "i32", "stride_row": "i32"}
 NORM_INTS = {"n_rows": "i32", "H": "i32", "eps": "fp32", "stride_x": "i32", "stride_res": "i32"}
 KERNELS = [
     (
@@ -44,13 +46,25 @@ KERNELS = [
     ),
     (  # silu_and_mul_fp8(form="split"): each chunk's absmax, then each chunk quantized
         fp8_silu_split._silu_absmax_kernel,
-        {"gate_up_ptr": "*bf16", "absmax_ptr": "*fp32", "I": "i32", "stride_row": "i32"},
-        {"BLOCK": 2048, "LIBDEVICE_EXP": True},
+        SPLIT_IN,
+        {"BLOCK": 2048, "LIBDEVICE_EXP": True, "STASH": False},
     ),
     (
         fp8_silu_split._silu_quantize_kernel,
-        {"gate_up_ptr": "*bf16", "absmax_ptr": "*fp32", **FP8_OUT, "I": "i32", "stride_row": "i32"},
-        {"BLOCK": 2048, "CHUNKS": 8, "LIBDEVICE_EXP": True, "PDL": True, "HW_ROUND": False},
+        {**SPLIT_IN, **FP8_OUT},
+        {"BLOCK": 2048, "CHUNKS": 8, "LIBDEVICE_EXP": True, "STASH": False}
+        | {"PDL": True, "HW_ROUND": False},
+    ),
+    (  # form="stash": the first launch keeps the values (bf16), the second quantizes those
+        fp8_silu_split._silu_absmax_kernel,
+        SPLIT_IN,
+        {"BLOCK": 2048, "LIBDEVICE_EXP": True, "STASH": True},
+    ),
+    (
+        fp8_silu_split._silu_quantize_kernel,
+        {**SPLIT_IN, **FP8_OUT},
+        {"BLOCK": 2048, "CHUNKS": 8, "LIBDEVICE_EXP": True, "STASH": True}
+        | {"PDL": True, "HW_ROUND": False},
     ),
 ]
 

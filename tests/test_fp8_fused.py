@@ -76,6 +76,7 @@ def test_the_split_silu_takes_each_rows_scale_from_all_its_chunks():
     split = silu_and_mul_fp8(gate_up, form="split")
     assert same(split, silu_and_mul_fp8(gate_up, form="two_pass"))
     assert same(split, quantize_rows(fused.silu_and_mul(gate_up)))
+    assert same(silu_and_mul_fp8(gate_up, form="stash"), (split.q, split.scale))
     with pytest.raises(ValueError, match="form"):
         silu_and_mul_fp8(gate_up, form="three_pass")
 
@@ -113,9 +114,10 @@ def test_the_fp8_kernels_compile_for_hopper():
     script = root / "scripts" / "fp8_compile_check.py"
     done = subprocess.run([sys.executable, script], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
-    # Every kernel but the split SiLU's first launch (absmax only) writes e4m3.
-    assert done.stdout.count("cvt to e4m3: yes") == 6
-    assert "_silu_absmax_kernel" in done.stdout and done.stdout.count("cvt to e4m3: no") == 1
+    # Every kernel but the split SiLU's first launch (absmax, and the stash form's values in
+    # bf16) writes e4m3.
+    assert done.stdout.count("cvt to e4m3: yes") == 7
+    assert "_silu_absmax_kernel" in done.stdout and done.stdout.count("cvt to e4m3: no") == 2
 
 
 @pytest.mark.gpu
@@ -139,7 +141,7 @@ def test_fp8_norms_and_silu_on_cuda_at_8b_widths_match_the_unfused_path(rows):
     gate_up = torch.randn(rows, 2 * 14336, device="cuda", dtype=torch.bfloat16) * 4
     close(silu_and_mul_fp8(gate_up), quantize_rows(fused.silu_and_mul(gate_up)))
     one_pass = silu_and_mul_fp8(gate_up, form="one_pass")  # the same arithmetic: the same bits
-    for form in ("two_pass", "split"):
+    for form in ("two_pass", "split", "stash"):
         other = silu_and_mul_fp8(gate_up, form=form)
         assert torch.equal(one_pass.q.view(torch.uint8), other.q.view(torch.uint8)), form
         assert torch.equal(one_pass.scale, other.scale), form

@@ -36,7 +36,7 @@ SILU_BLOCK = 2048  # elements of a row per loop iteration (two passes)
 # rows against two passes' 21.7/23.4/25.1, and lost at 512 and 1,024 (41.5 vs 34.2, 76.0 vs 63.8).
 ONE_PASS_MAX_ROWS = 256
 ONE_PASS_MAX_WIDTH = 16384  # 32 values a thread at 16 warps (the 8B shape's 14,336 fits)
-SILU_FORMS = ("one_pass", "two_pass", "split", "staged")
+SILU_FORMS = ("one_pass", "two_pass", "split", "staged", "stash")
 # The split form up to this many rows: timed as a step runs it (bench_fp8_fused.py, 32 calls in a
 # CUDA graph, H200, 783479e) it took 6.2/10.5/15.8/26.8/49.2 us at 32/128/256/512/1,024 rows
 # against one pass's 9.8/10.5/19.3/36.6/71.3 and two passes' 18.6/18.9/21.2/29.5/58.7. At
@@ -189,7 +189,9 @@ def silu_and_mul_fp8(gate_up: torch.Tensor, form: str | None = None) -> Fp8Activ
     of up to ONE_PASS_MAX_WIDTH values (16 warps), read once; "two_pass", a program a row reading
     it twice in 2,048-wide runs (4 warps): it took 28.6 us at ~500 rows of the 8B shape on the
     H200 against 10.6 us for the bf16 silu_and_mul (ec92f71, a bulk run's kernel profile);
-    "split", SPLIT_BLOCK-wide chunks of every row, a program each, in two launches; "staged",
+    "split", SPLIT_BLOCK-wide chunks of every row, a program each, in two launches; "stash", the
+    split form with the values kept in gate_up's dtype between its launches (fp8_silu_split.py:
+    silu computed once); "staged",
     fused.silu_and_mul's bf16 rows, then quantize_rows over them (one pass): silu computed once
     and the rows written and read once more, where the others compute it twice (exact expf and
     an IEEE division, to match torch: at 2,048 rows the two-pass form took 98 us a layer on the
@@ -206,8 +208,8 @@ def silu_and_mul_fp8(gate_up: torch.Tensor, form: str | None = None) -> Fp8Activ
     out = _outputs(T, I, gate_up.device)
     if T == 0:
         return out
-    if form == "split":
-        silu_split(gate_up, out.q, out.scale)
+    if form in ("split", "stash"):
+        silu_split(gate_up, out.q, out.scale, stash=form == "stash")
         return out
     one_pass = form == "one_pass" and I <= ONE_PASS_MAX_WIDTH
     block = triton.next_power_of_2(I) if one_pass else min(SILU_BLOCK, triton.next_power_of_2(I))
