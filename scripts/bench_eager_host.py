@@ -40,15 +40,27 @@ GREEDY = SamplingParams(max_tokens=1 << 20, temperature=0.0, ignore_eos=True)
 
 
 def step_plan(
-    rows: int, context: int, chunk: int, block_size: int, num_blocks: int, shuffled: bool = False
+    rows: int,
+    context: int,
+    chunk: int,
+    block_size: int,
+    num_blocks: int,
+    shuffled: bool = False,
+    prompts: int = 1,
 ) -> Plan:
-    """rows decoding sequences of `context` tokens, then (chunk > 0) a new prompt's chunk. The
-    blocks wrap around the cache: what attention reads is garbage, its cost is not. Each sequence's
-    blocks are consecutive, or (shuffled) drawn at random from the whole cache, as a long run's
-    churn leaves them (a seeded permutation: the same blocks every call)."""
+    """rows decoding sequences of `context` tokens, then (chunk > 0) `chunk` prompt tokens: one
+    new prompt's, or `prompts` new prompts' of chunk // prompts each (the first takes the rest;
+    a `trt` step with prefill holds about seven 1,000-token prompts). The blocks wrap around the
+    cache: what attention reads is garbage, its cost is not. Each sequence's blocks are
+    consecutive, or (shuffled) drawn at random from the whole cache, as a long run's churn leaves
+    them (a seeded permutation: the same blocks every call)."""
     plan, next_block = Plan(), 0
     order = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(0)).tolist()
-    shapes = [(context, context - 1, 1)] * rows + ([(chunk, 0, chunk)] if chunk else [])
+    shapes = [(context, context - 1, 1)] * rows
+    if chunk:
+        sizes = [chunk // prompts] * prompts
+        sizes[0] += chunk - sum(sizes)
+        shapes += [(size, 0, size) for size in sizes]
     for i, (length, start, tokens) in enumerate(shapes):
         req = Request(f"bench-{i}", [1] * length, GREEDY, seed=i, table_row=i)
         count = -(-length // block_size)
@@ -160,6 +172,9 @@ def main() -> None:
         action="store_true",
         help="each sequence's blocks at random over the cache (default: consecutive)",
     )
+    ap.add_argument(
+        "--chunk-prompts", type=int, default=1, help="new prompts sharing the chunk's tokens"
+    )
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--kernels", action="store_true", help="the step's GPU kernels by total time")
@@ -183,9 +198,16 @@ def main() -> None:
     num_blocks = engine.scheduler.blocks.num_blocks
     for kind, chunk in (("mixed", args.chunk), ("decode", 0)):
         plan = step_plan(
-            args.rows, args.context, chunk, engine.cfg.block_size, num_blocks, args.shuffled_blocks
+            args.rows,
+            args.context,
+            chunk,
+            engine.cfg.block_size,
+            num_blocks,
+            args.shuffled_blocks,
+            args.chunk_prompts,
         )
         line = {"step": kind, "rows": args.rows, "context": args.context, "chunk": chunk}
+        line["chunk_prompts"] = args.chunk_prompts if chunk else 0
         line.update(shuffled_blocks=args.shuffled_blocks, num_blocks=num_blocks)
         line.update(fp8=args.fp8, mixed_graphs=args.mixed_graphs)
         line.update(time_launches(engine, plan, args.reps, args.profile))

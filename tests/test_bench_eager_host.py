@@ -25,6 +25,9 @@ def test_a_mixed_and_a_decode_step_launch_and_are_timed(tiny_model_dir):
     assert line["profile_own_ms"] and all(len(row) == 3 for row in line["profile_own_ms"])
     decode = step_plan(5, 40, 0, engine.cfg.block_size, blocks)
     assert decode.decode_only and time_launches(engine, decode, 1, False)["host_ms_median"] > 0
+    several = step_plan(5, 40, 23, engine.cfg.block_size, blocks, prompts=3)
+    assert [(s.start, s.num_tokens) for s in several.seqs[5:]] == [(0, 9), (0, 7), (0, 7)]
+    assert len(several.seqs) == 8 and time_launches(engine, several, 1, False)["host_ms_median"] > 0
 
 
 def test_with_mixed_graphs_the_mixed_step_goes_through_the_pieces(tiny_model_dir):

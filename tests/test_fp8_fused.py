@@ -151,14 +151,10 @@ def test_the_silu_form_follows_the_rows_and_the_override(monkeypatch):
     from bulkgen.model import fp8_fused
 
     monkeypatch.delenv("BULKGEN_SILU_FORM", raising=False)
-    low, high = fp8_fused.STAGED_ROWS
-    assert [fp8_fused.default_silu_form(n, 14336) for n in (32, low, high, high + 1, 2048)] == [
-        "split", "staged", "staged", "split", "split"
-    ]  # fmt: skip
-    assert fp8_fused.default_silu_form(low, fp8_fused.ONE_PASS_MAX_WIDTH + 1) == "split"
-    assert fp8_fused.default_silu_form(fp8_fused.SPLIT_MAX_ROWS, 14336) == "split"
+    for rows in (1, 32, 128, 512, 2048, 8192, fp8_fused.SPLIT_MAX_ROWS):
+        assert fp8_fused.default_silu_form(rows, 14336) == "stash"
+    assert fp8_fused.default_silu_form(128, fp8_fused.ONE_PASS_MAX_WIDTH + 1) == "stash"
     assert fp8_fused.default_silu_form(fp8_fused.SPLIT_MAX_ROWS + 1, 14336) == "two_pass"
-    monkeypatch.setattr(fp8_fused, "STAGED_ROWS", (1, 0))  # staged never
     monkeypatch.setattr(fp8_fused, "SPLIT_MAX_ROWS", 64)  # below the one-pass limit
     assert fp8_fused.default_silu_form(65, 14336) == "one_pass"
     assert fp8_fused.default_silu_form(fp8_fused.ONE_PASS_MAX_ROWS + 1, 14336) == "two_pass"

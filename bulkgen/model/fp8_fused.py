@@ -37,14 +37,14 @@ SILU_BLOCK = 2048  # elements of a row per loop iteration (two passes)
 ONE_PASS_MAX_ROWS = 256
 ONE_PASS_MAX_WIDTH = 16384  # 32 values a thread at 16 warps (the 8B shape's 14,336 fits)
 SILU_FORMS = ("one_pass", "two_pass", "split", "staged", "stash")
-# The split form up to this many rows: timed as a step runs it (bench_fp8_fused.py, 32 calls in a
-# CUDA graph, H200, 783479e) it took 6.2/10.5/15.8/26.8/49.2 us at 32/128/256/512/1,024 rows
-# against one pass's 9.8/10.5/19.3/36.6/71.3 and two passes' 18.6/18.9/21.2/29.5/58.7. At
-# 406730b (same timing): split 4.7/6.3/7.3/10.3/15.6/26.5/49.0/90.8 us at 1/32/64/128/256/512/
-# 1,024/2,048 rows, staged 6.7/8.2/8.8/10.0/14.5/25.4/49.6/93.0, two passes 97.1 at 2,048:
-# staged from STAGED_ROWS[0] to STAGED_ROWS[1] rows, split at every other count.
+# The split forms up to this many rows: timed as a step runs it (bench_fp8_fused.py, 32 calls in
+# a CUDA graph, H200, 783479e) split took 6.2/10.5/15.8/26.8/49.2 us at 32/128/256/512/1,024 rows
+# against one pass's 9.8/10.5/19.3/36.6/71.3 and two passes' 18.6/18.9/21.2/29.5/58.7. At 135c9a6
+# (same timing) stash took 4.0/5.3/6.1/8.1/11.5/19.5/37.0/70.3/137.6/273.5 us at 1/32/64/128/256/
+# 512/1,024/2,048/4,096/8,192 rows against split's 4.6/6.1/7.2/10.0/14.8/25.0/45.9/84.4/164.8/
+# 324.0 and staged's 6.3/7.8/8.5/9.9/13.7/24.0/46.8/87.4/168.8/328.4 (the bf16 op: 1.5 ... 23.0
+# at 1,024, 171.3 at 8,192): stash at every count since.
 SPLIT_MAX_ROWS = 1 << 30
-STAGED_ROWS = (128, 512)
 
 
 @triton.jit(do_not_specialize=["n_rows"])
@@ -230,20 +230,18 @@ def silu_and_mul_fp8(gate_up: torch.Tensor, form: str | None = None) -> Fp8Activ
 
 
 def default_silu_form(rows: int, width: int) -> str:
-    """The form silu_and_mul_fp8 takes for rows x width: staged at STAGED_ROWS, else split up to
-    SPLIT_MAX_ROWS rows (every count since 406730b), then two passes (one pass where
-    ONE_PASS_MAX_ROWS allows, should the split form's limit fall below it). BULKGEN_SILU_FORM
-    (one of SILU_FORMS) overrides it, for A/B runs of the benchmark."""
+    """The form silu_and_mul_fp8 takes for rows x width: stash up to SPLIT_MAX_ROWS rows (every
+    count since 135c9a6), then two passes (one pass where ONE_PASS_MAX_ROWS allows, should the
+    split forms' limit fall below it). BULKGEN_SILU_FORM (one of SILU_FORMS) overrides it, for
+    A/B runs of the benchmark."""
     forced = os.environ.get(SILU_FORM_ENV)
     if forced:
         if forced not in SILU_FORMS:
             choices = ", ".join(SILU_FORMS)
             raise ValueError(f"{SILU_FORM_ENV} names a SiLU form, one of {choices}: {forced!r}")
         return forced
-    if STAGED_ROWS[0] <= rows <= STAGED_ROWS[1] and width <= ONE_PASS_MAX_WIDTH:
-        return "staged"
     if rows <= SPLIT_MAX_ROWS:
-        return "split"
+        return "stash"
     return "one_pass" if rows <= ONE_PASS_MAX_ROWS and width <= ONE_PASS_MAX_WIDTH else "two_pass"
 
 
