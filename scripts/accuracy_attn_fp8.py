@@ -104,9 +104,11 @@ def emulated_attend(arith: Arithmetic):
     """An attend function (AttentionBackend.attend's signature) for a float32 cache whose
     contents are already the stored e4m3 values (install's quantize-dequantize writes)."""
 
-    def attend(q, k_cache, v_cache, meta: AttnMetadata, scale: float, *_scales) -> torch.Tensor:
+    def attend(
+        q, k_cache, v_cache, meta: AttnMetadata, scale: float, *_scales, out=None
+    ) -> torch.Tensor:
         block_size, num_kv_heads, head_dim = k_cache.shape[1:]
-        out, start = torch.empty_like(q), 0
+        out, start = torch.empty_like(q) if out is None else out, 0
         for b, (q_len, seq_len) in enumerate(
             zip(meta.query_lens_host, meta.seq_lens_host, strict=True)
         ):

@@ -63,11 +63,18 @@ def test_a_split_mixed_step_equals_the_varlen_kernel_alone(monkeypatch, kind):
     for split in (False, True):
         monkeypatch.setattr(triton_backend, "SPLIT_MIXED_MIN_ROWS", 1 if split else None)
         outs[split] = triton_backend.paged_attention(q, k, v, meta, DIM**-0.5, **scales)
+        # Into a given buffer (mixed_graphs.py's static one): the same bits, the buffer back.
+        into = torch.full_like(q, float("nan"))
+        given = triton_backend.paged_attention(q, k, v, meta, DIM**-0.5, **scales, out=into)
+        assert given is into and torch.equal(into, outs[split])
     assert outs[True].shape == q.shape and torch.isfinite(outs[True]).all()
     assert rel_err(outs[True], outs[False]) < 1e-5
     if kind == "float32":
         ref = torch_backend.paged_attention(q, k, v, meta, DIM**-0.5)
         assert rel_err(outs[True], ref) < 1e-5
+        into = torch.full_like(q, float("nan"))
+        given = torch_backend.paged_attention(q, k, v, meta, DIM**-0.5, out=into)
+        assert given is into and torch.equal(into, ref)
 
 
 def test_the_prefill_part_of_a_split_step_is_aligned_copies_built_once_a_step():

@@ -83,6 +83,20 @@ def test_one_launch_gives_the_bits_of_rotary_then_write(kind, dtype):
     assert not torch.equal(written, caches(kind, dtype)[0].reshape(-1, KV_HEADS, DIM)[slots[0]])
 
 
+def test_the_queries_go_into_a_given_buffer():
+    """q_out (mixed_graphs.py's static buffer): the same bits, no new tensor; a buffer of
+    another shape or layout is refused."""
+    q, k, v, positions, cos, sin, slots = step_inputs(5, torch.float32)
+    cache = caches("fp8-slots-inner", torch.float32)
+    args = (q, k, v, positions, cos, sin, *cache[:2], slots, *cache[2:])
+    q_new, _ = rotary_write_kv(*args)
+    into = torch.full_like(q_new, float("nan"))
+    q_given, _ = rotary_write_kv(*args, q_out=into)
+    assert q_given is into and torch.equal(into, q_new)
+    with pytest.raises(ValueError, match="q_out must be contiguous"):
+        rotary_write_kv(*args, q_out=torch.empty(5, DIM, Q_HEADS, device=DEVICE).transpose(1, 2))
+
+
 def test_no_tokens_write_nothing():
     q, k, v, positions, cos, sin, slots = step_inputs(3, torch.float32)
     k_cache, v_cache, *_ = caches("model", torch.float32)

@@ -17,7 +17,10 @@ tokens, logits are gathered from them).
 Pieces exchange their results through static buffers shared by every piece and bucket (the
 queries, the attention output, the residual stream, the final hidden state), so no tensor of the
 graphs' shared memory pool outlives a capture: the pool holds one piece's intermediates at a
-time. On the CPU the pieces run eagerly through the same buffers (tests).
+time. The rotary launch writes the queries and attention its output straight into theirs (no
+copy: in an 8,192-token step of the 8B shape each copy took 32 us a layer on the H200, 83f9c25's
+kernel profile; the residual stream is still copied). On the CPU the pieces run eagerly through
+the same buffers (tests).
 """
 
 from __future__ import annotations
@@ -84,8 +87,7 @@ class MixedGraphs:
             return
         meta = self._write_meta(bucket)
         args = (self.positions[:bucket], meta, model.rotary, self.kv_cache[i])
-        q, residual = layers[i].begin(h, residual, *args)
-        self.q[:bucket].copy_(q)
+        _, residual = layers[i].begin(h, residual, *args, q_out=self.q[:bucket])
         self.residual[:bucket].copy_(residual)
 
     def _write_meta(self, bucket: int) -> AttnMetadata:
@@ -137,7 +139,7 @@ class MixedGraphs:
         for i in range(len(layers) + 1):
             if i:
                 attention = layers[i - 1].self_attn
-                self.o[:tokens].copy_(attention.attend(self.q[:tokens], meta, self.kv_cache[i - 1]))
+                attention.attend(self.q[:tokens], meta, self.kv_cache[i - 1], out=self.o[:tokens])
             if graphs is not None:
                 graphs[i].replay()
             else:

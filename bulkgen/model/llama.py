@@ -91,9 +91,10 @@ class Attention(nn.Module):
         meta: AttnMetadata,
         rotary: Rotary,
         kv: tuple[torch.Tensor, ...],
+        q_out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """The rotated queries [T, heads, head_dim]; keys and values are written to the cache
-        (at meta.slot_mapping: the only metadata read here)."""
+        """The rotated queries [T, heads, head_dim] (in q_out when given); keys and values are
+        written to the cache (at meta.slot_mapping: the only metadata read here)."""
         cfg = self.cfg
         q, k, v = self.qkv_proj(x).split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
         q = q.view(-1, cfg.num_heads, cfg.head_dim)
@@ -107,17 +108,24 @@ class Attention(nn.Module):
         k_scale, v_scale = scales if scales else (self.k_scale, self.v_scale)
         cache = (k_cache, v_cache, meta.slot_mapping, k_scale, v_scale)
         if self.backend.rotary_write_kv is not None:  # one launch, the same bits
-            q, k = self.backend.rotary_write_kv(q, k, v, positions, rotary.cos, rotary.sin, *cache)
-        else:
-            q, k = self.ops.rotary(q, k, positions, rotary.cos, rotary.sin)
-            self.backend.write_kv(k, v, *cache)
-        return q
+            args = (q, k, v, positions, rotary.cos, rotary.sin, *cache)
+            return self.backend.rotary_write_kv(*args, q_out=q_out)[0]
+        q, k = self.ops.rotary(q, k, positions, rotary.cos, rotary.sin)
+        self.backend.write_kv(k, v, *cache)
+        return q if q_out is None else q_out.copy_(q)
 
-    def attend(self, q: torch.Tensor, meta: AttnMetadata, kv: tuple[torch.Tensor, ...]):
-        """Attention of the queries over the cache: [T, heads, head_dim]."""
+    def attend(
+        self,
+        q: torch.Tensor,
+        meta: AttnMetadata,
+        kv: tuple[torch.Tensor, ...],
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Attention of the queries over the cache: [T, heads, head_dim] (in out when given)."""
         k_cache, v_cache, *scales = kv
         k_scale, v_scale = scales if scales else (self.k_scale, self.v_scale)
-        return self.backend.attend(q, k_cache, v_cache, meta, self.scale, k_scale, v_scale)
+        args = (q, k_cache, v_cache, meta, self.scale, k_scale, v_scale)
+        return self.backend.attend(*args, out=out)
 
     def project(self, o: torch.Tensor) -> torch.Tensor:
         return self.tp.all_reduce(self.o_proj(o.reshape(-1, self.cfg.q_size)))
@@ -157,15 +165,17 @@ class DecoderLayer(nn.Module):
         meta: AttnMetadata,
         rotary: Rotary,
         kv: tuple[torch.Tensor, ...],
+        q_out: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(h, residual) -> (queries, the residual stream h + residual). Keeping the residual
-        apart lets each add share one kernel with the norm after it."""
+        """(h, residual) -> (queries, the residual stream h + residual); the queries in q_out
+        when given. Keeping the residual apart lets each add share one kernel with the norm
+        after it."""
         norm1 = self.input_layernorm
         if residual is None:
             x, residual = self.ops.rms_norm(h, norm1.weight, norm1.eps), h
         else:
             x, residual = self.ops.add_rms_norm(h, residual, norm1.weight, norm1.eps)
-        return self.self_attn.qkv_cache(x, positions, meta, rotary, kv), residual
+        return self.self_attn.qkv_cache(x, positions, meta, rotary, kv, q_out), residual
 
     def end(self, o: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(attention output, residual) -> (mlp output, residual before it); the sum is the

@@ -25,12 +25,13 @@ class AttentionBackend:
     # Both take a layer's k_scale and v_scale last: an fp8 cache's floats (kv_fp8.py), an int8
     # cache's [num_blocks, block_size, Hkv] scale tensors (kv_int8.py).
     write_kv: Callable[..., None]  # (k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
-    attend: Callable[..., torch.Tensor]  # (q, k_cache, v_cache, meta, scale, k_s, v_s) -> out
+    # (q, k_cache, v_cache, meta, scale, k_s, v_s, out=None) -> the output (out when given)
+    attend: Callable[..., torch.Tensor]
     # An fp8 cache's values stored slots inner (kv_layout.py): the Triton kernels only.
     fp8_v_slots_inner: bool = False
-    # (q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping, k_scale, v_scale) -> the
-    # rotated (q, k): fused_rotary's rotary and write_kv in one launch (rotary_write.py), where
-    # the model's rotary is fused_rotary's (CUDA); None: the two apart.
+    # (q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping, k_scale, v_scale,
+    # q_out=None) -> the rotated (q, k): fused_rotary's rotary and write_kv in one launch
+    # (rotary_write.py), where the model's rotary is fused_rotary's (CUDA); None: the two apart.
     rotary_write_kv: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
 
     def metadata(

@@ -102,16 +102,21 @@ def rotary_write_kv(
     slot_mapping: torch.Tensor,
     k_scale: float | torch.Tensor = 1.0,
     v_scale: float | torch.Tensor = 1.0,
+    q_out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """fused_rotary.rotary(q, k, ...) and triton_kv_write.write_kv(rotated k, v, ...) in one launch;
-    the rotated (q, k) as new contiguous tensors."""
+    the rotated (q, k) as new contiguous tensors, q in q_out when given (contiguous, q's shape
+    and dtype: a static buffer of engine/mixed_graphs.py's pieces)."""
     T, q_heads, head_dim = q.shape
     k_heads, half = k.shape[1], head_dim // 2
     assert k.shape == v.shape == (T, k_heads, head_dim) and k.dtype == q.dtype == v.dtype
     assert q.stride(-1) == k.stride(-1) == v.stride(-1) == 1, "head_dim must be contiguous"
     assert cos.shape[-1] == half and sin.shape == cos.shape and positions.shape == (T,)
     check_cache(k_cache, v_cache, head_dim)
-    q_out = torch.empty((T, q_heads, head_dim), dtype=q.dtype, device=q.device)
+    if q_out is None:
+        q_out = torch.empty((T, q_heads, head_dim), dtype=q.dtype, device=q.device)
+    elif q_out.shape != q.shape or q_out.dtype != q.dtype or not q_out.is_contiguous():
+        raise ValueError(f"q_out must be contiguous {tuple(q.shape)} {q.dtype}, got {q_out.shape}")
     k_out = torch.empty((T, k_heads, head_dim), dtype=k.dtype, device=k.device)
     if T == 0:
         return q_out, k_out

@@ -71,8 +71,10 @@ def paged_attention(
     scale: float,
     k_scale: Scale = 1.0,
     v_scale: Scale = 1.0,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Causal attention of q [T, Hq, D] over each sequence's cached context; returns [T, Hq, D].
+    """Causal attention of q [T, Hq, D] over each sequence's cached context; returns [T, Hq, D]
+    (written into `out` when given: a [T, Hq, D] tensor of q's dtype).
 
     Computed in float32 whatever the cache dtype; k_scale/v_scale dequantize an fp8 or int8
     cache.
@@ -83,7 +85,7 @@ def paged_attention(
     q_lens, seq_lens = meta.query_lens_host, meta.seq_lens_host
     if q_lens is None or seq_lens is None:
         raise ValueError("the torch attention backend needs host-side lengths in AttnMetadata")
-    out = torch.empty_like(q)
+    out = torch.empty_like(q) if out is None else out
     starts = [0]
     for n in q_lens:
         starts.append(starts[-1] + n)

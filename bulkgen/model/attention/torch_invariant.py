@@ -36,8 +36,10 @@ def paged_attention(
     scale: float,
     k_scale: Scale = 1.0,
     v_scale: Scale = 1.0,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Causal attention of q [T, Hq, D] over each sequence's cached context; returns [T, Hq, D].
+    """Causal attention of q [T, Hq, D] over each sequence's cached context; returns [T, Hq, D]
+    (written into `out` when given: a [T, Hq, D] tensor of q's dtype).
 
     Computed in float32 whatever the cache dtype, one query token at a time.
     """
@@ -47,7 +49,7 @@ def paged_attention(
     q_lens, seq_lens = meta.query_lens_host, meta.seq_lens_host
     if q_lens is None or seq_lens is None:
         raise ValueError("the torch attention backend needs host-side lengths in AttnMetadata")
-    out = torch.empty_like(q)
+    out = torch.empty_like(q) if out is None else out
     start = 0
     for b, (q_len, seq_len) in enumerate(zip(q_lens, seq_lens, strict=True)):
         blocks = meta.block_tables[b, : -(-seq_len // block_size)].long()

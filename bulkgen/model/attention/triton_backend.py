@@ -41,8 +41,10 @@ def paged_attention(
     scale: float,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Causal attention of q [T, Hq, D] over each sequence's cached context; returns [T, Hq, D].
+    """Causal attention of q [T, Hq, D] over each sequence's cached context; returns [T, Hq, D]
+    (written into `out` when given: the static buffer of engine/mixed_graphs.py's pieces).
 
     The cache must already hold this step's keys and values (write_kv runs first); k_scale and
     v_scale dequantize an fp8 cache.
@@ -58,11 +60,13 @@ def paged_attention(
             scale,
             k_scale=k_scale,
             v_scale=v_scale,
+            out=out,
         )
     split = meta.num_decode_prefix
     if SPLIT_MIXED_MIN_ROWS is None or split < SPLIT_MIXED_MIN_ROWS:
         split = 0
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if split else None
+    if split and out is None:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if split:
         paged_decode(
             q[:split],
@@ -91,9 +95,9 @@ def paged_attention(
         scale,
         k_scale,
         v_scale,
-        out=out[split:] if split else None,
+        out=out[split:] if out is not None else None,
     )
-    return out if split else prefill
+    return out if out is not None else prefill
 
 
 def prefill_part(meta: AttnMetadata, split: int) -> tuple[torch.Tensor, ...]:

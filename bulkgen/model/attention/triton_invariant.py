@@ -77,9 +77,11 @@ def paged_attention(
     scale: float,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Causal attention of q [T, Hq, D] over each sequence's cached context; returns [T, Hq, D],
-    each row computed the same way whatever the step (decode, prefill, chunk, batch, padding)."""
+    """Causal attention of q [T, Hq, D] over each sequence's cached context; returns [T, Hq, D]
+    (into `out` when given), each row computed the same way whatever the step (decode, prefill,
+    chunk, batch, padding)."""
     return paged_prefill(
         q,
         k_cache,
@@ -92,4 +94,5 @@ def paged_attention(
         k_scale,
         v_scale,
         invariant=True,
+        out=out,
     )
