@@ -181,10 +181,23 @@ def schemes(amax: torch.Tensor, mean: torch.Tensor, bf16_model: bool) -> list[Sc
         both(int8_per_token, 1, "int8 per-token-head", 4),
         both(rotated(int8_per_token), 1, "int8 per-token-head, K+V Hadamard", 4),
     ]
-    if bf16_model:
+    if bf16_model:  # the H200's configurations (scripts/fp8_accuracy.py measures the first two)
+        kept = first_kept(16, fixed(1.0))
+        centred_kept = first_kept(16, own_mean_centred(fixed(1.0)))
         out += [
-            dataclasses.replace(both(same, 2, "bf16 model, bf16 cache"), model="bf16"),
-            dataclasses.replace(both(fixed(1.0), 1, "bf16 model, fp8 scale 1.0"), model="bf16"),
+            dataclasses.replace(scheme, name=f"bf16 model, {scheme.name}", model="bf16")
+            for scheme in (
+                both(same, 2, "bf16 cache"),
+                both(fixed(1.0), 1, "fp8 scale 1.0"),
+                both(kept, 1, "fp8 scale 1.0, first 16 tokens bf16"),
+                Scheme(
+                    "fp8 K - own mean, scale 1.0, first 16 tokens bf16",
+                    [centred_kept] * n,
+                    [kept] * n,
+                    1,
+                ),
+                both(int8_per_token, 1, "int8 per-token-head", 4),
+            )
         ]
     return out
 
@@ -225,6 +238,12 @@ def main() -> None:
         "--only", default="", help="comma-separated: run the schemes whose name contains one"
     )
     ap.add_argument(
+        "--fp8-accuracy-texts",
+        action="store_true",
+        help="measure on scripts/fp8_accuracy.py's 16 texts (plain text, no chat template, the "
+        "first 512 tokens: the H200's accuracy table) instead of prompts and answers",
+    )
+    ap.add_argument(
         "--holdout",
         action="store_true",
         help="calibrate (amax, K mean) on the first --texts prompts and measure on the next "
@@ -240,6 +259,11 @@ def main() -> None:
     all_ids = texts(llms["fp32"], args.texts * (2 if args.holdout else 1), args.answer_tokens)
     calibration = all_ids[: args.texts]
     all_ids = all_ids[-args.texts :]
+    if args.fp8_accuracy_texts:  # calibrated on the prompts above (held out)
+        from fp8_accuracy import MAX_TOKENS, TEXTS
+
+        tokenizer = llms["fp32"].tokenizer
+        all_ids = [(tokenizer(t)["input_ids"][:MAX_TOKENS], 0) for t in TEXTS]
 
     def run(scheme_k, scheme_v, ids, model="fp32") -> torch.Tensor:
         install(llms[model], scheme_k, scheme_v)

@@ -294,6 +294,9 @@ def main() -> None:
                     f.write(json.dumps(line) + "\n")
     if series:
         plot(series, out / "bench.png")
+        # Each run's NVML samples as they are ([seconds since the engine loaded, busy %, tokens
+        # generated]): where a run's idle samples lie (its start, its end, between).
+        (out / "series.json").write_text(json.dumps(series))
 
 
 if __name__ == "__main__":

@@ -54,6 +54,9 @@ def test_fp8_norms_equal_the_norm_then_the_quantizer(dtype, rows, width):
     out, new_res = add_rms_norm_fp8(x, residual, weight, 1e-6)
     ref, ref_res = fused.add_rms_norm(x, residual, weight, 1e-6)
     assert same(out, quantize_rows(ref)) and torch.equal(new_res, ref_res)
+    into = torch.full_like(x, float("nan"))  # mixed_graphs.py's static buffer
+    out, new_res = add_rms_norm_fp8(x, residual, weight, 1e-6, residual_out=into)
+    assert new_res is into and torch.equal(into, ref_res) and same(out, quantize_rows(ref))
 
 
 @pytest.mark.parametrize("form", SILU_FORMS)

@@ -159,6 +159,25 @@ def test_add_rms_norm_returns_the_sum_and_its_norm(H):
     assert torch.equal(x, x_before) and torch.equal(residual, residual_before)
 
 
+def test_add_rms_norm_writes_the_sum_into_a_given_buffer():
+    """residual_out (mixed_graphs.py's static buffer): the same bits as a new tensor, for the
+    Triton op and the torch one; a buffer that is the residual itself or of another shape is
+    refused (the Triton op's programs would read what others wrote)."""
+    from bulkgen.model import ops
+
+    x, residual = torch.randn(2, 6, 576, device=DEVICE)
+    weight = norm_weight(576, torch.float32)
+    for op in (add_rms_norm, ops.add_rms_norm):
+        out, new_residual = op(x, residual, weight, EPS)
+        into = torch.full_like(x, float("nan"))
+        given_out, given = op(x, residual, weight, EPS, residual_out=into)
+        assert given is into and torch.equal(into, new_residual) and torch.equal(given_out, out)
+    with pytest.raises(ValueError, match="apart from residual"):
+        add_rms_norm(x, residual, weight, EPS, residual_out=residual)
+    with pytest.raises(ValueError, match="residual_out must be"):
+        add_rms_norm(x, residual, weight, EPS, residual_out=torch.empty(6, 575, device=DEVICE))
+
+
 def test_norms_of_no_rows_are_empty():
     x, weight = torch.randn(0, 64, device=DEVICE), norm_weight(64, torch.float32)
     assert rms_norm(x, weight, EPS).shape == (0, 64)

@@ -17,10 +17,10 @@ tokens, logits are gathered from them).
 Pieces exchange their results through static buffers shared by every piece and bucket (the
 queries, the attention output, the residual stream, the final hidden state), so no tensor of the
 graphs' shared memory pool outlives a capture: the pool holds one piece's intermediates at a
-time. The rotary launch writes the queries and attention its output straight into theirs (no
-copy: in an 8,192-token step of the 8B shape each copy took 32 us a layer on the H200, 83f9c25's
-kernel profile; the residual stream is still copied). On the CPU the pieces run eagerly through
-the same buffers (tests).
+time. The rotary launch, attention and the norm that adds the residual write the queries, the
+attention output and the residual stream straight into theirs (no copy: in an 8,192-token step
+of the 8B shape each copy took 32 us a layer on the H200, 83f9c25's kernel profile). On the CPU
+the pieces run eagerly through the same buffers (tests).
 """
 
 from __future__ import annotations
@@ -87,8 +87,8 @@ class MixedGraphs:
             return
         meta = self._write_meta(bucket)
         args = (self.positions[:bucket], meta, model.rotary, self.kv_cache[i])
-        _, residual = layers[i].begin(h, residual, *args, q_out=self.q[:bucket])
-        self.residual[:bucket].copy_(residual)
+        out = {"q_out": self.q[:bucket], "residual_out": self.residual[:bucket]}
+        layers[i].begin(h, residual, *args, **out)
 
     def _write_meta(self, bucket: int) -> AttnMetadata:
         """What a layer's begin reads of the metadata: the slots its keys and values go to."""

@@ -27,7 +27,7 @@ from bulkgen.model import pdl
 from bulkgen.model.fp8 import FP8, SILU_FORM_ENV, Fp8Activation
 from bulkgen.model.fp8_kernels import hw_rounding, quantize_rows, quantize_value, row_scale
 from bulkgen.model.fp8_silu_split import silu_split
-from bulkgen.model.fused import NORM_TILE, silu_and_mul, silu_times_up
+from bulkgen.model.fused import NORM_TILE, residual_for, silu_and_mul, silu_times_up
 from bulkgen.model.pdl import pdl_launch_dependents
 
 SILU_BLOCK = 2048  # elements of a row per loop iteration (two passes)
@@ -132,7 +132,11 @@ def _outputs(rows: int, width: int, device: torch.device) -> Fp8Activation:
 
 
 def _norm(
-    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor,
+    eps: float,
+    residual_out: torch.Tensor | None = None,
 ) -> tuple[Fp8Activation, torch.Tensor | None]:
     assert x.dim() == 2 and x.stride(1) == 1, "the FP8 norm takes [N, H] with contiguous rows"
     assert weight.dtype == x.dtype and weight.shape == (x.shape[1],) and weight.is_contiguous()
@@ -141,7 +145,7 @@ def _norm(
     new_res = None
     if residual is not None:
         assert residual.shape == x.shape and residual.dtype == x.dtype and residual.stride(1) == 1
-        new_res = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        new_res = residual_for(x, residual, residual_out)
     if n_rows == 0:
         return out, new_res
     block_h = triton.next_power_of_2(H)
@@ -174,10 +178,15 @@ def rms_norm_fp8(x: torch.Tensor, weight: torch.Tensor, eps: float) -> Fp8Activa
 
 
 def add_rms_norm_fp8(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    residual_out: torch.Tensor | None = None,
 ) -> tuple[Fp8Activation, torch.Tensor]:
-    """(rms_norm(x + residual) quantized per row, x + residual), in one pass."""
-    out, new_res = _norm(x, residual, weight, eps)
+    """(rms_norm(x + residual) quantized per row, x + residual), in one pass; the sum in
+    residual_out when given."""
+    out, new_res = _norm(x, residual, weight, eps, residual_out)
     assert new_res is not None
     return out, new_res
 

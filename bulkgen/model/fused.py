@@ -109,6 +109,7 @@ def _launch_norm(
     residual: torch.Tensor | None,
     weight: torch.Tensor,
     eps: float,
+    residual_out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     _check_rows(x, "x")
     assert x.dim() in (2, 3) and weight.shape == (x.shape[-1],) and weight.is_contiguous()
@@ -122,7 +123,7 @@ def _launch_norm(
     if residual is not None:
         _check_rows(residual, "residual")
         assert residual.shape == x.shape and residual.dtype == x.dtype and x.dim() == 2
-        new_res = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        new_res = residual_for(x, residual, residual_out)
     if n_rows == 0:
         return out, new_res
     block_h = triton.next_power_of_2(H)
@@ -157,12 +158,32 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def add_rms_norm(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    residual_out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rms_norm(x + residual), x + residual) for x, residual [N, H], in one pass; new tensors."""
-    out, new_res = _launch_norm(x, residual, weight, eps)
+    """(rms_norm(x + residual), x + residual) for x, residual [N, H], in one pass; new tensors,
+    the sum in residual_out when given (a static buffer of engine/mixed_graphs.py's pieces)."""
+    out, new_res = _launch_norm(x, residual, weight, eps, residual_out)
     assert new_res is not None
     return out, new_res
+
+
+def residual_for(
+    x: torch.Tensor, residual: torch.Tensor, residual_out: torch.Tensor | None
+) -> torch.Tensor:
+    """Where a norm's x + residual goes: residual_out (checked: contiguous, x's shape and dtype,
+    and not residual itself, which other programs may still be reading), else a new tensor."""
+    if residual_out is None:
+        return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if residual_out.shape != x.shape or residual_out.dtype != x.dtype:
+        shape = tuple(residual_out.shape)
+        raise ValueError(f"residual_out must be {tuple(x.shape)} {x.dtype}, got {shape}")
+    if not residual_out.is_contiguous() or residual_out.data_ptr() == residual.data_ptr():
+        raise ValueError("residual_out must be a contiguous tensor apart from residual")
+    return residual_out
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:

@@ -166,15 +166,18 @@ class DecoderLayer(nn.Module):
         rotary: Rotary,
         kv: tuple[torch.Tensor, ...],
         q_out: torch.Tensor | None = None,
+        residual_out: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(h, residual) -> (queries, the residual stream h + residual); the queries in q_out
-        when given. Keeping the residual apart lets each add share one kernel with the norm
-        after it."""
+        and the stream in residual_out when given. Keeping the residual apart lets each add
+        share one kernel with the norm after it."""
         norm1 = self.input_layernorm
         if residual is None:
             x, residual = self.ops.rms_norm(h, norm1.weight, norm1.eps), h
+            residual = residual if residual_out is None else residual_out.copy_(residual)
         else:
-            x, residual = self.ops.add_rms_norm(h, residual, norm1.weight, norm1.eps)
+            args = (h, residual, norm1.weight, norm1.eps)
+            x, residual = self.ops.add_rms_norm(*args, residual_out=residual_out)
         return self.self_attn.qkv_cache(x, positions, meta, rotary, kv, q_out), residual
 
     def end(self, o: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -21,9 +21,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def add_rms_norm(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    residual_out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    residual = x + residual
+    """(rms_norm(x + residual), x + residual); the sum in residual_out when given."""
+    residual = x + residual if residual_out is None else torch.add(x, residual, out=residual_out)
     return rms_norm(residual, weight, eps), residual
 
 
