@@ -27,6 +27,13 @@ REPO = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
 
 
+def interruptible() -> None:
+    """In the child before it starts: SIGINT's default disposition. A shell without job control
+    starts background commands with SIGINT ignored (a suite run as `pytest ... &`), the child
+    would inherit that, and Python then installs no KeyboardInterrupt: Ctrl-C would do nothing."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def run_args(inp: Path, out: Path, model: Path) -> list[str]:
     return [sys.executable, "-m", "bulkgen.cli", "run", str(inp), "-m", str(model), "-o",
             str(out), "--max-tokens", "8", "--shard-size", "50"]  # fmt: skip
@@ -40,7 +47,8 @@ def complete(inp: Path, out: Path, model: Path) -> tuple[int, str]:
 
 def interrupted(inp: Path, out: Path, model: Path, sig: int) -> tuple[int, str]:
     proc = subprocess.Popen(run_args(inp, out, model), env=ENV, cwd=REPO,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            preexec_fn=interruptible)  # fmt: skip
     deadline = time.monotonic() + 120
     while not list(out.glob("part-*")) and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.05)  # until it is generating: its first shard is written

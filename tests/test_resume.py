@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
+from test_exits import interruptible
 
 from bulkgen.engine.fake import FAKE_ENGINE_ENV
 
@@ -25,12 +26,14 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def start(args: list[str], env: dict) -> subprocess.Popen:
+    """`bulkgen run` in a child that Ctrl-C reaches (test_exits.interruptible)."""
     return subprocess.Popen(
         [sys.executable, "-m", "bulkgen.cli", "run", *args],
         env=env,
         cwd=REPO,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
+        preexec_fn=interruptible,
     )
 
 
