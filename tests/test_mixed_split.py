@@ -122,14 +122,16 @@ def engine_tokens(model_dir, monkeypatch, split: bool, device: str) -> list[list
     from bulkgen import LLM, SamplingParams
 
     monkeypatch.setattr(triton_backend, "SPLIT_MIXED_MIN_ROWS", 1 if split else None)
-    mixed_decodes = []  # decode-kernel launches inside mixed steps (they pass out=)
-    decode = triton_backend.paged_decode
+    # Mixed steps that gave their decoding rows the decode kernel: only they take the rest's
+    # metadata apart (every launch may pass out= now: mixed_graphs.py's static buffer).
+    mixed_decodes = []
+    part = triton_backend.prefill_part
 
-    def spy(*args, out=None, **kwargs):
-        mixed_decodes.append(out is not None)
-        return decode(*args, out=out, **kwargs)
+    def spy(meta, rows):
+        mixed_decodes.append(rows)
+        return part(meta, rows)
 
-    monkeypatch.setattr(triton_backend, "paged_decode", spy)
+    monkeypatch.setattr(triton_backend, "prefill_part", spy)
     ids = encode_all(model_dir, PROMPTS)
     # Few tokens a step: chunked prefills beside decoding rows, so most steps are mixed.
     llm = LLM(str(model_dir), device=device, dtype="float32", attention="triton",
