@@ -44,27 +44,19 @@ KERNELS = [
         {"gate_up_ptr": "*bf16", **FP8_OUT, "I": "i32", "stride_row": "i32"},
         {"BLOCK": 16384, "LIBDEVICE_EXP": True, "ONE_PASS": True, "PDL": True, "HW_ROUND": False},
     ),
-    (  # silu_and_mul_fp8(form="split"): each chunk's absmax, then each chunk quantized
-        fp8_silu_split._silu_absmax_kernel,
-        SPLIT_IN,
-        {"BLOCK": 2048, "LIBDEVICE_EXP": True, "STASH": False},
-    ),
-    (
-        fp8_silu_split._silu_quantize_kernel,
-        {**SPLIT_IN, **FP8_OUT},
-        {"BLOCK": 2048, "CHUNKS": 8, "LIBDEVICE_EXP": True, "STASH": False}
-        | {"PDL": True, "HW_ROUND": False},
-    ),
-    (  # form="stash": the first launch keeps the values (bf16), the second quantizes those
-        fp8_silu_split._silu_absmax_kernel,
-        SPLIT_IN,
-        {"BLOCK": 2048, "LIBDEVICE_EXP": True, "STASH": True},
-    ),
-    (
-        fp8_silu_split._silu_quantize_kernel,
-        {**SPLIT_IN, **FP8_OUT},
-        {"BLOCK": 2048, "CHUNKS": 8, "LIBDEVICE_EXP": True, "STASH": True}
-        | {"PDL": True, "HW_ROUND": False},
+    # silu_and_mul_fp8(form="split"): each chunk's absmax, then each chunk quantized; "stash":
+    # the first launch keeps the values (bf16), the second quantizes those
+    *(
+        (kernel, signature, {"BLOCK": 2048, "LIBDEVICE_EXP": True, "STASH": stash} | more)
+        for stash in (False, True)
+        for kernel, signature, more in (
+            (fp8_silu_split._silu_absmax_kernel, SPLIT_IN, {}),
+            (
+                fp8_silu_split._silu_quantize_kernel,
+                {**SPLIT_IN, **FP8_OUT},
+                {"CHUNKS": 8, "PDL": True, "HW_ROUND": False},
+            ),
+        )
     ),
 ]
 
