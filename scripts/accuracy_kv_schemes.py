@@ -43,6 +43,7 @@ from kv_quant_schemes import (
     int8_per_token,
     max_finite,
     own_mean_centred,
+    recorder,
     rotated,
 )
 
@@ -184,18 +185,15 @@ def schemes(amax: torch.Tensor, mean: torch.Tensor, bf16_model: bool) -> list[Sc
     if bf16_model:  # the H200's configurations (scripts/fp8_accuracy.py measures the first two)
         kept = first_kept(16, fixed(1.0))
         centred_kept = first_kept(16, own_mean_centred(fixed(1.0)))
+        name = "fp8 K - own mean, scale 1.0, first 16 tokens bf16"
+        own = Scheme(name, [centred_kept] * n, [kept] * n, 1)
         out += [
             dataclasses.replace(scheme, name=f"bf16 model, {scheme.name}", model="bf16")
             for scheme in (
                 both(same, 2, "bf16 cache"),
                 both(fixed(1.0), 1, "fp8 scale 1.0"),
                 both(kept, 1, "fp8 scale 1.0, first 16 tokens bf16"),
-                Scheme(
-                    "fp8 K - own mean, scale 1.0, first 16 tokens bf16",
-                    [centred_kept] * n,
-                    [kept] * n,
-                    1,
-                ),
+                own,
                 both(int8_per_token, 1, "int8 per-token-head", 4),
             )
         ]
@@ -213,19 +211,6 @@ def install(llm: LLM, k: Sequence[Quantizer], v: Sequence[Quantizer]) -> None:
             b.write_kv(qk(k_).to(k_.dtype), qv(v_).to(v_.dtype), k_cache, v_cache, slots)
 
         attention.backend = dataclasses.replace(base, write_kv=write_kv)
-
-
-def recorder(amax: torch.Tensor, sums: torch.Tensor, layer: int, kind: int) -> Quantizer:
-    """Records the largest |x| per kv head into amax [layers, 2, Hkv] and the sum over tokens
-    into sums [layers, 2, Hkv, D + 1] (the last column counts the tokens)."""
-
-    def record(x: torch.Tensor) -> torch.Tensor:
-        torch.maximum(amax[layer, kind], x.float().abs().amax(dim=(0, 2)), out=amax[layer, kind])
-        sums[layer, kind, :, :-1] += x.float().sum(0)
-        sums[layer, kind, :, -1] += len(x)
-        return x
-
-    return record
 
 
 def main() -> None:

@@ -34,7 +34,7 @@ from bench_bulkgen import (
     seq_setting,
     tensor_parallel,
 )
-from bench_measure import env_fields, git_commit, measure_ceilings, plot
+from bench_measure import env_fields, git_commit, measure_ceilings, save_series
 from bench_transformers import run_transformers
 from bench_workloads import make_workload, model_folder, roofline_compute_s, split_roofline_s
 
@@ -293,10 +293,7 @@ def main() -> None:
                 with open(out / "bench.jsonl", "a") as f:
                     f.write(json.dumps(line) + "\n")
     if series:
-        plot(series, out / "bench.png")
-        # Each run's NVML samples as they are ([seconds since the engine loaded, busy %, tokens
-        # generated]): where a run's idle samples lie (its start, its end, between).
-        (out / "series.json").write_text(json.dumps(series))
+        save_series(series, out)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import json
 import os
 import subprocess
 import sys
@@ -256,6 +257,13 @@ def gap_report(gaps: list, window: float) -> str:
     for gap, before, after in sorted(gaps, reverse=True)[:8]:
         lines.append(f"  {gap:.0f} us after {before[:60]} before {after[:60]}")
     return "\n".join(lines)
+
+
+def save_series(runs: dict, out) -> None:
+    """Each run's NVML samples as they are ([seconds since the engine loaded, busy %, tokens
+    generated], in out/series.json: where a run's idle samples lie) and their plot (bench.png)."""
+    (out / "series.json").write_text(json.dumps(runs))
+    plot(runs, out / "bench.png")
 
 
 def plot(runs: dict, path) -> None:

@@ -13,6 +13,8 @@ scripts/accuracy_kv_schemes.py to compare scale schemes without touching the ker
   attention sinks every later query leans on; IntactKV's idea).
 - own_mean_centred: keys minus the mean of the sequence's own keys at some positions (no
   calibration file: a per-sequence offset, which the softmax cancels as it does a fixed one).
+- recorder: no quantization; records the largest |x| and the sum over tokens per kv head (the
+  calibration pass).
 - hadamard / rotated: a normalized Hadamard rotation of the head dimension before quantizing
   (and its inverse after); q . k is unchanged when both q and k are rotated, so emulating it as
   H^T QD(H k) gives the attention the same scores the rotated cache would.
@@ -103,3 +105,16 @@ def own_mean_centred(quantizer: Quantizer, start: int = 16, end: int = 80) -> Qu
         return quantizer(x.float() - mu) + mu
 
     return quantize
+
+
+def recorder(amax: torch.Tensor, sums: torch.Tensor, layer: int, kind: int) -> Quantizer:
+    """Records the largest |x| per kv head into amax [layers, 2, Hkv] and the sum over tokens
+    into sums [layers, 2, Hkv, D + 1] (the last column counts the tokens)."""
+
+    def record(x: torch.Tensor) -> torch.Tensor:
+        torch.maximum(amax[layer, kind], x.float().abs().amax(dim=(0, 2)), out=amax[layer, kind])
+        sums[layer, kind, :, :-1] += x.float().sum(0)
+        sums[layer, kind, :, -1] += len(x)
+        return x
+
+    return record

@@ -160,13 +160,11 @@ def test_add_rms_norm_returns_the_sum_and_its_norm(H):
 
 
 def test_add_rms_norm_writes_the_sum_into_a_given_buffer():
-    """residual_out (mixed_graphs.py's static buffer): the same bits as a new tensor, for the
-    Triton op and the torch one; a buffer that is the residual itself or of another shape is
-    refused (the Triton op's programs would read what others wrote)."""
+    """residual_out (mixed_graphs.py's static buffer): a new tensor's bits, for the Triton op and
+    the torch one; the residual itself (read by other programs) or another shape is refused."""
     from bulkgen.model import ops
 
-    x, residual = torch.randn(2, 6, 576, device=DEVICE)
-    weight = norm_weight(576, torch.float32)
+    x, residual, weight = *torch.randn(2, 6, 576, device=DEVICE), norm_weight(576, torch.float32)
     for op in (add_rms_norm, ops.add_rms_norm):
         out, new_residual = op(x, residual, weight, EPS)
         into = torch.full_like(x, float("nan"))
