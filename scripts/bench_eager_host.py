@@ -13,6 +13,10 @@ bulk FP8 mixed step's 37 ms go, against about 27 ms for its GEMMs and KV reads b
 that waits for the GPU shows about 200 ms (at 8,192-token steps the engine thread's launch of a
 mixed step took as long as the step ran on the GPU, in the logits' F.linear by py-spy, 6736282).
 
+`host_ms_first_two` are the two untimed launches before them: with --mixed-graphs the first is
+the first launch of its bucket's pieces since their capture (does it wait for the GPU, as every
+run's first step with prefill does? README, the first step's launch wait).
+
     python scripts/bench_eager_host.py --rows 441 --chunk 1607 [--fp8] [--mixed-graphs] [--kernels]
 
 Prints one JSON line per step kind. On the CPU (--device cpu --model DIR) it runs for a smoke
@@ -74,7 +78,7 @@ def step_plan(
 
 def time_launches(engine: Engine, plan: Plan, reps: int, profile: bool) -> dict:
     runner, cuda = engine.runner, engine.device.type == "cuda"
-    host, gpu, stats = [], [], None
+    host, gpu, stats, untimed = [], [], None, []
     for i in range(reps + 2):  # two untimed: first-use work (allocations, algorithm choice)
         start = end = None
         if cuda:
@@ -98,7 +102,12 @@ def time_launches(engine: Engine, plan: Plan, reps: int, profile: bool) -> dict:
         if i >= 2:
             host.append((t1 - t0) * 1e3)
             gpu.append(start.elapsed_time(end) if cuda else None)
+        else:
+            untimed.append(round((t1 - t0) * 1e3, 3))
     line = {
+        # The two untimed launches' host ms: the first launch of this step's graphs and kernels
+        # (a launch that waits for the GPU shows the 200 ms sleep ahead of it).
+        "host_ms_first_two": untimed,
         "host_ms_median": round(statistics.median(host), 3),
         "host_ms_min": round(min(host), 3),
         "gpu_ms_median": round(statistics.median(gpu), 3) if cuda else None,

@@ -22,6 +22,7 @@ def test_a_mixed_and_a_decode_step_launch_and_are_timed(tiny_model_dir):
     assert all(b < blocks for s in mixed.seqs for b in s.request.block_ids)
     line = time_launches(engine, mixed, reps=2, profile=True)
     assert line["host_ms_median"] > 0 and line["gpu_ms_median"] is None
+    assert len(line["host_ms_first_two"]) == 2 and min(line["host_ms_first_two"]) > 0
     assert line["profile_own_ms"] and all(len(row) == 3 for row in line["profile_own_ms"])
     decode = step_plan(5, 40, 0, engine.cfg.block_size, blocks)
     assert decode.decode_only and time_launches(engine, decode, 1, False)["host_ms_median"] > 0
