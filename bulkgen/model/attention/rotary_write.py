@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from bulkgen.model.attention.kv_fp8 import is_fp8
-from bulkgen.model.attention.triton_kv import check_cache, int8_scale_args
+from bulkgen.model.attention.triton_kv import check_cache, int8_scale_args, output_for
 from bulkgen.model.attention.triton_kv_write import write_token
 from bulkgen.model.fused_rotary import rotate_token
 
@@ -113,10 +113,7 @@ def rotary_write_kv(
     assert q.stride(-1) == k.stride(-1) == v.stride(-1) == 1, "head_dim must be contiguous"
     assert cos.shape[-1] == half and sin.shape == cos.shape and positions.shape == (T,)
     check_cache(k_cache, v_cache, head_dim)
-    if q_out is None:
-        q_out = torch.empty((T, q_heads, head_dim), dtype=q.dtype, device=q.device)
-    elif q_out.shape != q.shape or q_out.dtype != q.dtype or not q_out.is_contiguous():
-        raise ValueError(f"q_out must be contiguous {tuple(q.shape)} {q.dtype}, got {q_out.shape}")
+    q_out = output_for(q_out, q, "q_out")
     k_out = torch.empty((T, k_heads, head_dim), dtype=k.dtype, device=k.device)
     if T == 0:
         return q_out, k_out

@@ -142,11 +142,12 @@ def int8_scale_args(
     return (k_scale, v_scale, k_scale.stride(0), k_scale.stride(1)), True
 
 
-def output_for(out: torch.Tensor | None, q: torch.Tensor) -> torch.Tensor:
-    """The attention output of q [T, Hq, D]: out if given (checked: the kernels index it as a
-    contiguous tensor of q's shape and dtype), else a new one."""
+def output_for(out: torch.Tensor | None, q: torch.Tensor, name: str = "out") -> torch.Tensor:
+    """A kernel's output shaped like q (the attention output; the rotated queries): out if given
+    (checked: the kernels index it as a contiguous tensor of q's shape and dtype; `name` in the
+    error), else a new one."""
     if out is None:
         return torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if out.shape != q.shape or out.dtype != q.dtype or not out.is_contiguous():
-        raise ValueError(f"out must be contiguous {tuple(q.shape)} {q.dtype}, got {out.shape}")
+        raise ValueError(f"{name} must be contiguous {tuple(q.shape)} {q.dtype}, got {out.shape}")
     return out
