@@ -48,6 +48,7 @@ class RunConfig:
     quantization: str | None = None  # fp8: quantize the weights at load
     kv_cache_dtype: str = "auto"  # fp8 (e4m3, Ada/Hopper GPUs) or int8: about twice the tokens
     fp8_fast_accum: bool | None = None  # None: FP8 GEMMs sum in the tensor cores' accumulator
+    fp8_kv_pair_first_block: bool | None = None  # None: on with an fp8 cache (kv_pairs.py)
     mixed_graphs: bool | None = None  # None: prefill steps replay pieces on one CUDA device
     sync: bool = False
     quiet: bool = False
@@ -103,6 +104,7 @@ class RunConfig:
             quantization=self.quantization,
             kv_cache_dtype=self.kv_cache_dtype,
             fp8_fast_accum=self.fp8_fast_accum,
+            fp8_kv_pair_first_block=self.fp8_kv_pair_first_block,
             mixed_graphs=self.mixed_graphs,
             async_loop=not self.sync,
             prefix_cache=self.prefix_cache,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import click
 
+from bulkgen.kv_cache_options import KV_CACHE_OPTIONS
 from bulkgen.sampling_options import SAMPLING_OPTIONS
 from bulkgen.scaling_options import SCALING_OPTIONS
 from bulkgen.structured_options import STRUCTURED_OPTIONS
@@ -249,16 +250,7 @@ _OPTIONS = [
         "their launch time (on an H200: 32 -> 10 ms a 2,048-token step): on by default on one "
         "GPU, off on the CPU and under tensor parallelism.",
     ),
-    click.option(
-        "--kv-cache-dtype",
-        type=click.Choice(["auto", "fp8", "int8"]),
-        default="auto",
-        show_default=True,
-        help="KV cache element type. auto: the model's dtype; fp8: float8 e4m3 with a scale per "
-        "layer, twice the tokens in the same memory (needs an Ada or Hopper GPU or newer); int8: "
-        "int8 with a scale per token and KV head, more accurate than fp8, about twice the tokens "
-        "(any device).",
-    ),
+    *KV_CACHE_OPTIONS,  # --kv-cache-dtype, --fp8-kv-pair-first-block
     click.option(
         "--batch-invariant",
         is_flag=True,

@@ -38,6 +38,7 @@ from kv_quant_schemes import (
     E4M3,
     E5M2,
     first_kept,
+    first_split,
     fp8_fixed,
     fp8_per_token,
     int8_per_token,
@@ -183,16 +184,16 @@ def schemes(amax: torch.Tensor, mean: torch.Tensor, bf16_model: bool) -> list[Sc
         both(rotated(int8_per_token), 1, "int8 per-token-head, K+V Hadamard", 4),
     ]
     if bf16_model:  # the H200's configurations (scripts/fp8_accuracy.py measures the first two)
-        kept = first_kept(16, fixed(1.0))
-        centred_kept = first_kept(16, own_mean_centred(fixed(1.0)))
-        name = "fp8 K - own mean, scale 1.0, first 16 tokens bf16"
-        own = Scheme(name, [centred_kept] * n, [kept] * n, 1)
+        kept, centred = first_kept(16, fixed(1.0)), first_kept(16, own_mean_centred(fixed(1.0)))
+        own = Scheme("fp8 K - own mean, scale 1.0, first 16 bf16", [centred] * n, [kept] * n, 1)
         out += [
             dataclasses.replace(scheme, name=f"bf16 model, {scheme.name}", model="bf16")
             for scheme in (
                 both(same, 2, "bf16 cache"),
                 both(fixed(1.0), 1, "fp8 scale 1.0"),
                 both(kept, 1, "fp8 scale 1.0, first 16 tokens bf16"),
+                both(first_kept(64, fixed(1.0)), 1, "fp8 scale 1.0, first 64 tokens bf16"),
+                both(first_split(64, fixed(1.0)), 1, "fp8 scale 1.0, first 64 tokens hi/lo"),
                 own,
                 both(int8_per_token, 1, "int8 per-token-head", 4),
             )

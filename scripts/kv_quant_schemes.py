@@ -93,6 +93,22 @@ def first_kept(count: int, quantizer: Quantizer) -> Quantizer:
     return quantize
 
 
+def first_split(count: int, quantizer: Quantizer, lo_scale: float = 1.0 / 16) -> Quantizer:
+    """quantizer for rows count.. of x [T, Hkv, D]; rows 0..count-1 stored as two e4m3 values,
+    hi = e4m3(x) and lo = e4m3((x - hi) / lo_scale), read back as hi + lo * lo_scale (a first
+    block held in two fp8 blocks of the cache: about bf16's precision at fp8's range)."""
+
+    def quantize(x: torch.Tensor) -> torch.Tensor:
+        out = quantizer(x)
+        head = x[:count].float()
+        hi = head.clamp(-448.0, 448.0).to(E4M3).float()
+        lo = ((head - hi) * (1.0 / lo_scale)).clamp(-448.0, 448.0).to(E4M3).float()
+        out[:count] = hi + lo * lo_scale
+        return out
+
+    return quantize
+
+
 def own_mean_centred(quantizer: Quantizer, start: int = 16, end: int = 80) -> Quantizer:
     """quantizer applied to x [T, Hkv, D] minus the mean of its rows start..end-1 (fewer if x is
     shorter; none: no shift), added back after. One vector per sequence and kv head shifts every

@@ -120,11 +120,10 @@ class Admission:
             return 0
         length, end = req.num_tokens, self._end(req)
         tokens = min(end, length + math.ceil(share * max(0, end - length)))
-        return min(self.blocks.blocks_for(max(tokens, length)), self.blocks.num_blocks)
+        return min(self.blocks.cost(max(tokens, length)), self.blocks.num_blocks)
 
-    @staticmethod
-    def owed(req: Request) -> int:
-        return max(0, req.horizon_blocks - len(req.block_ids))
+    def owed(self, req: Request) -> int:
+        return max(0, req.horizon_blocks - self.blocks.held(req.block_ids))
 
     @property
     def room(self) -> int:
@@ -145,7 +144,7 @@ class Admission:
     def allocated(self, req: Request, owed_before: int) -> None:
         """req's blocks grew: they came out of its promise; at its horizon, it gets a new one."""
         self.promised -= owed_before - self.owed(req)
-        if len(req.block_ids) >= req.horizon_blocks:
+        if self.blocks.held(req.block_ids) >= req.horizon_blocks:
             req.horizon_blocks = self.horizon(req)
             self.promised += self.owed(req)
 
@@ -171,7 +170,7 @@ class Admission:
         budget = self._end(req) - prompt
         if self.fixed_share is not None or known_length(req.params):
             share = 1.0 if self.fixed_share is None else self.fixed_share
-            self.known_blocks += self.blocks.blocks_for(prompt + math.ceil(share * budget))
+            self.known_blocks += self.blocks.cost(prompt + math.ceil(share * budget))
         else:
             self.unknown += 1
             self.unknown_prompts += prompt
@@ -182,8 +181,8 @@ class Admission:
         if not self.auto or not self.arrived:
             return
         tokens = self.unknown_prompts + self.share.value * self.unknown_budgets
-        # The last block of a request of unknown length is half empty on average.
-        blocks = self.known_blocks + tokens / self.blocks.block_size + self.unknown / 2
+        per_request = 0.5 + self.blocks.pair_first  # on average half an empty last block, a partner
+        blocks = self.known_blocks + tokens / self.blocks.block_size + self.unknown * per_request
         fit = int(self.blocks.num_blocks * self.arrived / blocks)
         self.cap = max(1, min(self.ceiling, fit))
         self.cap_max = max(self.cap_max, self.cap)

@@ -11,6 +11,14 @@ Blocks whose last user is gone keep their contents and their key and sit in the 
 recently freed first; a request whose prompt starts with the same tokens takes them back instead
 of recomputing them. Allocation uses blocks holding nothing cached first, then evicts the least
 recently freed cached ones.
+
+Paired first blocks (pair_first: an fp8 cache's first block kept at about 16-bit precision,
+attention/kv_pairs.py): a sequence's first block gets a partner block, which holds the low part
+of its keys and values. The partner belongs to the block, not to the request: requests that share
+the block through the prefix cache share it, a cached block keeps it while it waits in the free
+list, and it goes back to the free list when its block is freed uncached or evicted. A sequence
+then costs one block more than its table holds (cost, held). `partner` is every block's partner
+(-1: none); take_partner_changes() gives what changed since its last call, for the device copy.
 """
 
 from __future__ import annotations
@@ -46,10 +54,16 @@ def _parent(prev: ChainKey | None) -> tuple[int, int] | None:
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, prefix_cache: bool = False) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, prefix_cache: bool = False, pair_first: bool = False
+    ) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.prefix_cache = prefix_cache
+        self.pair_first = pair_first
+        self.partner = [-1] * num_blocks
+        self._partner_changes: dict[int, int] = {}
+        self._idle_partners = 0  # partners of cached blocks in the free list: free on eviction
         self.ref_counts = [0] * num_blocks
         self.free_ids: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         # Per block: which allocation it is in. A child's entry names its parent's (block,
@@ -59,24 +73,48 @@ class BlockManager:
         self.block_key: list[_Entry | None] = [None] * num_blocks  # while it is cached
         self.cached: dict[bytes, int] = {}  # digest -> block id
 
+    @classmethod
+    def for_engine(cls, num_blocks: int, cfg) -> BlockManager:
+        """The engine's: cfg an EngineConfig with its settings resolved."""
+        return cls(num_blocks, cfg.block_size, cfg.prefix_cache, cfg.fp8_kv_pair_first_block)
+
     @property
     def num_free(self) -> int:
-        return len(self.free_ids)
+        return len(self.free_ids) + self._idle_partners
 
     def blocks_for(self, num_tokens: int) -> int:
+        """Table blocks of a sequence of num_tokens."""
         return -(-num_tokens // self.block_size)
 
-    def allocate(self, count: int) -> list[int]:
-        if count > len(self.free_ids):
-            raise RuntimeError(f"asked for {count} KV blocks with {len(self.free_ids)} free")
+    def cost(self, num_tokens: int) -> int:
+        """Blocks a sequence of num_tokens takes: its table's and its first block's partner."""
+        return self.blocks_for(num_tokens) + (self.pair_first and num_tokens > 0)
+
+    def held(self, block_ids: list[int]) -> int:
+        """Blocks a sequence with this table holds (its first block's partner counted, shared
+        or not)."""
+        return len(block_ids) + (self.pair_first and bool(block_ids))
+
+    def allocate(self, count: int, first: bool = False) -> list[int]:
+        """count blocks; first (a sequence's first allocation, with pair_first): the last of
+        them becomes the first one's partner and is not returned."""
+        if count > self.num_free:
+            raise RuntimeError(f"asked for {count} KV blocks with {self.num_free} free")
         ids = []
         for _ in range(count):
             block, _ = self.free_ids.popitem(last=False)
             self._forget(block)
+            if self.partner[block] >= 0:  # an evicted first block's partner comes free
+                self._idle_partners -= 1
+                self._drop_partner(block)
             self.ref_counts[block] = 1
             self.serial[block] = self._next_serial
             self._next_serial += 1
             ids.append(block)
+        if first and self.pair_first and len(ids) > 1:
+            partner = ids.pop()
+            self.partner[ids[0]] = partner
+            self._partner_changes[ids[0]] = partner
         return ids
 
     def free(self, block_ids: list[int]) -> None:
@@ -86,7 +124,25 @@ class BlockManager:
             if self.ref_counts[i] == 0:
                 self.free_ids[i] = None
                 if self.block_key[i] is None:
+                    self._drop_partner(i)
                     self.free_ids.move_to_end(i, last=False)  # nothing to keep: reuse it first
+                elif self.partner[i] >= 0:
+                    self._idle_partners += 1
+
+    def _drop_partner(self, block: int) -> None:
+        partner = self.partner[block]
+        if partner >= 0:
+            self.partner[block] = -1
+            self._partner_changes[block] = -1
+            self.ref_counts[partner] = 0
+            self.free_ids[partner] = None
+            self.free_ids.move_to_end(partner, last=False)
+
+    def take_partner_changes(self) -> dict[int, int]:
+        """{block: its partner now (-1: none)} for every block whose partner changed since the
+        last call."""
+        changes, self._partner_changes = self._partner_changes, {}
+        return changes
 
     # ---- prefix cache ----------------------------------------------------------------------
 
@@ -118,6 +174,7 @@ class BlockManager:
         for block in hits:
             if self.ref_counts[block] == 0:
                 del self.free_ids[block]
+                self._idle_partners -= self.partner[block] >= 0
             self.ref_counts[block] += 1
         return hits
 

@@ -43,7 +43,7 @@ from bulkgen.engine.step import Step
 from bulkgen.engine.tp_group import RankGroup, RankSpec, join
 from bulkgen.engine.tp_membership import leave_group
 from bulkgen.engine.warmup import warmup_plans
-from bulkgen.model.attention import get_backend
+from bulkgen.model.attention import get_backend, kv_pairs
 from bulkgen.model.attention.kv_fp8 import FP8_DTYPE, check_kv_cache_dtype, resolve_kv_dtype
 from bulkgen.model.attention.kv_layout import block_size_for
 from bulkgen.model.config import ModelConfig
@@ -92,11 +92,11 @@ class Engine:
         if cfg.batch_invariant and self.quantization is not None:
             raise ValueError(f"{cfg.model} holds FP8 weights: batch_invariant needs 16-bit ones")
         fast_accum = resolve_fast_accum(cfg.fp8_fast_accum, self.quantization)
-        cfg = self.cfg = dataclasses.replace(cfg, fp8_fast_accum=fast_accum)  # as stats.json says
+        pairs = kv_pairs.resolve_pair_first(cfg.fp8_kv_pair_first_block, cfg.kv_cache_dtype)
+        replace = dataclasses.replace  # the settings as resolved, which stats.json reports
+        cfg = self.cfg = replace(cfg, fp8_fast_accum=fast_accum, fp8_kv_pair_first_block=pairs)
         self.tp, self.group, self.device = join(cfg, mcfg, given_config, rank, self.device)
-        cfg = self.cfg = dataclasses.replace(
-            cfg, mixed_graphs=resolve_mixed_graphs(cfg, self.device)
-        )
+        cfg = self.cfg = replace(cfg, mixed_graphs=resolve_mixed_graphs(cfg, self.device))
         self.dtype = resolve_dtype(cfg.dtype, self.device, mcfg)
         self.kv_dtype = resolve_kv_dtype(cfg.kv_cache_dtype, self.dtype)
         self.eos_token_ids = read_eos_ids(self.model_dir, model_config)
@@ -135,7 +135,7 @@ class Engine:
         self.runner.followers = self.group
         if self.group is not None:
             self.group.busy = False  # started: the watcher's backstop now covers steps only
-        blocks = BlockManager(num_blocks, cfg.block_size, cfg.prefix_cache)
+        blocks = BlockManager.for_engine(num_blocks, cfg)
         log.info("KV cache: %s, %d tokens", self.kv_dtype_name, num_blocks * cfg.block_size)
         self.scheduler = Scheduler(cfg, blocks, self.max_model_len, self.eos_token_ids)
         self._requests: dict[str, Request] = {}  # unfinished requests by id, for abort()

@@ -26,6 +26,7 @@ def engine_stats(engine: Engine) -> dict:
         "dtype": str(engine.dtype).removeprefix("torch."),
         "quantization": engine.quantization,  # None, or how the weights are FP8
         "fp8_fast_accum": engine.cfg.fp8_fast_accum,
+        "fp8_kv_pair_first_block": engine.cfg.fp8_kv_pair_first_block,
         "kv_cache_dtype": engine.kv_dtype_name,
         "batch_invariant": engine.cfg.batch_invariant,
         "kv_capacity_tokens": engine.scheduler.blocks.num_blocks * engine.cfg.block_size,

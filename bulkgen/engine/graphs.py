@@ -62,6 +62,7 @@ class DecodeGraphs:
         max_blocks_per_seq: int,
         device: torch.device,
         stream: torch.cuda.Stream,
+        kv_partners: torch.Tensor | None = None,
     ) -> None:
         from bulkgen.engine.triton_stage import stage_decode_inputs, warm_up_staging  # CUDA only
 
@@ -71,7 +72,7 @@ class DecodeGraphs:
         n = self.buckets[-1]
         self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)
         self.positions = torch.zeros(n, dtype=torch.int64, device=device)
-        self.meta = DecodeGraphBuffers(n, max_blocks_per_seq, device)
+        self.meta = DecodeGraphBuffers(n, max_blocks_per_seq, device, kv_partners)
         self.pool = torch.cuda.graph_pool_handle()
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.replay_ms: list[float] = []  # by bucket, measured by calibrate()

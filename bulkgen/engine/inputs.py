@@ -131,9 +131,10 @@ class InputPacker:
         self.device = device
         self.block_size = block_size
         self.pin = device.type == "cuda"
-        # Table appends are at most every block of every row (a prefix-cache hit syncs many).
-        # Every field padded to 16 bytes (_pad), plus 1 per field for that.
-        self.int_cap = 4 * max_tokens + 8 * max_seqs + 3 * max_seqs * max_blocks_per_seq + 16
+        # Table appends: at most every block of every row (a prefix-cache hit syncs many), and
+        # partner changes (tables.py). Every field padded to 16 bytes (_pad), plus 1 per field.
+        appends = max_seqs * max_blocks_per_seq + 2 * (max_tokens // block_size + 2 * max_seqs)
+        self.int_cap = 4 * max_tokens + 8 * max_seqs + 3 * appends + 16
         self.float_cap = len(FLOAT_FIELDS) * (max_seqs + 3)
         self.ints = [self._host(self.int_cap, torch.int64) for _ in range(2)]
         self.floats = [self._host(self.float_cap, torch.float32) for _ in range(2)]
@@ -214,6 +215,8 @@ class InputPacker:
                     distinct[id(p)] = last_params = p
                 samples.append((len(positions) - 1, req.seed, max(p.top_k, 0), end, row))
                 floats.append(p.sampling_floats)
+        # First-block partner changes ride with the appends as rows of -1 (tables.py).
+        updates.extend((-1, block, partner) for block, partner in plan.partners.items())
         T, B, S, U = len(positions), len(seqs), len(samples), len(updates)
         qsl = np.zeros(B + 1, np.int64)
         starts = np.fromiter((s.start for s in seqs), np.int64, B)

@@ -52,8 +52,10 @@ class MixedGraphs:
         step: int,
         device: torch.device,
         stream: torch.cuda.Stream | None,
+        kv_partners: torch.Tensor | None = None,
     ) -> None:
         self.model, self.kv_cache, self.stream = model, kv_cache, stream
+        self.kv_partners = kv_partners  # the device table the writes read (kv_pairs.py)
         self.buckets = token_buckets(max_tokens, step)
         n, cfg = self.buckets[-1], model.cfg
         dtype = model.model.embed_tokens.weight.dtype
@@ -91,9 +93,12 @@ class MixedGraphs:
         layers[i].begin(h, residual, *args, **out)
 
     def _write_meta(self, bucket: int) -> AttnMetadata:
-        """What a layer's begin reads of the metadata: the slots its keys and values go to."""
+        """What a layer's begin reads of the metadata: the slots its keys and values go to (and
+        an fp8 cache's first-block partners)."""
         empty = self.slots[:0]
-        return AttnMetadata(self.slots[:bucket], empty, empty, empty, 0, 0, False)
+        meta = AttnMetadata(self.slots[:bucket], empty, empty, empty, 0, 0, False)
+        meta.kv_partners = self.kv_partners
+        return meta
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -163,11 +168,12 @@ def mixed_graphs_for(
     cfg: EngineConfig,
     device: torch.device,
     stream: torch.cuda.Stream | None,
+    kv_partners: torch.Tensor | None = None,
 ) -> MixedGraphs | None:
     """The runner's pieces when cfg.mixed_graphs (captured on CUDA where cuda_graphs allows,
     run eagerly on the CPU), else None."""
     if not cfg.mixed_graphs or (device.type == "cuda" and not cfg.cuda_graphs):
         return None
     return MixedGraphs(
-        model, kv_cache, cfg.max_batch_tokens, cfg.mixed_graph_tokens, device, stream
+        model, kv_cache, cfg.max_batch_tokens, cfg.mixed_graph_tokens, device, stream, kv_partners
     )

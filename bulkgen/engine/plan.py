@@ -25,6 +25,9 @@ class ScheduledSeq:
 @dataclass
 class Plan:
     seqs: list[ScheduledSeq] = field(default_factory=list)
+    # First-block partners changed since the last plan that ran ({block: partner or -1};
+    # BlockManager.take_partner_changes), written to the device table with the step's inputs.
+    partners: dict[int, int] = field(default_factory=dict)
 
     @property
     def num_tokens(self) -> int:

@@ -85,7 +85,9 @@ class ModelRunner:
             ecfg.seq_rows,
             self.max_blocks_per_seq,
         )
-        self.tables = DeviceTables(ecfg.seq_rows, self.max_blocks_per_seq, device)
+        pair_blocks = num_blocks if ecfg.fp8_kv_pair_first_block else 0  # kv_pairs.py
+        self.tables = DeviceTables(ecfg.seq_rows, self.max_blocks_per_seq, device, pair_blocks)
+        partners = self.tables.partners
         self.penalties = PenaltyState(ecfg.seq_rows, mcfg.vocab_size, device)
         self.fused_sample = None  # Triton is a GPU dependency only: imported on CUDA
         if device.type == "cuda":
@@ -104,11 +106,13 @@ class ModelRunner:
                 self.max_blocks_per_seq,
                 device,
                 self.compute_stream,
+                partners,
             )
         # Steps with prefill: pieces around attention in CUDA graphs (EngineConfig.mixed_graphs).
-        self.mixed_graphs = (
-            mixed_graphs_for(model, self.kv, ecfg, device, self.compute_stream) if graphs else None
-        )
+        self.mixed_graphs = None
+        if graphs:
+            args = (model, self.kv, ecfg, device, self.compute_stream, partners)
+            self.mixed_graphs = mixed_graphs_for(*args)
         self.graph_steps = 0  # decode steps replayed from a graph
         self.eager_decode_steps = 0  # decode steps that ran eagerly (reported in stats.json)
         self.out_turn = 0
@@ -153,6 +157,7 @@ class ModelRunner:
                 self.tables.block_tables(inp),
                 packed.query_lens,
                 packed.seq_lens,
+                self.tables.partners,
             )
             self.eager_decode_steps += meta.decode_only
             pieces = self.mixed_graphs

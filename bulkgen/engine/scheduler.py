@@ -74,7 +74,7 @@ class Scheduler:
                 f"prompt is {n} tokens; the model's context is {self.max_model_len} tokens "
                 "(prompt plus at least one generated token must fit): shorten the prompt"
             )
-        if self.blocks.blocks_for(n + 1) > self.blocks.num_blocks:
+        if self.blocks.cost(n + 1) > self.blocks.num_blocks:
             capacity = self.blocks.num_blocks * self.blocks.block_size
             return (
                 f"prompt is {n} tokens; the KV cache holds only {capacity} tokens: "
@@ -123,13 +123,11 @@ class Scheduler:
     def _reserve(self, req: Request, end: int) -> bool:
         if end <= len(req.block_ids) * self.blocks.block_size:
             return True  # the common decode case: the token fits in the last block
-        need = self.blocks.blocks_for(end) - len(req.block_ids)
-        if need <= 0:
-            return True
+        need = self.blocks.cost(end) - self.blocks.held(req.block_ids)  # >= 1: end is past them
         if need > self.blocks.num_free:
             return False
         owed = self.admission.owed(req)
-        req.block_ids += self.blocks.allocate(need)
+        req.block_ids += self.blocks.allocate(need, first=not req.block_ids)
         self.admission.allocated(req, owed)
         return True
 
@@ -200,6 +198,7 @@ class Scheduler:
             # Nothing runs, so every block is free, and still it does not fit: it never will. It
             # ends at the length it reached (its prompt alone was checked to fit at admission).
             self._finish(self.waiting[0], "length")
+        plan.partners = self.blocks.take_partner_changes() if plan.seqs else {}  # sent with it
         return plan
 
     def _take_cached_prefix(self, req: Request) -> None:

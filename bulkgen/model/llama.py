@@ -107,11 +107,13 @@ class Attention(nn.Module):
         k_cache, v_cache, *scales = kv
         k_scale, v_scale = scales if scales else (self.k_scale, self.v_scale)
         cache = (k_cache, v_cache, meta.slot_mapping, k_scale, v_scale)
+        # An fp8 cache's first-block partners (attention/kv_pairs.py), where there are any.
+        pairs = {} if meta.kv_partners is None else {"partners": meta.kv_partners}
         if self.backend.rotary_write_kv is not None:  # one launch, the same bits
             args = (q, k, v, positions, rotary.cos, rotary.sin, *cache)
-            return self.backend.rotary_write_kv(*args, q_out=q_out)[0]
+            return self.backend.rotary_write_kv(*args, q_out=q_out, **pairs)[0]
         q, k = self.ops.rotary(q, k, positions, rotary.cos, rotary.sin)
-        self.backend.write_kv(k, v, *cache)
+        self.backend.write_kv(k, v, *cache, **pairs)
         return q if q_out is None else q_out.copy_(q)
 
     def attend(

@@ -24,7 +24,9 @@ class AttentionBackend:
     graph_safe: bool
     # Both take a layer's k_scale and v_scale last: an fp8 cache's floats (kv_fp8.py), an int8
     # cache's [num_blocks, block_size, Hkv] scale tensors (kv_int8.py).
-    write_kv: Callable[..., None]  # (k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
+    # (k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale, partners=None): partners, an fp8
+    # cache's first-block partners (kv_pairs.py), only where there are some
+    write_kv: Callable[..., None]
     # (q, k_cache, v_cache, meta, scale, k_s, v_s, out=None) -> the output (out when given)
     attend: Callable[..., torch.Tensor]
     # An fp8 cache's values stored slots inner (kv_layout.py): the Triton kernels only.
@@ -42,6 +44,7 @@ class AttentionBackend:
         block_tables: torch.Tensor,
         query_lens_host: list[int],
         seq_lens_host: list[int],
+        kv_partners: torch.Tensor | None = None,
     ) -> AttnMetadata:
         """The step's metadata; the host lists come from the plan (the torch backend loops over
         them, the Triton one reads their maxima only), so building it never waits on the device."""
@@ -61,6 +64,7 @@ class AttentionBackend:
             query_lens_host=query_lens_host,
             seq_lens_host=seq_lens_host,
             num_decode_prefix=decode_prefix,
+            kv_partners=kv_partners,
         )
 
 

@@ -34,13 +34,23 @@ class AttnMetadata:
     # The Triton backend's metadata of the prefill chunks after a split (triton_backend.py),
     # built at the first layer of the step and reused by the others.
     prefill_part: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    # An fp8 cache's first-block partners (kv_pairs.py): [num_blocks] int32, the block holding
+    # block i's low part or -1; the same device table every step (graphs capture it). None: none.
+    kv_partners: torch.Tensor | None = None
 
 
 class DecodeGraphBuffers:
     """Static metadata tensors of the decode CUDA graphs: one set sized for the largest bucket,
     sliced per bucket at capture and refilled (with padding rows) before each replay."""
 
-    def __init__(self, max_seqs: int, width: int, device: torch.device) -> None:
+    def __init__(
+        self,
+        max_seqs: int,
+        width: int,
+        device: torch.device,
+        kv_partners: torch.Tensor | None = None,
+    ) -> None:
+        self.kv_partners = kv_partners
         self.slot_mapping = torch.full((max_seqs,), -1, dtype=torch.int64, device=device)
         self.seq_lens = torch.ones(max_seqs, dtype=torch.int32, device=device)
         self.block_tables = torch.zeros(max_seqs, width, dtype=torch.int32, device=device)
@@ -55,4 +65,5 @@ class DecodeGraphBuffers:
             max_query_len=1,
             max_seq_len=0,  # unused by graph-safe decode attention
             decode_only=True,
+            kv_partners=self.kv_partners,
         )

@@ -62,6 +62,7 @@ def _rotary_write_kv_kernel(
     v_scales_ptr,
     stride_scale_block,
     stride_scale_slot,
+    partners_ptr,
     Q_HEADS: tl.constexpr,
     Q_HEADS_PAD: tl.constexpr,
     K_HEADS: tl.constexpr,
@@ -71,6 +72,7 @@ def _rotary_write_kv_kernel(
     BLOCK_SIZE: tl.constexpr,
     QUANTIZE: tl.constexpr,
     KV_INT8: tl.constexpr,
+    PAIRS: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     rotate_token(
@@ -85,8 +87,8 @@ def _rotary_write_kv_kernel(
         stride_cache_block, stride_cache_slot, stride_cache_head,
         stride_v_block, stride_v_slot, stride_v_head, stride_v_dim,
         K_HEADS, k_inv_scale, v_inv_scale,
-        k_scales_ptr, v_scales_ptr, stride_scale_block, stride_scale_slot,
-        BLOCK_SIZE, K_HEADS_PAD, 2 * HALF, QUANTIZE, KV_INT8,
+        k_scales_ptr, v_scales_ptr, stride_scale_block, stride_scale_slot, partners_ptr,
+        BLOCK_SIZE, K_HEADS_PAD, 2 * HALF, QUANTIZE, KV_INT8, PAIRS,
     )  # fmt: skip
 
 
@@ -103,10 +105,11 @@ def rotary_write_kv(
     k_scale: float | torch.Tensor = 1.0,
     v_scale: float | torch.Tensor = 1.0,
     q_out: torch.Tensor | None = None,
+    partners: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """fused_rotary.rotary(q, k, ...) and triton_kv_write.write_kv(rotated k, v, ...) in one launch;
     the rotated (q, k) as new contiguous tensors, q in q_out when given (contiguous, q's shape
-    and dtype: a static buffer of engine/mixed_graphs.py's pieces)."""
+    and dtype: a static buffer of engine/mixed_graphs.py's pieces); partners: write_kv's."""
     T, q_heads, head_dim = q.shape
     k_heads, half = k.shape[1], head_dim // 2
     assert k.shape == v.shape == (T, k_heads, head_dim) and k.dtype == q.dtype == v.dtype
@@ -128,10 +131,10 @@ def rotary_write_kv(
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), *v_cache.stride(),
         1.0 if int8 else 1.0 / k_scale,
         1.0 if int8 else 1.0 / v_scale,
-        *scale_args,
+        *scale_args, slot_mapping if partners is None else partners,
         Q_HEADS=q_heads, Q_HEADS_PAD=q_heads_pad, K_HEADS=k_heads, K_HEADS_PAD=k_heads_pad,
         HALF=half, HALF_PAD=half_pad, BLOCK_SIZE=k_cache.shape[1],
-        QUANTIZE=is_fp8(k_cache), KV_INT8=int8,
+        QUANTIZE=is_fp8(k_cache), KV_INT8=int8, PAIRS=partners is not None and is_fp8(k_cache),
         num_warps=min(8, triton.next_power_of_2(max(1, tile // 1024))),  # the rotary's
         enable_fp_fusion=False,  # fused_rotary._rotate_heads' roundings
     )  # fmt: skip

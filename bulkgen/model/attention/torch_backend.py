@@ -6,7 +6,8 @@ one causal SDPA call each.
 Lengths come from the plan's host-side lists, so it never syncs with the device.
 An fp8 cache (kv_fp8.py) is quantized on write and dequantized on read with the layer's scales;
 an int8 cache (kv_int8.py) likewise with its scale tensors, one per (slot, kv head), which then
-come where an fp8 cache's float scales do.
+come where an fp8 cache's float scales do. With first-block partners (kv_pairs.py: the write's
+`partners`, AttnMetadata.kv_partners) an fp8 block that has one reads back hi + lo.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from bulkgen.model.attention import kv_int8
-from bulkgen.model.attention.kv_fp8 import dequantize, is_fp8, quantize
+from bulkgen.model.attention import kv_int8, kv_pairs
+from bulkgen.model.attention.kv_fp8 import FP8_MAX, dequantize, is_fp8, quantize
 from bulkgen.model.attention.metadata import AttnMetadata
 
 # A layer's scales: floats for an fp8 cache, [num_blocks, block_size, Hkv] tensors for int8.
@@ -30,17 +31,29 @@ def write_kv(
     slot_mapping: torch.Tensor,
     k_scale: Scale = 1.0,
     v_scale: Scale = 1.0,
+    partners: torch.Tensor | None = None,
 ) -> None:
     """Store this step's keys/values [T, Hkv, D] at their slots of the [N, bs, Hkv, D] caches
     (an fp8 cache stores x / scale; an int8 cache stores each row quantized and its scale in the
-    scale tensor at the same slot; the scales are ignored by other caches)."""
-    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    scale tensor at the same slot; the scales are ignored by other caches). partners: [N] int
+    first-block partners of an fp8 cache (kv_pairs.py), where the low parts go."""
+    num_kv_heads, head_dim, block_size = k_cache.shape[2], k_cache.shape[3], k_cache.shape[1]
     keep = slot_mapping >= 0
     slots = slot_mapping[keep]
+    paired = None
+    if partners is not None and is_fp8(k_cache):
+        lo_blocks = partners[slots // block_size].long()
+        paired = lo_blocks >= 0
+        lo_slots = lo_blocks[paired] * block_size + slots[paired] % block_size
     for x, cache, scale in ((k, k_cache, k_scale), (v, v_cache, v_scale)):
         rows = cache.view(-1, num_kv_heads, head_dim)
         if is_fp8(cache):  # index_copy_ has no float8 kernel on the CPU: copy the bytes
-            rows.view(torch.uint8).index_copy_(0, slots, quantize(x[keep], scale).view(torch.uint8))
+            hi = quantize(x[keep], scale)
+            rows.view(torch.uint8).index_copy_(0, slots, hi.view(torch.uint8))
+            if paired is not None:
+                scaled = (x[keep][paired].float() * (1.0 / scale)).clamp(-FP8_MAX, FP8_MAX)
+                lo = kv_pairs.low_part(scaled, hi[paired])
+                rows.view(torch.uint8).index_copy_(0, lo_slots, lo.view(torch.uint8))
         elif kv_int8.is_int8(cache):
             q, row_scales = kv_int8.quantize(x[keep])
             rows.index_copy_(0, slots, q)
@@ -49,14 +62,24 @@ def write_kv(
             rows.index_copy_(0, slots, x[keep].to(cache.dtype))
 
 
-def _read(cache: torch.Tensor, blocks: torch.Tensor, scale: Scale) -> torch.Tensor:
-    """The cached rows of these blocks (any shape of block ids) in float32."""
+def _read(
+    cache: torch.Tensor, blocks: torch.Tensor, scale: Scale, partners: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The cached rows of these blocks (any shape of block ids) in float32; an fp8 block with a
+    partner (kv_pairs.py) as hi + lo."""
     # index_select copies whole blocks 4x faster on the CPU than advanced indexing does; an fp8
     # cache is selected as bytes (index_select need not have a float8 kernel on every device).
     index, shape = blocks.reshape(-1).long(), (*blocks.shape, *cache.shape[1:])
     if is_fp8(cache):
-        rows = cache.view(torch.uint8).index_select(0, index).view(cache.dtype).view(shape)
-        return dequantize(rows, scale)
+        raw = cache.view(torch.uint8)
+        rows = raw.index_select(0, index).view(cache.dtype).view(shape)
+        if partners is None:
+            return dequantize(rows, scale)
+        lo_index = partners.index_select(0, index).long()
+        lo = raw.index_select(0, lo_index.clamp(min=0)).view(cache.dtype).view(shape)
+        lo_part = lo.float() * kv_pairs.LO_SCALE
+        paired = (lo_index >= 0).view(*blocks.shape, *[1] * (cache.dim() - 1))
+        return (rows.float() + torch.where(paired, lo_part, 0.0)) * scale
     if kv_int8.is_int8(cache):
         rows = cache.index_select(0, index).view(shape)
         return kv_int8.dequantize(rows, scale.index_select(0, index).view(shape[:-1]))
@@ -94,15 +117,18 @@ def paged_attention(
         rows = torch.tensor([starts[b] for b in decode], device=q.device)
         lens = [seq_lens[b] for b in decode]
         tables = meta.block_tables[decode]
-        out[rows] = _decode_rows(q[rows], k_cache, v_cache, tables, lens, scale, k_scale, v_scale)
+        scales = (k_scale, v_scale, meta.kv_partners)
+        out[rows] = _decode_rows(q[rows], k_cache, v_cache, tables, lens, scale, *scales)
     for b, (q_len, seq_len) in enumerate(zip(q_lens, seq_lens, strict=True)):
         if q_len == 1:
             continue
         start = starts[b]
         num_blocks = -(-seq_len // block_size)
         blocks = meta.block_tables[b, :num_blocks].long()
-        k = _read(k_cache, blocks, k_scale).reshape(-1, num_kv_heads, head_dim)[:seq_len]
-        v = _read(v_cache, blocks, v_scale).reshape(-1, num_kv_heads, head_dim)[:seq_len]
+        partners = meta.kv_partners
+        k = _read(k_cache, blocks, k_scale, partners).reshape(-1, num_kv_heads, head_dim)
+        v = _read(v_cache, blocks, v_scale, partners).reshape(-1, num_kv_heads, head_dim)
+        k, v = k[:seq_len], v[:seq_len]
         # [Hkv, G, q_len, D] against [Hkv, G, seq_len, D] (the group's heads share their KV
         # head's keys through a stride-0 expand); causal from this step's first position.
         qb = q[start : start + q_len].float().view(q_len, num_kv_heads, group, head_dim)
@@ -127,6 +153,7 @@ def _decode_rows(
     scale: float,
     k_scale: Scale,
     v_scale: Scale,
+    partners: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One query row per sequence, q [B, Hq, D], over contexts padded to the longest."""
     batch, num_q_heads, head_dim = q.shape
@@ -140,8 +167,9 @@ def _decode_rows(
     )
     blocks = torch.where(owned, block_tables[:, :width].long(), 0)
     pad = torch.arange(width * block_size, device=q.device)[None, :] >= lens[:, None]
-    k = _read(k_cache, blocks, k_scale).view(batch, width * block_size, num_kv_heads, head_dim)
-    v = _read(v_cache, blocks, v_scale).view(batch, width * block_size, num_kv_heads, head_dim)
+    shape = (batch, width * block_size, num_kv_heads, head_dim)
+    k = _read(k_cache, blocks, k_scale, partners).view(shape)
+    v = _read(v_cache, blocks, v_scale, partners).view(shape)
     # Padding slots may hold anything (NaN included): zeroed in place in these fresh copies, as
     # a NaN would survive the mask (NaN + -inf) in the scores and 0 * NaN in the weighted sum.
     # (index_fill_ over the padded rows: masked_fill_ with a broadcast mask is 5x slower.)

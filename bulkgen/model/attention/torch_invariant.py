@@ -54,8 +54,8 @@ def paged_attention(
     for b, (q_len, seq_len) in enumerate(zip(q_lens, seq_lens, strict=True)):
         blocks = meta.block_tables[b, : -(-seq_len // block_size)].long()
         # Fresh gathers: position 0 at offset 0, so a prefix view of them depends on p alone.
-        k = _read(k_cache, blocks, k_scale).reshape(-1, num_kv_heads, head_dim)
-        v = _read(v_cache, blocks, v_scale).reshape(-1, num_kv_heads, head_dim)
+        k = _read(k_cache, blocks, k_scale, meta.kv_partners).reshape(-1, num_kv_heads, head_dim)
+        v = _read(v_cache, blocks, v_scale, meta.kv_partners).reshape(-1, num_kv_heads, head_dim)
         for i in range(q_len):
             pos = seq_len - q_len + i
             row = q[start + i].to(torch.float32, copy=True).view(num_kv_heads, group, head_dim)

@@ -47,7 +47,7 @@ def paged_attention(
     (written into `out` when given: the static buffer of engine/mixed_graphs.py's pieces).
 
     The cache must already hold this step's keys and values (write_kv runs first); k_scale and
-    v_scale dequantize an fp8 cache.
+    v_scale dequantize an fp8 cache, meta.kv_partners its paired first blocks (kv_pairs.py).
     """
     if meta.decode_only:
         # Never meta.max_seq_len here: the launch must not change between graph replays.
@@ -61,6 +61,7 @@ def paged_attention(
             k_scale=k_scale,
             v_scale=v_scale,
             out=out,
+            partners=meta.kv_partners,
         )
     split = meta.num_decode_prefix
     if SPLIT_MIXED_MIN_ROWS is None or split < SPLIT_MIXED_MIN_ROWS:
@@ -78,6 +79,7 @@ def paged_attention(
             k_scale=k_scale,
             v_scale=v_scale,
             out=out[:split],
+            partners=meta.kv_partners,
         )
     query_start_loc, seq_lens, block_tables = (
         prefill_part(meta, split)
@@ -96,6 +98,7 @@ def paged_attention(
         k_scale,
         v_scale,
         out=out[split:] if out is not None else None,
+        partners=meta.kv_partners,
     )
     return out if out is not None else prefill
 

@@ -29,14 +29,11 @@ bf16 at half the bytes (H200, bulk run profile at ec92f71: 12.1 vs 12.2 ms of at
 An int8 cache (KV_INT8) is read as in triton_prefill.py, on fp16 operands with fp8's launches.
 Values may be stored slots inner (kv_layout.py, V_SLOTS_INNER: V's strides are arguments of
 their own), which keeps an fp8 V tile out of byte-wise shared-memory reads without
-v_in_registers.
-
+v_in_registers. PAIRS: the first block's tiles add its partner's low parts (kv_pairs.py).
 PREFETCH_BLOCKS (DecodeLaunch.prefetch_blocks) loads each tile's block ids one iteration ahead, so
-that a tile's K and V addresses come from the loop's carried values rather than from a load in
-the same iteration: at blog's 32 rows the fp8 kernel read about 2.0 TB/s (a run's profile,
-4489b1e), and the kernels' timings at 32 rows x 2K (fp8 0.054 ms over 8 tiles a program, bf16
-0.085 ms over 16) give 5-7 us a tile either way, far above a tile's bytes at the HBM's rate: a
-latency-bound loop. The same blocks are read either way; which is faster is measured.
+that its K and V addresses come from the loop's carried values, not a load in the same iteration:
+at 32 rows x 2K the loop is latency-bound (fp8 0.054 ms over 8 tiles a program, bf16 0.085 over
+16: 5-7 us a tile, far above its bytes at the HBM's rate). Which is faster is measured.
 """
 
 from __future__ import annotations
@@ -59,6 +56,7 @@ from bulkgen.model.attention.triton_kv import (
     output_for,
     scale_weights,
 )
+from bulkgen.model.attention.triton_kv_pairs import add_low_k, add_low_v, first_partner
 
 LOG2E = 1.4426950408889634
 
@@ -79,6 +77,7 @@ def _decode_split_kernel(
     v_scales_ptr,
     stride_scale_block,
     stride_scale_slot,
+    partners_ptr,  # an fp8 cache's first-block partners (kv_pairs.py; else unused)
     stride_qt,
     stride_qh,
     stride_bt,
@@ -101,6 +100,7 @@ def _decode_split_kernel(
     V_IN_REGISTERS: tl.constexpr,
     V_SLOTS_INNER: tl.constexpr,
     PREFETCH_BLOCKS: tl.constexpr,
+    PAIRS: tl.constexpr,  # add the partner's low parts to the first block's positions
 ):
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -129,6 +129,8 @@ def _decode_split_kernel(
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
     block_table_row = block_tables_ptr + b.to(tl.int64) * stride_bt
+    if PAIRS:  # the first block's partner (kv_pairs.py)
+        lo_block = first_partner(partners_ptr, block_table_row)
     if PREFETCH_BLOCKS:  # the first tile's block ids; each iteration loads the next tile's
         next_blocks = kv_tile_blocks(block_table_row, lo + tl.arange(0, BLOCK_N), hi, BLOCK_SIZE)
     for start in range(lo, hi, BLOCK_N):
@@ -149,6 +151,12 @@ def _decode_split_kernel(
         k_t = tl.load(k_cache_ptr + rows[None, :] + dims[:, None], mask=valid[None, :], other=0.0)
         if KV_FP8 or KV_INT8:
             k_t = k_t.to(q.dtype)
+        if PAIRS:
+            if start < BLOCK_SIZE:  # a tile of the first block: once a sequence
+                k_t = add_low_k(
+                    k_t, k_cache_ptr, lo_block, pos, valid, kv_head, stride_cache_block,
+                    stride_cache_slot, stride_cache_head, HEAD_DIM, BLOCK_SIZE,
+                )  # fmt: skip
         s = tl.dot(q, k_t, input_precision=DOT_PRECISION)
         if not DOT_F16:
             s = s * qk_scale
@@ -172,6 +180,13 @@ def _decode_split_kernel(
             v = tl.where(valid[:, None], v.to(q.dtype), 0.0).to(q.dtype)
         elif KV_FP8 or KV_INT8:
             v = v.to(q.dtype)
+        if PAIRS:
+            if start < BLOCK_SIZE:
+                v = add_low_v(
+                    v, v_cache_ptr, lo_block, pos, valid, hi, kv_head, stride_v_block,
+                    stride_v_slot, stride_v_head, stride_v_dim, HEAD_DIM, BLOCK_SIZE, BLOCK_N,
+                    V_SLOTS_INNER,
+                )  # fmt: skip
         if KV_INT8:
             p_v, v_top = scale_weights(p, v_s, valid[None, :])
             p_v = tl.dot(p_v.to(v.dtype), v, input_precision=DOT_PRECISION) * v_top
@@ -213,12 +228,13 @@ def paged_decode(
     k_scale: float | torch.Tensor = 1.0,
     v_scale: float | torch.Tensor = 1.0,
     out: torch.Tensor | None = None,
+    partners: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of one query row per sequence, q [B, Hq, D], over its cached context.
 
     num_splits and launch override the tuned choices (for benchmarks); k_scale/v_scale
-    dequantize an fp8 cache (floats) or an int8 one (scale tensors); out: where to write.
-    """
+    dequantize an fp8 cache (floats) or an int8 one (scale tensors); out: where to write;
+    partners: an fp8 cache's first-block partners (kv_pairs.py)."""
     batch, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     check_cache(k_cache, v_cache, head_dim)
@@ -255,6 +271,7 @@ def paged_decode(
         scale * LOG2E * (k_scale if fp8 else 1.0),
         v_scale if fp8 else 1.0,
         *scale_args,
+        seq_lens if partners is None else partners,
         q.stride(0),
         q.stride(1),
         block_tables.stride(0),
@@ -274,6 +291,7 @@ def paged_decode(
         DOT_F16=(fp8 or int8) and q.dtype != torch.float32,
         V_IN_REGISTERS=(fp8 or int8) and launch.v_in_registers,
         PREFETCH_BLOCKS=launch.prefetch_blocks,
+        PAIRS=partners is not None and fp8,
         num_warps=launch.num_warps,
         **({"num_stages": launch.num_stages} if launch.num_stages else {}),
     )

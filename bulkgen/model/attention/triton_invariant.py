@@ -95,4 +95,5 @@ def paged_attention(
         v_scale,
         invariant=True,
         out=out,
+        partners=meta.kv_partners,
     )

@@ -19,6 +19,7 @@ import triton.language as tl
 from bulkgen.model.attention.kv_fp8 import FP8_MAX, is_fp8
 from bulkgen.model.attention.kv_int8 import INT8_MAX
 from bulkgen.model.attention.triton_kv import check_cache, int8_scale_args
+from bulkgen.model.attention.triton_kv_pairs import split_pair
 
 _FP8_MAX = tl.constexpr(FP8_MAX)
 _INT8_MAX = tl.constexpr(INT8_MAX)
@@ -63,11 +64,13 @@ def _write_kv_kernel(
     v_scales_ptr,
     stride_scale_block,
     stride_scale_slot,
+    partners_ptr,  # an fp8 cache's first-block partners (kv_pairs.py; else unused)
     BLOCK_SIZE: tl.constexpr,
     HEADS_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     QUANTIZE: tl.constexpr,  # an fp8 cache: scale and saturate before the cast
     KV_INT8: tl.constexpr,  # an int8 cache: a scale per head row, stored beside it
+    PAIRS: tl.constexpr,  # the low part of a first block's values to its partner
 ):
     write_token(
         tl.program_id(0), k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
@@ -75,8 +78,8 @@ def _write_kv_kernel(
         stride_cache_block, stride_cache_slot, stride_cache_head,
         stride_v_block, stride_v_slot, stride_v_head, stride_v_dim,
         num_kv_heads, k_inv_scale, v_inv_scale,
-        k_scales_ptr, v_scales_ptr, stride_scale_block, stride_scale_slot,
-        BLOCK_SIZE, HEADS_PAD, HEAD_DIM, QUANTIZE, KV_INT8,
+        k_scales_ptr, v_scales_ptr, stride_scale_block, stride_scale_slot, partners_ptr,
+        BLOCK_SIZE, HEADS_PAD, HEAD_DIM, QUANTIZE, KV_INT8, PAIRS,
     )  # fmt: skip
 
 
@@ -106,11 +109,13 @@ def write_token(
     v_scales_ptr,
     stride_scale_block,
     stride_scale_slot,
+    partners_ptr,
     BLOCK_SIZE: tl.constexpr,
     HEADS_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     QUANTIZE: tl.constexpr,
     KV_INT8: tl.constexpr,
+    PAIRS: tl.constexpr,
 ):
     """Token t's keys and values into the caches (_write_kv_kernel's arguments)."""
     slot = tl.load(slot_ptr + t).to(tl.int64)
@@ -134,6 +139,18 @@ def write_token(
             head_mask = tl.arange(0, HEADS_PAD) < num_kv_heads
             k = _quantize_int8_rows(k, k_scales_ptr, scale_at, head_mask)
             v = _quantize_int8_rows(v, v_scales_ptr, scale_at, head_mask)
+        if PAIRS:  # a first block's token: its low parts at the same slot of the partner
+            lo_block = tl.load(partners_ptr + block).to(tl.int64)
+            if lo_block >= 0:
+                k, k_lo = split_pair(k)
+                v, v_lo = split_pair(v)
+                shift = (lo_block - block) * stride_cache_block
+                tl.store(
+                    k_cache_ptr + dst + shift, k_lo.to(k_cache_ptr.dtype.element_ty), mask=mask
+                )
+                shift_v = (lo_block - block) * stride_v_block
+                lo_v = v_lo.to(v_cache_ptr.dtype.element_ty)
+                tl.store(v_cache_ptr + dst_v + shift_v, lo_v, mask=mask)
         tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
         tl.store(v_cache_ptr + dst_v, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
@@ -146,11 +163,12 @@ def write_kv(
     slot_mapping: torch.Tensor,
     k_scale: float | torch.Tensor = 1.0,
     v_scale: float | torch.Tensor = 1.0,
+    partners: torch.Tensor | None = None,
 ) -> None:
     """Store this step's keys/values [T, Hkv, D] at their slots of the [N, bs, Hkv, D] caches
     (an fp8 cache stores x / scale; an int8 cache's scales are its [N, bs, Hkv] scale tensors,
     written here; the scales are ignored by other caches; V's storage may be either layout of
-    kv_layout.py)."""
+    kv_layout.py). partners: an fp8 cache's first-block partners [N] (kv_pairs.py)."""
     num_tokens, num_kv_heads, head_dim = k.shape
     check_cache(k_cache, v_cache, head_dim)
     if num_tokens == 0:
@@ -177,10 +195,12 @@ def write_kv(
         1.0 if int8 else 1.0 / k_scale,
         1.0 if int8 else 1.0 / v_scale,
         *scale_args,
+        slot_mapping if partners is None else partners,
         BLOCK_SIZE=k_cache.shape[1],
         HEADS_PAD=triton.next_power_of_2(num_kv_heads),
         HEAD_DIM=head_dim,
         QUANTIZE=is_fp8(k_cache),
         KV_INT8=int8,
+        PAIRS=partners is not None and is_fp8(k_cache),
         num_warps=4,
     )

@@ -47,6 +47,7 @@ from bulkgen.model.attention.prefill_tiling import (
     prefill_tiles,
 )
 from bulkgen.model.attention.triton_kv import check_cache, int8_scale_args, output_for
+from bulkgen.model.attention.triton_kv_pairs import first_partner
 from bulkgen.model.fp8 import PREFILL_F16_ENV, switch
 from bulkgen.model.fp8_kernels import hw_rounding
 
@@ -75,6 +76,7 @@ def _prefill_kernel(
     v_scales_ptr,
     stride_scale_block,
     stride_scale_slot,
+    partners_ptr,  # an fp8 cache's first-block partners (kv_pairs.py; else unused)
     stride_qt,
     stride_qh,
     stride_bt,
@@ -99,6 +101,7 @@ def _prefill_kernel(
     DOT_F16: tl.constexpr,  # an 8-bit cache's products on fp16 operands (paged_prefill)
     PV_FP8: tl.constexpr,  # an fp8 cache's P @ V on e4m3 operands (kv_fp8.FP8_PV)
     ROUND_P: tl.constexpr,  # its weights rounded in float32 before the cast (the interpreter)
+    PAIRS: tl.constexpr,  # the first block's tiles add its partner's low parts (kv_pairs.py)
 ):
     tile_id = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -131,6 +134,7 @@ def _prefill_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     block_table_row = block_tables_ptr + b.to(tl.int64) * stride_bt
+    lo_block = first_partner(partners_ptr, block_table_row) if PAIRS else -1
     first_pos = ctx + tile * BLOCK_Q
     end = ctx + tl.minimum(q_len, (tile + 1) * BLOCK_Q)  # one past the last query's position
     unmasked_end = (first_pos + 1) // BLOCK_N * BLOCK_N  # whole tiles at or before first_pos
@@ -141,17 +145,17 @@ def _prefill_kernel(
         acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, block_table_row, kv_head,
         0, unmasked_end, qk_scale, k_scales_ptr, v_scales_ptr, stride_scale_block,
         stride_scale_slot, stride_cache_block, stride_cache_slot, stride_cache_head,
-        stride_v_block, stride_v_slot, stride_v_head, stride_v_dim,
+        stride_v_block, stride_v_slot, stride_v_head, stride_v_dim, lo_block,
         BLOCK_SIZE, BLOCK_N, HEAD_DIM, DOT_PRECISION, False, KV_FP8, KV_INT8, V_SLOTS_INNER,
-        DOT_F16, PV_FP8, ROUND_P,
+        DOT_F16, PV_FP8, ROUND_P, PAIRS,
     )
     acc, l_i, m_i = attend_tiles(
         acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, block_table_row, kv_head,
         unmasked_end, end, qk_scale, k_scales_ptr, v_scales_ptr, stride_scale_block,
         stride_scale_slot, stride_cache_block, stride_cache_slot, stride_cache_head,
-        stride_v_block, stride_v_slot, stride_v_head, stride_v_dim,
+        stride_v_block, stride_v_slot, stride_v_head, stride_v_dim, lo_block,
         BLOCK_SIZE, BLOCK_N, HEAD_DIM, DOT_PRECISION, True, KV_FP8, KV_INT8, V_SLOTS_INNER,
-        DOT_F16, PV_FP8, ROUND_P,
+        DOT_F16, PV_FP8, ROUND_P, PAIRS,
     )
     # fmt: on
 
@@ -181,6 +185,7 @@ def paged_prefill(
     out: torch.Tensor | None = None,
     tiling: tuple[int, int, int, int] | None = None,
     f16_products: bool | None = None,
+    partners: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of q [T, Hq, D] (rows grouped by query_start_loc) over the cache;
     k_scale/v_scale dequantize an fp8 cache (floats) or an int8 one (its scale tensors; ignored
@@ -189,7 +194,7 @@ def paged_prefill(
     BLOCK_N, warps, stages) instead of prefill_launch's (scripts/bench_prefill_tiles.py times
     candidates; stages 0: Triton's default). f16_products: an 8-bit cache's
     products on fp16 operands (None: F16_PRODUCTS, or BULKGEN_PREFILL_F16=1/0; a 16-bit query
-    only)."""
+    only). partners: an fp8 cache's first-block partners (kv_pairs.py)."""
     num_tokens, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     check_cache(k_cache, v_cache, head_dim)
@@ -213,7 +218,8 @@ def paged_prefill(
         block_q, block_m, block_n, warps, stages = prefill_tiling.prefill_launch(
             max_query_len, group, head_dim, fp8, long_ok
         )
-    pv_fp8 = not invariant and fp8_pv(q, v_cache)
+    pairs = partners is not None and fp8
+    pv_fp8 = not invariant and not pairs and fp8_pv(q, v_cache)
     _prefill_kernel[(num_tokens // block_q + num_seqs, num_kv_heads)](
         q,
         k_cache,
@@ -226,6 +232,7 @@ def paged_prefill(
         scale * LOG2E * (k_scale if fp8 else 1.0),
         v_scale if fp8 else 1.0,
         *scale_args,
+        seq_lens if partners is None else partners,
         q.stride(0),
         q.stride(1),
         block_tables.stride(0),
@@ -249,6 +256,7 @@ def paged_prefill(
         and (switch(PREFILL_F16_ENV, F16_PRODUCTS) if f16_products is None else f16_products),
         PV_FP8=pv_fp8,
         ROUND_P=pv_fp8 and not hw_rounding(q.device),
+        PAIRS=pairs,
         num_warps=warps,
         **({"num_stages": stages} if stages else {}),
     )
