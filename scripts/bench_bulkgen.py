@@ -92,22 +92,21 @@ STATS_KEYS = (
 
 # Engine names that are `bulkgen run` options: FP8 weights; FP8 KV cache; both (issue 13); the
 # int8 KV cache; the batch-invariant kernels (issue 15).
+FP8 = {"quantization": "fp8", "kv_cache_dtype": "fp8"}
 ENGINE_OPTIONS = {
     "bulkgen-fp8w": {"quantization": "fp8"},
     "bulkgen-fp8kv": {"kv_cache_dtype": "fp8"},  # issue 16: auto on trt, against bf16 auto
-    "bulkgen-fp8": {"quantization": "fp8", "kv_cache_dtype": "fp8"},
+    "bulkgen-fp8": FP8,
+    # First blocks in plain e4m3 (an fp8 cache pairs them by default: kv_pairs.py).
+    "bulkgen-fp8-unpaired": FP8 | {"fp8_kv_pair_first_block": False},
     # The same with FP8 GEMMs summing exactly (--no-fp8-fast-accum; fast accumulation is the
     # default since 0cbf7c0's measurements, which ran it as engine bulkgen-fp8fa).
-    "bulkgen-fp8exact": {"quantization": "fp8", "kv_cache_dtype": "fp8", "fp8_fast_accum": False},
+    "bulkgen-fp8exact": FP8 | {"fp8_fast_accum": False},
     "bulkgen-int8kv": {"kv_cache_dtype": "int8"},
     # Steps with prefill launched eagerly, not through mixed_graphs.py's pieces (the default on
     # one GPU since db9498e's measurements, which ran them as bulkgen-mixedgraphs).
     "bulkgen-eagermixed": {"mixed_graphs": False},
-    "bulkgen-fp8-eagermixed": {
-        "quantization": "fp8",
-        "kv_cache_dtype": "fp8",
-        "mixed_graphs": False,
-    },
+    "bulkgen-fp8-eagermixed": FP8 | {"mixed_graphs": False},
     "bulkgen-invariant": {"batch_invariant": True},  # issue 15's cost: compare with bulkgen
 }
 

@@ -20,9 +20,18 @@ int8's scale pointers and strides are passed to every launch (dummies elsewhere)
 from __future__ import annotations
 
 import functools
-import re
 
 import triton
+from ptx_counts import (
+    approximate_divisions,
+    copy_waits,
+    fp8_conversions,
+    fp8_products,
+    instructions,
+    loops,
+    round_half_even_pairs,
+    shared_byte_reads,
+)
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
@@ -37,11 +46,13 @@ SCALES = {
     "v_scales_ptr": "*fp32",
     "stride_scale_block": "i32",
     "stride_scale_slot": "i32",
+    "partners_ptr": "*i32",  # an fp8 cache's paired first blocks (kv_pairs.py; PAIRS)
 }
 # Kernels that never run over an int8 cache: its values are stored in rows (kv_layout.py).
 ROWS_ONLY = ("write_kv-vslots", "decode-vslots", "prefill-vslots")
-# Experiments of the fp8 cache's launches: block ids ahead (triton_decode.py), P @ V in e4m3.
-FP8_ONLY = ("decode-prefetch", "prefill-pvfp8")
+# Experiments of the fp8 cache's launches: block ids ahead (triton_decode.py), P @ V in e4m3;
+# and its paired first blocks (kv_pairs.py), in the engine's layout (values slots inner).
+FP8_ONLY = ("decode-prefetch", "prefill-pvfp8", "write_kv-pairs", "decode-pairs", "prefill-pairs")
 
 
 def _scalars(names: str, kind: str) -> dict[str, str]:
@@ -71,7 +82,7 @@ def _aligned(signature: dict[str, str]) -> dict:
     return {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
 
 
-def write_kv_source(cache: str, v_slots_inner: bool = False) -> ASTSource:
+def write_kv_source(cache: str, v_slots_inner: bool = False, pairs: bool = False) -> ASTSource:
     v_signature, v_constants = _v_strides(v_slots_inner)
     signature = {
         **_scalars("k_ptr v_ptr", "*bf16"),
@@ -86,7 +97,7 @@ def write_kv_source(cache: str, v_slots_inner: bool = False) -> ASTSource:
         "num_kv_heads": "i32",
         **_scalars("k_inv_scale v_inv_scale", "fp32"),
         **SCALES,
-        **_scalars("BLOCK_SIZE HEADS_PAD HEAD_DIM QUANTIZE KV_INT8", "constexpr"),
+        **_scalars("BLOCK_SIZE HEADS_PAD HEAD_DIM QUANTIZE KV_INT8 PAIRS", "constexpr"),
     }
     constexprs = {
         "BLOCK_SIZE": BLOCK_SIZE,
@@ -94,6 +105,7 @@ def write_kv_source(cache: str, v_slots_inner: bool = False) -> ASTSource:
         "HEAD_DIM": HEAD_DIM,
         "QUANTIZE": cache == "fp8",
         "KV_INT8": cache == "int8",
+        "PAIRS": pairs,
         **v_constants,
     }
     return ASTSource(triton_kv_write._write_kv_kernel, signature, constexprs=constexprs)
@@ -104,6 +116,7 @@ def decode_source(
     v_in_registers: bool = False,
     v_slots_inner: bool = False,
     prefetch_blocks: bool = False,
+    pairs: bool = False,
 ) -> ASTSource:
     v_signature, v_constants = _v_strides(v_slots_inner)
     signature = {
@@ -121,7 +134,7 @@ def decode_source(
         **v_signature,
         **_scalars(
             "GROUP GROUP_PAD HEAD_DIM BLOCK_SIZE BLOCK_N DOT_PRECISION KV_FP8 KV_INT8 DOT_F16 "
-            "V_IN_REGISTERS V_SLOTS_INNER PREFETCH_BLOCKS",
+            "V_IN_REGISTERS V_SLOTS_INNER PREFETCH_BLOCKS PAIRS",
             "constexpr",
         ),
     }
@@ -139,6 +152,7 @@ def decode_source(
         "V_IN_REGISTERS": eight_bit and v_in_registers,
         "V_SLOTS_INNER": v_slots_inner,
         "PREFETCH_BLOCKS": prefetch_blocks,
+        "PAIRS": pairs,
         **v_constants,
     }
     attrs = _aligned(signature)
@@ -153,7 +167,11 @@ def decode_prefetch_source(cache: str) -> ASTSource:
 
 
 def prefill_source(
-    cache: str, invariant: bool = False, v_slots_inner: bool = False, pv_fp8: bool = False
+    cache: str,
+    invariant: bool = False,
+    v_slots_inner: bool = False,
+    pv_fp8: bool = False,
+    pairs: bool = False,
 ) -> ASTSource:
     v_signature, v_constants = _v_strides(v_slots_inner)
     if invariant:  # the batch-invariant backend's one tiling (triton_invariant.py)
@@ -175,7 +193,7 @@ def prefill_source(
         **v_signature,
         **_scalars(
             "GROUP HEAD_DIM BLOCK_SIZE BLOCK_Q BLOCK_M BLOCK_N DOT_PRECISION KV_FP8 KV_INT8 "
-            "V_SLOTS_INNER INVARIANT DOT_F16 PV_FP8 ROUND_P",
+            "V_SLOTS_INNER INVARIANT DOT_F16 PV_FP8 ROUND_P PAIRS",
             "constexpr",
         ),
     }
@@ -194,6 +212,7 @@ def prefill_source(
         "DOT_F16": cache != "bf16" and triton_prefill.F16_PRODUCTS,  # as paged_prefill
         "PV_FP8": pv_fp8,
         "ROUND_P": False,  # the cast rounds on a GPU (fp8_kernels.hw_rounding)
+        "PAIRS": pairs,
         **v_constants,
     }
     return ASTSource(
@@ -216,6 +235,9 @@ SOURCES = {
     "prefill-vslots": functools.partial(prefill_source, v_slots_inner=True),
     "prefill-pvfp8": functools.partial(prefill_source, v_slots_inner=True, pv_fp8=True),
     "invariant": invariant_source,
+    "write_kv-pairs": functools.partial(write_kv_source, v_slots_inner=True, pairs=True),
+    "decode-pairs": functools.partial(decode_source, v_slots_inner=True, pairs=True),
+    "prefill-pairs": functools.partial(prefill_source, v_slots_inner=True, pairs=True),
 }
 
 
@@ -223,61 +245,6 @@ def compile_ptx(kernel: str, cache: str) -> str:
     """The sm_90 PTX of one kernel for one cache dtype ("bf16", "fp8" or "int8")."""
     compiled = triton.compile(SOURCES[kernel](cache), target=TARGET, options={"num_warps": 4})
     return compiled.asm["ptx"]
-
-
-def fp8_conversions(ptx: str) -> int:
-    """cvt instructions to or from e4m3 in the PTX."""
-    return len(re.findall(r"\bcvt\.[^;]*e4m3", ptx))
-
-
-def fp8_products(ptx: str) -> int:
-    """Tensor-core products (mma, wgmma) on e4m3 operands."""
-    return len(re.findall(r"\b(?:wg)?mma[.\w]*\.e4m3\.e4m3\b", ptx))
-
-
-def instructions(ptx: str) -> int:
-    """PTX instructions, without declarations (a kernel's parameter list among them)."""
-    body = [line.strip() for line in ptx.splitlines()]
-    return sum(1 for line in body if line.endswith(";") and not line.startswith((".", "//")))
-
-
-def shared_byte_reads(ptx: str) -> int:
-    """ld.shared.b8 (.s8 for int8) instructions: reads of shared memory one byte at a time."""
-    return len(re.findall(r"\bld\.shared\.[bsu]8\b", ptx))
-
-
-_ROUND = "0f4B400000"  # 1.5 * 2**23 as PTX writes a float32 immediate
-
-
-def round_half_even_pairs(ptx: str) -> int:
-    """Adds of +1.5 * 2**23 matched by an add of -1.5 * 2**23 (or a sub of +): the rounding of
-    triton_kv_write._quantize_int8_rows, not folded away by the compiler."""
-    up = len(re.findall(rf"\badd(?:\.rn)?\.f32\s[^;]*, {_ROUND};", ptx))
-    down = len(re.findall(r"\badd(?:\.rn)?\.f32\s[^;]*, 0fCB400000;", ptx))
-    down += len(re.findall(rf"\bsub(?:\.rn)?\.f32\s[^;]*, {_ROUND};", ptx))
-    return min(up, down)
-
-
-def approximate_divisions(ptx: str) -> int:
-    """float32 divisions or reciprocals that are not IEEE-rounded (Triton's "/" on the GPU)."""
-    return len(re.findall(r"\b(?:div\.(?:approx|full)|rcp\.approx)[.\w]*\.f32\b", ptx))
-
-
-def copy_waits(ptx: str) -> list[int]:
-    """The cp.async.wait_group counts in order: 0 waits for every copy in flight (a loop whose
-    head waits with 0 keeps one tile's copies in flight, not several)."""
-    return [int(n) for n in re.findall(r"\bcp\.async\.wait_group\s+(\d+)", ptx)]
-
-
-def loops(ptx: str) -> int:
-    """Backward branches in the PTX: one per loop the compiler kept."""
-    labels, count = set(), 0
-    for line in ptx.splitlines():
-        if m := re.match(r"^\s*(\$L__BB\d+_\d+):", line):
-            labels.add(m.group(1))
-        elif (m := re.search(r"bra(?:\.uni)?\s+(\$L__BB\d+_\d+);", line)) and m.group(1) in labels:
-            count += 1
-    return count
 
 
 def main() -> None:

@@ -28,13 +28,14 @@ MODES = {
     # with FP8 weights): the GPU's own arithmetic, so only a GPU run says what it costs.
     "fp8-weights": {"quantization": "fp8"},
     "fp8-weights-exact": {"quantization": "fp8", "fp8_fast_accum": False},
-    "fp8-kv": {"kv_cache_dtype": "fp8"},
+    "fp8-kv": {"kv_cache_dtype": "fp8"},  # first blocks paired (kv_pairs.py), the default
+    "fp8-kv-unpaired": {"kv_cache_dtype": "fp8", "fp8_kv_pair_first_block": False},
     "fp8-weights+kv": {"quantization": "fp8", "kv_cache_dtype": "fp8"},
     # The int8 cache (a scale per token and kv head, kv_int8.py): the sibling of fp8-kv.
     "int8-kv": {"kv_cache_dtype": "int8"},
     "fp8-weights+int8-kv": {"quantization": "fp8", "kv_cache_dtype": "int8"},
 }
-BLOCK_SIZE, MAX_TOKENS = 16, 512
+MIN_BLOCK_SIZE, MAX_TOKENS = 16, 512
 
 TEXTS = [
     "The water cycle describes how water moves through the environment. Heat from the sun "
@@ -102,9 +103,10 @@ def engine_for(model_dir: str, options: dict, device: str):
             model=model_dir,
             dtype="bfloat16",
             device=device,
-            # A small cache that still holds the warm-up's steps (at most MAX_TOKENS tokens).
-            num_blocks=MAX_TOKENS // BLOCK_SIZE + 8,
-            block_size=BLOCK_SIZE,
+            # A small cache that still holds the warm-up's steps (at most MAX_TOKENS tokens),
+            # in blocks of the engine's own size (an fp8 cache's on the GPU: 64 tokens, so its
+            # paired first block is the one a run has).
+            num_blocks=MAX_TOKENS // MIN_BLOCK_SIZE + 8,
             max_batch_tokens=MAX_TOKENS,
             max_num_seqs=4,
             cuda_graphs=False,
@@ -121,17 +123,24 @@ def engine_for(model_dir: str, options: dict, device: str):
 @torch.inference_mode()
 def teacher_forced_logprobs(engine, ids: list[int]) -> torch.Tensor:
     """log-softmax of the next-token logits at every position of ids: [len(ids), vocab], from
-    one prefill through the engine's model and KV cache (blocks 0.. in order)."""
+    one prefill through the engine's model and KV cache (blocks 0.. in order; with paired first
+    blocks, kv_pairs.py, block 0's partner is the cache's last block, as the engine pairs)."""
     runner, device = engine.runner, engine.device
-    T = len(ids)
-    blocks = -(-T // BLOCK_SIZE)
+    T, block_size = len(ids), engine.cfg.block_size
+    blocks = -(-T // block_size)
+    partners = runner.tables.partners
+    if partners is not None:
+        partners.fill_(-1)
+        partners[0] = engine.stats["kv_blocks"] - 1
+        assert blocks < engine.stats["kv_blocks"] - 1
     meta = runner.model.attention.metadata(
-        torch.arange(T, device=device),  # slots: block b holds positions 16b..16b+15
+        torch.arange(T, device=device),  # slots: block b holds positions from b * block_size
         torch.tensor([0, T], dtype=torch.int32, device=device),
         torch.tensor([T], dtype=torch.int32, device=device),
         torch.arange(blocks, dtype=torch.int32, device=device)[None],
         [T],
         [T],
+        partners,
     )
     input_ids = torch.tensor(ids, device=device)
     hidden = runner.model(input_ids, torch.arange(T, device=device), meta, runner.kv)
@@ -178,6 +187,8 @@ def main() -> None:
             "bf16_next_token_acc": round(base_hits / (positions - len(texts)), 4),
             "quantization": engine.stats.get("quantization"),
             "kv_cache_dtype": engine.stats.get("kv_cache_dtype"),
+            "fp8_kv_pair_first_block": engine.stats.get("fp8_kv_pair_first_block"),
+            "block_size": engine.cfg.block_size,
             "git_commit": git_commit(),
         }
         print(json.dumps(line), flush=True)

@@ -199,6 +199,7 @@ def test_kernels_compile_for_sm90_with_the_fp8_casts_only_in_the_fp8_variants(
     slots_inner = ("write_kv-vslots", "decode-vslots", "prefill-vslots")
     expected = {f"{k} {c}" for k in kernels for c in CACHES + ("int8",)}
     experiments = {"decode-prefetch fp8", "prefill-pvfp8 fp8"}  # their own tests
+    experiments |= {f"{k}-pairs fp8" for k in ("write_kv", "decode", "prefill")}  # kv_pairs.py
     assert set(counts) == expected | {f"{k} {c}" for k in slots_inner for c in CACHES} | experiments
     for variant, n in counts.items():
         assert (n > 0) == variant.endswith("fp8"), counts
@@ -209,6 +210,8 @@ def test_kernels_compile_for_sm90_with_the_fp8_casts_only_in_the_fp8_variants(
         "prefill-vslots fp8",
         "decode-prefetch fp8",
         "prefill-pvfp8 fp8",
+        "decode-pairs fp8",
+        "prefill-pairs fp8",
     ):
         assert byte_reads[variant] == 0, byte_reads
     assert byte_reads["decode-vreg int8"] == 0, byte_reads

@@ -128,9 +128,9 @@ from bulkgen.model.attention.rotary_write import _rotary_write_kv_kernel as kern
 pointers = dict(q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", positions_ptr="*i64",
     cos_ptr="*fp32", sin_ptr="*fp32", q_out_ptr="*bf16", k_out_ptr="*bf16",
     k_cache_ptr="*fp8e4nv", v_cache_ptr="*fp8e4nv", slot_ptr="*i64",
-    k_scales_ptr="*fp8e4nv", v_scales_ptr="*fp8e4nv")
+    k_scales_ptr="*fp8e4nv", v_scales_ptr="*fp8e4nv", partners_ptr="*i32")
 constexprs = dict(Q_HEADS=32, Q_HEADS_PAD=32, K_HEADS=8, K_HEADS_PAD=8, HALF=64, HALF_PAD=64,
-    BLOCK_SIZE=64, QUANTIZE=True, KV_INT8=False)
+    BLOCK_SIZE=64, QUANTIZE=True, KV_INT8=False, PAIRS=True)
 signature = {}
 for name in kernel.arg_names:
     if name in pointers:
@@ -188,3 +188,19 @@ def test_gpu_engine_generates_the_same_tokens_with_the_fused_launch(
         outs[enabled] = [o.token_ids for o in llm.generate(ids, greedy)]
         llm.close()
     assert outs[True] == outs[False]
+
+
+def test_one_launch_writes_a_first_blocks_low_parts_as_the_write_does():
+    """Paired first blocks (kv_pairs.py): block 0's tokens put their low parts in block 5."""
+    q, k, v, positions, cos, sin, _ = step_inputs(4, torch.bfloat16)
+    slots = torch.tensor([0, 1, 5, 6], device=DEVICE)  # blocks 0 (paired) and 1
+    partners = torch.tensor([5, -1, -1, -1, -1, -1], dtype=torch.int32, device=DEVICE)
+    fused = caches("fp8-slots-inner", torch.bfloat16)
+    apart = tuple(c.clone() if isinstance(c, torch.Tensor) else c for c in fused)
+    before = fused[0][5].clone()
+    rotary_write_kv(q, k, v, positions, cos, sin, *fused[:2], slots, *fused[2:], partners=partners)
+    k_apart = rotary(q, k, positions, cos, sin)[1]
+    write_kv(k_apart, v, *apart[:2], slots, *apart[2:], partners=partners)
+    for got, want in zip(fused[:2], apart[:2], strict=True):
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+    assert not torch.equal(fused[0][5].view(torch.uint8), before.view(torch.uint8))

@@ -55,9 +55,10 @@ def add_low_k(
 ):
     """k_t with the low parts of its positions in the first block added (in k_t's dtype: exact
     for fp16, whose 11 bits hold a pair's 8)."""
-    paired = valid & (pos < BLOCK_SIZE) & (lo_block >= 0)
+    lo_blocks = lo_block + 0 * pos  # [N]
+    paired = valid & (pos < BLOCK_SIZE) & (lo_blocks >= 0)
     rows = kv_tile_offsets(
-        lo_block + 0 * pos, pos, kv_head, stride_block, stride_slot, stride_head, BLOCK_SIZE
+        lo_blocks, pos, kv_head, stride_block, stride_slot, stride_head, BLOCK_SIZE
     )
     dims = tl.arange(0, HEAD_DIM)
     lo = tl.load(k_cache_ptr + rows[None, :] + dims[:, None], mask=paired[None, :], other=0.0)
@@ -83,9 +84,10 @@ def add_low_v(
     V_SLOTS_INNER: tl.constexpr,
 ):
     """v with the low parts of its positions in the first block added (0 elsewhere)."""
-    paired = valid & (pos < BLOCK_SIZE) & (lo_block >= 0)
+    lo_blocks = lo_block + 0 * pos  # [N]
+    paired = valid & (pos < BLOCK_SIZE) & (lo_blocks >= 0)
     rows = kv_tile_offsets(
-        lo_block + 0 * pos, pos, kv_head, stride_v_block, stride_v_slot, stride_v_head, BLOCK_SIZE
+        lo_blocks, pos, kv_head, stride_v_block, stride_v_slot, stride_v_head, BLOCK_SIZE
     )
     # Whole-block reads (slots inner) of the partner only: hi' is 0 when there is none.
     block_hi = tl.where(lo_block >= 0, tl.minimum(hi, BLOCK_SIZE), 0)
