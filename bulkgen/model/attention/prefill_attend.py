@@ -59,7 +59,7 @@ def attend_tiles(
     DOT_F16: tl.constexpr,  # q came scaled by qk_scale, in fp16 (see the module's docstring)
     PV_FP8: tl.constexpr,  # P @ V on e4m3 operands, the weights times P_SCALE (kv_fp8.FP8_PV)
     ROUND_P: tl.constexpr,  # PV_FP8's weights rounded before the cast (the interpreter's truncates)
-    PAIRS: tl.constexpr,  # add the partner's low parts to the first block's positions
+    LOW: tl.constexpr,  # tiles of the first block: add its partner's low parts (kv_pairs.py)
 ):
     """Online-softmax update of (acc, l_i, m_i) with the cached positions lo..hi-1."""
     dims = tl.arange(0, HEAD_DIM)
@@ -77,12 +77,11 @@ def attend_tiles(
         k_t = tl.load(k_cache_ptr + rows[None, :] + dims[:, None], mask=valid[None, :], other=0.0)
         if KV_FP8 or KV_INT8:
             k_t = k_t.to(q.dtype)
-        if PAIRS:
-            if start < BLOCK_SIZE:
-                k_t = add_low_k(
-                    k_t, k_cache_ptr, lo_block, pos, valid, kv_head, stride_cache_block,
-                    stride_cache_slot, stride_cache_head, HEAD_DIM, BLOCK_SIZE,
-                )  # fmt: skip
+        if LOW:  # a loop of its own: a branch on the position would slow every tile's
+            k_t = add_low_k(
+                k_t, k_cache_ptr, lo_block, pos, valid, kv_head, stride_cache_block,
+                stride_cache_slot, stride_cache_head, HEAD_DIM, BLOCK_SIZE,
+            )  # fmt: skip
         s = tl.dot(q, k_t, input_precision=DOT_PRECISION)
         if not DOT_F16:
             s = s * qk_scale
@@ -107,13 +106,11 @@ def attend_tiles(
         )  # fmt: skip
         if (KV_FP8 and not PV_FP8) or KV_INT8:
             v = v.to(q.dtype)
-        if PAIRS:  # never with PV_FP8 (paged_prefill)
-            if start < BLOCK_SIZE:
-                v = add_low_v(
-                    v, v_cache_ptr, lo_block, pos, valid, hi, kv_head, stride_v_block,
-                    stride_v_slot, stride_v_head, stride_v_dim, HEAD_DIM, BLOCK_SIZE, BLOCK_N,
-                    V_SLOTS_INNER,
-                )  # fmt: skip
+        if LOW:  # never with PV_FP8 (paged_prefill)
+            v = add_low_v(
+                v, v_cache_ptr, lo_block, pos, valid, hi, kv_head, stride_v_block, stride_v_slot,
+                stride_v_head, stride_v_dim, HEAD_DIM, BLOCK_SIZE, BLOCK_N, V_SLOTS_INNER,
+            )  # fmt: skip
         if KV_INT8:
             p_v, v_top = scale_weights(p, v_s, visible)
             p_v = tl.dot(p_v.to(v.dtype), v, input_precision=DOT_PRECISION) * v_top

@@ -43,6 +43,7 @@ import triton
 import triton.language as tl
 
 from bulkgen.model.attention.decode_merge import merge_splits
+from bulkgen.model.attention.decode_tile import decode_tile
 from bulkgen.model.attention.decode_tiling import DecodeLaunch, decode_launch, num_kv_splits
 from bulkgen.model.attention.kv_fp8 import is_fp8
 from bulkgen.model.attention.kv_layout import v_slots_inner
@@ -50,13 +51,9 @@ from bulkgen.model.attention.triton_kv import (
     check_cache,
     int8_scale_args,
     kv_tile_blocks,
-    kv_tile_offsets,
-    load_scales,
-    load_v_tile,
     output_for,
-    scale_weights,
 )
-from bulkgen.model.attention.triton_kv_pairs import add_low_k, add_low_v, first_partner
+from bulkgen.model.attention.triton_kv_pairs import first_partner
 
 LOG2E = 1.4426950408889634
 
@@ -129,71 +126,38 @@ def _decode_split_kernel(
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
     block_table_row = block_tables_ptr + b.to(tl.int64) * stride_bt
-    if PAIRS:  # the first block's partner (kv_pairs.py)
+    main_lo, lo_block = lo, lo  # lo_block: read only by the first block's tiles
+    if PAIRS:  # the first block's tiles apart, with its partner's low parts (kv_pairs.py)
         lo_block = first_partner(partners_ptr, block_table_row)
+        main_lo = tl.maximum(lo, tl.minimum(hi, tl.cdiv(BLOCK_SIZE, BLOCK_N) * BLOCK_N))
+        for start in range(lo, main_lo, BLOCK_N):
+            pos = start + tl.arange(0, BLOCK_N)
+            blocks = kv_tile_blocks(block_table_row, pos, hi, BLOCK_SIZE)
+            acc, l_i, m_i = decode_tile(
+                acc, l_i, m_i, pos, blocks, lo_block, q, hi, k_cache_ptr, v_cache_ptr, kv_head,
+                qk_scale, k_scales_ptr, v_scales_ptr, stride_scale_block, stride_scale_slot,
+                stride_cache_block, stride_cache_slot, stride_cache_head, stride_v_block,
+                stride_v_slot, stride_v_head, stride_v_dim, HEAD_DIM, BLOCK_SIZE, BLOCK_N,
+                DOT_PRECISION, KV_FP8, KV_INT8, DOT_F16, V_IN_REGISTERS, V_SLOTS_INNER, True,
+            )  # fmt: skip
     if PREFETCH_BLOCKS:  # the first tile's block ids; each iteration loads the next tile's
-        next_blocks = kv_tile_blocks(block_table_row, lo + tl.arange(0, BLOCK_N), hi, BLOCK_SIZE)
-    for start in range(lo, hi, BLOCK_N):
+        next_blocks = kv_tile_blocks(
+            block_table_row, main_lo + tl.arange(0, BLOCK_N), hi, BLOCK_SIZE
+        )
+    for start in range(main_lo, hi, BLOCK_N):
         pos = start + tl.arange(0, BLOCK_N)
-        valid = pos < hi
         if PREFETCH_BLOCKS:
             blocks = next_blocks
             next_blocks = kv_tile_blocks(block_table_row, pos + BLOCK_N, hi, BLOCK_SIZE)
         else:
             blocks = kv_tile_blocks(block_table_row, pos, hi, BLOCK_SIZE)
-        rows = kv_tile_offsets(
-            blocks, pos, kv_head, stride_cache_block, stride_cache_slot, stride_cache_head,
-            BLOCK_SIZE,
+        acc, l_i, m_i = decode_tile(
+            acc, l_i, m_i, pos, blocks, lo_block, q, hi, k_cache_ptr, v_cache_ptr, kv_head,
+            qk_scale, k_scales_ptr, v_scales_ptr, stride_scale_block, stride_scale_slot,
+            stride_cache_block, stride_cache_slot, stride_cache_head, stride_v_block,
+            stride_v_slot, stride_v_head, stride_v_dim, HEAD_DIM, BLOCK_SIZE, BLOCK_N,
+            DOT_PRECISION, KV_FP8, KV_INT8, DOT_F16, V_IN_REGISTERS, V_SLOTS_INNER, False,
         )  # fmt: skip
-        v_rows = kv_tile_offsets(
-            blocks, pos, kv_head, stride_v_block, stride_v_slot, stride_v_head, BLOCK_SIZE
-        )
-        k_t = tl.load(k_cache_ptr + rows[None, :] + dims[:, None], mask=valid[None, :], other=0.0)
-        if KV_FP8 or KV_INT8:
-            k_t = k_t.to(q.dtype)
-        if PAIRS:
-            if start < BLOCK_SIZE:  # a tile of the first block: once a sequence
-                k_t = add_low_k(
-                    k_t, k_cache_ptr, lo_block, pos, valid, kv_head, stride_cache_block,
-                    stride_cache_slot, stride_cache_head, HEAD_DIM, BLOCK_SIZE,
-                )  # fmt: skip
-        s = tl.dot(q, k_t, input_precision=DOT_PRECISION)
-        if not DOT_F16:
-            s = s * qk_scale
-        if KV_INT8:
-            k_s, v_s = load_scales(
-                k_scales_ptr, v_scales_ptr, blocks, pos, kv_head, valid,
-                stride_scale_block, stride_scale_slot, BLOCK_SIZE,
-            )  # fmt: skip
-            s = s * k_s[None, :]
-        s = tl.where(valid[None, :], s, float("-inf"))
-        # Every tile has a valid position, so m_new is finite and alpha is 0 on the first tile.
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = load_v_tile(
-            v_cache_ptr, v_rows, pos, valid, hi, stride_v_dim, HEAD_DIM, BLOCK_SIZE, BLOCK_N,
-            V_SLOTS_INNER,
-        )  # fmt: skip
-        if V_IN_REGISTERS:  # see DecodeLaunch: the select keeps the tile out of byte reads
-            v = tl.where(valid[:, None], v.to(q.dtype), 0.0).to(q.dtype)
-        elif KV_FP8 or KV_INT8:
-            v = v.to(q.dtype)
-        if PAIRS:
-            if start < BLOCK_SIZE:
-                v = add_low_v(
-                    v, v_cache_ptr, lo_block, pos, valid, hi, kv_head, stride_v_block,
-                    stride_v_slot, stride_v_head, stride_v_dim, HEAD_DIM, BLOCK_SIZE, BLOCK_N,
-                    V_SLOTS_INNER,
-                )  # fmt: skip
-        if KV_INT8:
-            p_v, v_top = scale_weights(p, v_s, valid[None, :])
-            p_v = tl.dot(p_v.to(v.dtype), v, input_precision=DOT_PRECISION) * v_top
-        else:
-            p_v = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        acc = acc * alpha[:, None] + p_v
-        m_i = m_new
 
     # An empty split (or a padding row with seq_len 0) has l_i == 0: write out = 0, lse = -inf.
     has_work = l_i > 0

@@ -140,22 +140,44 @@ def _prefill_kernel(
     unmasked_end = (first_pos + 1) // BLOCK_N * BLOCK_N  # whole tiles at or before first_pos
     if INVARIANT:  # no unmasked loop (it would fold away): every tile runs the same masked code
         unmasked_end = 0
+    # With PAIRS the first block's tiles run in loops of their own (LOW), before each range.
+    first_end: tl.constexpr = tl.cdiv(BLOCK_SIZE, BLOCK_N) * BLOCK_N
+    low_end = tl.minimum(unmasked_end, first_end) if PAIRS else 0
+    causal_low_end = tl.maximum(unmasked_end, tl.minimum(end, first_end)) if PAIRS else unmasked_end
     # fmt: off
+    if PAIRS:
+        acc, l_i, m_i = attend_tiles(
+            acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, block_table_row, kv_head,
+            0, low_end, qk_scale, k_scales_ptr, v_scales_ptr, stride_scale_block,
+            stride_scale_slot, stride_cache_block, stride_cache_slot, stride_cache_head,
+            stride_v_block, stride_v_slot, stride_v_head, stride_v_dim, lo_block,
+            BLOCK_SIZE, BLOCK_N, HEAD_DIM, DOT_PRECISION, False, KV_FP8, KV_INT8, V_SLOTS_INNER,
+            DOT_F16, PV_FP8, ROUND_P, True,
+        )
     acc, l_i, m_i = attend_tiles(
         acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, block_table_row, kv_head,
-        0, unmasked_end, qk_scale, k_scales_ptr, v_scales_ptr, stride_scale_block,
+        low_end, unmasked_end, qk_scale, k_scales_ptr, v_scales_ptr, stride_scale_block,
         stride_scale_slot, stride_cache_block, stride_cache_slot, stride_cache_head,
         stride_v_block, stride_v_slot, stride_v_head, stride_v_dim, lo_block,
         BLOCK_SIZE, BLOCK_N, HEAD_DIM, DOT_PRECISION, False, KV_FP8, KV_INT8, V_SLOTS_INNER,
-        DOT_F16, PV_FP8, ROUND_P, PAIRS,
+        DOT_F16, PV_FP8, ROUND_P, False,
     )
+    if PAIRS:
+        acc, l_i, m_i = attend_tiles(
+            acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, block_table_row, kv_head,
+            unmasked_end, causal_low_end, qk_scale, k_scales_ptr, v_scales_ptr,
+            stride_scale_block, stride_scale_slot, stride_cache_block, stride_cache_slot,
+            stride_cache_head, stride_v_block, stride_v_slot, stride_v_head, stride_v_dim,
+            lo_block, BLOCK_SIZE, BLOCK_N, HEAD_DIM, DOT_PRECISION, True, KV_FP8, KV_INT8,
+            V_SLOTS_INNER, DOT_F16, PV_FP8, ROUND_P, True,
+        )
     acc, l_i, m_i = attend_tiles(
         acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, block_table_row, kv_head,
-        unmasked_end, end, qk_scale, k_scales_ptr, v_scales_ptr, stride_scale_block,
+        causal_low_end, end, qk_scale, k_scales_ptr, v_scales_ptr, stride_scale_block,
         stride_scale_slot, stride_cache_block, stride_cache_slot, stride_cache_head,
         stride_v_block, stride_v_slot, stride_v_head, stride_v_dim, lo_block,
         BLOCK_SIZE, BLOCK_N, HEAD_DIM, DOT_PRECISION, True, KV_FP8, KV_INT8, V_SLOTS_INNER,
-        DOT_F16, PV_FP8, ROUND_P, PAIRS,
+        DOT_F16, PV_FP8, ROUND_P, False,
     )
     # fmt: on
 
