@@ -53,8 +53,9 @@ def add_low_k(
     HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
 ):
-    """k_t with the low parts of its positions in the first block added (in k_t's dtype: exact
-    for fp16, whose 11 bits hold a pair's 8)."""
+    """k_t with the low parts of its positions in the first block added, in k_t's dtype (fp16's
+    11 bits hold a pair's 8 exactly; a float32 tile of the sum cost the decode kernel twice the
+    registers)."""
     lo_blocks = lo_block + 0 * pos  # [N]
     paired = valid & (pos < BLOCK_SIZE) & (lo_blocks >= 0)
     rows = kv_tile_offsets(
@@ -62,7 +63,7 @@ def add_low_k(
     )
     dims = tl.arange(0, HEAD_DIM)
     lo = tl.load(k_cache_ptr + rows[None, :] + dims[:, None], mask=paired[None, :], other=0.0)
-    return (k_t.to(tl.float32) + lo.to(tl.float32) * _LO_SCALE).to(k_t.dtype)
+    return k_t + (lo.to(k_t.dtype) * _LO_SCALE).to(k_t.dtype)
 
 
 @triton.jit
@@ -95,5 +96,5 @@ def add_low_v(
         v_cache_ptr, rows, pos, paired, block_hi, stride_v_dim, HEAD_DIM, BLOCK_SIZE, BLOCK_N,
         V_SLOTS_INNER,
     )  # fmt: skip
-    lo = tl.where(paired[:, None], lo.to(tl.float32), 0.0)
-    return (v.to(tl.float32) + lo * _LO_SCALE).to(v.dtype)
+    lo = tl.where(paired[:, None], lo.to(v.dtype), 0.0).to(v.dtype)
+    return v + (lo * _LO_SCALE).to(v.dtype)
