@@ -196,28 +196,31 @@ def test_block_size_must_be_a_power_of_two(bad):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on CUDA: test_kv_fp8.py's engine tests")
+@pytest.mark.parametrize("pairs", [False, True])
 def test_engine_with_the_gpus_fp8_cache_generates_what_rows_in_16_token_blocks_do(
-    tiny_model_dir, allow_fp8, monkeypatch
+    tiny_model_dir, allow_fp8, monkeypatch, pairs
 ):
     """The GPU's default fp8 configuration run whole through the Triton kernels (interpreter):
     values slots inner in 64-token blocks, chunked prefill and mixed batches, give the same
     greedy tokens as the same kernels over values in rows in 16-token blocks. (Not compared with
     the torch backend: Triton 3.9's interpreter rounds float32 to e4m3 wrongly where rounding
     carries into the next power of two, 0.4914 to 0.25 and 7.98 to 4.0, so its fp8 caches hold
-    other values than torch's; the GPU test in test_kv_fp8.py compares with the CPU.)"""
+    other values than torch's; the GPU test in test_kv_fp8.py compares with the CPU.) With
+    paired first blocks (kv_pairs.py) both run 64-token blocks: the pair covers one block."""
     from test_engine import PROMPTS, encode_all
 
     from bulkgen import LLM, SamplingParams
 
     ids = encode_all(tiny_model_dir, PROMPTS)
     kw = dict(dtype="float32", kv_cache_dtype="fp8", max_num_seqs=8, max_batch_tokens=32)
+    kw |= dict(fp8_kv_pair_first_block=pairs, block_size=64 if pairs else None)
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     outs = {}
     for slots_inner in (True, False):
         monkeypatch.setattr(decode_tiling, "fp8_v_slots_inner", lambda s=slots_inner: s)
         llm = LLM(str(tiny_model_dir), device="cpu", attention="triton", num_blocks=64, **kw)
         engine = llm.engine
-        assert engine.cfg.block_size == (64 if slots_inner else 16)
+        assert engine.cfg.block_size == (64 if slots_inner or pairs else 16)
         assert v_slots_inner(engine.runner.kv[0][1]) == slots_inner
         outs[slots_inner] = [o.token_ids for o in llm.generate(ids, params)]
     assert outs[True] == outs[False]

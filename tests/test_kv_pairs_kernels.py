@@ -104,3 +104,12 @@ def test_pairs_take_no_effect_without_an_fp8_cache():
     meta.kv_partners = torch.zeros(k.shape[0], dtype=torch.int32, device=DEVICE)
     assert torch.equal(triton_backend.paged_attention(q, k, v, meta, 0.25), plain)
     assert quantize(torch.ones(1), 1.0).dtype == FP8_DTYPE
+
+
+def test_a_paired_decode_launch_bounds_its_registers_on_cuda_only():
+    from bulkgen.model.attention.triton_kv_pairs import PAIRS_MAX_REGISTERS, pairs_registers
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert pairs_registers(True, 4, cuda) == {"maxnreg": PAIRS_MAX_REGISTERS}
+    assert pairs_registers(False, 4, cuda) == pairs_registers(True, 4, cpu) == {}
+    assert pairs_registers(True, 8, cuda) == {}

@@ -53,7 +53,7 @@ from bulkgen.model.attention.triton_kv import (
     kv_tile_blocks,
     output_for,
 )
-from bulkgen.model.attention.triton_kv_pairs import first_partner
+from bulkgen.model.attention.triton_kv_pairs import first_partner, pairs_registers
 
 LOG2E = 1.4426950408889634
 
@@ -223,6 +223,7 @@ def paged_decode(
         num_splits = num_kv_splits(batch, num_kv_heads, max_context, block_n, q.device)
     q = q if q.stride(-1) == 1 else q.contiguous()
     out = output_for(out, q)
+    pairs = partners is not None and fp8
     if batch == 0:
         return out
     # Allocated per call: inside a CUDA graph they come from the graph's private pool.
@@ -261,9 +262,10 @@ def paged_decode(
         DOT_F16=(fp8 or int8) and q.dtype != torch.float32,
         V_IN_REGISTERS=(fp8 or int8) and launch.v_in_registers,
         PREFETCH_BLOCKS=launch.prefetch_blocks,
-        PAIRS=partners is not None and fp8,
+        PAIRS=pairs,
         num_warps=launch.num_warps,
         **({"num_stages": launch.num_stages} if launch.num_stages else {}),
+        **pairs_registers(pairs, launch.num_warps, q.device),
     )
     if num_splits > 1:
         merge_splits(part_out, part_lse, out)

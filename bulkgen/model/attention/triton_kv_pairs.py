@@ -11,6 +11,7 @@ tile): every other tile of a sequence lies past its first block.
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
@@ -22,6 +23,21 @@ from bulkgen.model.fp8_kernels import _round_e4m3
 _LO_SCALE = tl.constexpr(LO_SCALE)
 _LO_INVERSE = tl.constexpr(1.0 / LO_SCALE)
 _FP8_MAX = tl.constexpr(FP8_MAX)
+
+
+# The decode kernel's launch with pairs: at most this many registers a thread for 4-warp
+# programs, so that 4 CTAs fit a SM as without pairs. For sm_90 at 128-token tiles ptxas takes
+# 138 unbounded (122 without pairs: 3 CTAs a SM against 4) and 120 bounded, with no spills
+# (scripts/kernel_resources.py's count; trt FP8 at 37f5d70 ran 9% slower unbounded).
+PAIRS_MAX_REGISTERS = 128
+
+
+def pairs_registers(pairs: bool, num_warps: int, device: torch.device) -> dict:
+    """The launch option bounding a pairs launch's registers (none elsewhere, or on the
+    interpreter, which has no registers)."""
+    if not pairs or num_warps != 4 or device.type != "cuda":
+        return {}
+    return {"maxnreg": PAIRS_MAX_REGISTERS}
 
 
 @triton.jit
