@@ -47,9 +47,9 @@ def test_loaded_scales_are_what_the_layers_quantize_with(tiny_model_dir, allow_f
     calls = []
     real_write = torch_backend.write_kv
 
-    def spy(k, v, k_cache, v_cache, slots, k_scale=1.0, v_scale=1.0):
+    def spy(k, v, k_cache, v_cache, slots, k_scale=1.0, v_scale=1.0, **pairs):  # kv_pairs.py
         calls.append((k_scale, v_scale))
-        real_write(k, v, k_cache, v_cache, slots, k_scale, v_scale)
+        real_write(k, v, k_cache, v_cache, slots, k_scale, v_scale, **pairs)
 
     llm.engine.runner.model.model.layers[0].self_attn.backend = _with_write(layers[0], spy)
     llm.generate([[5, 6, 7]], greedy(2))
