@@ -23,7 +23,8 @@ KV_CACHE_OPTIONS = [
         help="With --kv-cache-dtype fp8, on by default: each sequence's first KV block (its "
         "first 64 tokens with the GPU kernels, the attention sinks later tokens lean on) is kept "
         "at about 16-bit precision, as two e4m3 values in a second block of the cache; "
-        "--no-fp8-kv-pair-first-block stores it in plain e4m3 like the rest. An error with "
+        "--no-fp8-kv-pair-first-block stores it in plain e4m3 like the rest (a block less a "
+        "sequence; on one H200 the 1,000/1,000 FP8 benchmark ran 7% faster). An error with "
         "another cache dtype.",
     ),
 ]
