@@ -146,7 +146,8 @@ fi
 # minutes on a fresh machine: the whole GPU suite did not fit one step's 330 s at 857eb9d).
 ENGINE_TESTS="tests/test_gpu_engine.py tests/test_mixed_graphs.py tests/test_triton_stage.py \
   tests/test_gpu_fp8.py tests/test_fp8_fast_accum.py tests/test_mixed_split.py tests/test_admission.py \
-  tests/test_gpu_structured_output.py tests/test_gpu_warm_logits.py"
+  tests/test_gpu_structured_output.py tests/test_gpu_warm_logits.py tests/test_kv_pairs_kernels.py \
+  tests/test_kv_fp8.py"
 gpu_tests() {  # gpu_tests <step> <limit> <pytest args...>
   local step=$1 limit=$2
   shift 2

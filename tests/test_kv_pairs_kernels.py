@@ -113,3 +113,23 @@ def test_a_paired_decode_launch_bounds_its_registers_on_cuda_only():
     assert pairs_registers(True, 4, cuda) == {"maxnreg": PAIRS_MAX_REGISTERS}
     assert pairs_registers(False, 4, cuda) == pairs_registers(True, 4, cpu) == {}
     assert pairs_registers(True, 8, cuda) == {}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("rows", [1, 32, 300])
+def test_gpu_paired_kernels_match_the_reference_at_the_8b_shape(rows):
+    """The engine's launches (tuned tiles, the register bound of pairs_registers, values slots
+    inner in 64-token blocks) at the 8B's head shape, decode and a mixed step's prefill."""
+    seq_lens = torch.randint(1, 2048, (rows,)).tolist()
+    seq_lens[0] = 64  # exactly the first block
+    k_cache, v_cache, v_kernel, tables, partners = paired_cache(seq_lens, 64, 8, 128, True)
+    scales = (128**-0.5, K_SCALE, V_SCALE)
+    query_lens = [min(n, 1 if i % 2 else 300) for i, n in enumerate(seq_lens)]
+    for q_lens, decode in (([1] * rows, True), (query_lens, False)):
+        meta = metadata(seq_lens, q_lens, tables, decode_only=decode)
+        meta.kv_partners = partners
+        q = torch.randn(sum(q_lens), 32, 128, device=DEVICE).to(torch.bfloat16)
+        out = triton_backend.paged_attention(q, k_cache, v_kernel, meta, *scales)
+        ref = torch_backend.paged_attention(q, k_cache, v_cache, meta, *scales)
+        assert rel_err(out, ref) < TOLERANCE[torch.bfloat16], (rows, decode, rel_err(out, ref))
