@@ -11,7 +11,7 @@ import torch
 from bulkgen import LLM, SamplingParams
 from bulkgen.engine.blocks import BlockManager
 from bulkgen.model.attention import kv_pairs, torch_backend
-from bulkgen.model.attention.kv_fp8 import FP8_DTYPE, FP8_MAX, dequantize, quantize
+from bulkgen.model.attention.kv_fp8 import FP8_DTYPE, dequantize, quantize
 
 
 def greedy(max_tokens=12):
@@ -21,8 +21,7 @@ def greedy(max_tokens=12):
 def pair_rounded(x: torch.Tensor, scale: float) -> torch.Tensor:
     """What a paired first block gives back for x: hi + lo * LO_SCALE, times the scale."""
     hi = quantize(x, scale)
-    lo = kv_pairs.low_part((x.float() * (1.0 / scale)).clamp(-FP8_MAX, FP8_MAX), hi)
-    return kv_pairs.join(hi, lo) * scale
+    return kv_pairs.join(hi, kv_pairs.low_part(x, hi, scale)) * scale
 
 
 @pytest.mark.parametrize("scale", [1.0, 0.25, 3.0])

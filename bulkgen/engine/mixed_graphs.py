@@ -96,9 +96,8 @@ class MixedGraphs:
         """What a layer's begin reads of the metadata: the slots its keys and values go to (and
         an fp8 cache's first-block partners)."""
         empty = self.slots[:0]
-        meta = AttnMetadata(self.slots[:bucket], empty, empty, empty, 0, 0, False)
-        meta.kv_partners = self.kv_partners
-        return meta
+        args = (self.slots[:bucket], empty, empty, empty, 0, 0, False)
+        return AttnMetadata(*args, kv_partners=self.kv_partners)
 
     @torch.inference_mode()
     def capture(self) -> None:

@@ -41,10 +41,11 @@ def resolve_pair_first(flag: bool | None, kv_cache_dtype: str) -> bool:
     return bool(flag)
 
 
-def low_part(x: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
-    """The e4m3 low part of x (float32, in scale units, saturated as the cache stores it) whose
-    high part is hi (e4m3)."""
-    return ((x - hi.float()) * (1.0 / LO_SCALE)).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+def low_part(x: torch.Tensor, hi: torch.Tensor, scale: float) -> torch.Tensor:
+    """The e4m3 low part of x stored with this scale, whose high part is hi (e4m3, what
+    kv_fp8.quantize stores: x / scale saturated, then rounded)."""
+    scaled = (x.float() * (1.0 / scale)).clamp(-FP8_MAX, FP8_MAX)
+    return ((scaled - hi.float()) * (1.0 / LO_SCALE)).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
 
 
 def join(hi: torch.Tensor, lo: torch.Tensor) -> torch.Tensor:

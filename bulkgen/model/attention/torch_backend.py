@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from bulkgen.model.attention import kv_int8, kv_pairs
-from bulkgen.model.attention.kv_fp8 import FP8_MAX, dequantize, is_fp8, quantize
+from bulkgen.model.attention.kv_fp8 import dequantize, is_fp8, quantize
 from bulkgen.model.attention.metadata import AttnMetadata
 
 # A layer's scales: floats for an fp8 cache, [num_blocks, block_size, Hkv] tensors for int8.
@@ -51,8 +51,7 @@ def write_kv(
             hi = quantize(x[keep], scale)
             rows.view(torch.uint8).index_copy_(0, slots, hi.view(torch.uint8))
             if paired is not None:
-                scaled = (x[keep][paired].float() * (1.0 / scale)).clamp(-FP8_MAX, FP8_MAX)
-                lo = kv_pairs.low_part(scaled, hi[paired])
+                lo = kv_pairs.low_part(x[keep][paired], hi[paired], scale)
                 rows.view(torch.uint8).index_copy_(0, lo_slots, lo.view(torch.uint8))
         elif kv_int8.is_int8(cache):
             q, row_scales = kv_int8.quantize(x[keep])
