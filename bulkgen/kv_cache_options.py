@@ -20,11 +20,12 @@ KV_CACHE_OPTIONS = [
     click.option(
         "--fp8-kv-pair-first-block/--no-fp8-kv-pair-first-block",
         default=None,
-        help="With --kv-cache-dtype fp8, on by default: each sequence's first KV block (its "
+        help="With --kv-cache-dtype fp8 (off by default): each sequence's first KV block (its "
         "first 64 tokens with the GPU kernels, the attention sinks later tokens lean on) is kept "
-        "at about 16-bit precision, as two e4m3 values in a second block of the cache; "
-        "--no-fp8-kv-pair-first-block stores it in plain e4m3 like the rest (a block less a "
-        "sequence; on one H200 the 1,000/1,000 FP8 benchmark ran 7% faster). An error with "
-        "another cache dtype.",
+        "at about 16-bit precision, as two e4m3 values in a second block of the cache. It helps "
+        "short sequences most (demo model, top-1 agreement with bf16: 0.98 against 0.95 over "
+        "58-token texts, 0.955 against 0.953 over 960-token ones) and costs a block a sequence "
+        "(on one H200 the 1,000/1,000 FP8 benchmark ran 7% slower). An error with another "
+        "cache dtype.",
     ),
 ]

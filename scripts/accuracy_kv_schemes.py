@@ -224,10 +224,10 @@ def main() -> None:
         "--only", default="", help="comma-separated: run the schemes whose name contains one"
     )
     ap.add_argument(
-        "--fp8-accuracy-texts",
-        action="store_true",
-        help="measure on scripts/fp8_accuracy.py's 16 texts (plain text, no chat template, the "
-        "first 512 tokens: the H200's accuracy table) instead of prompts and answers",
+        "--fp8-accuracy-set",
+        choices=("short", "long"),
+        help="measure on scripts/fp8_accuracy.py's short set (16 texts, the H200's accuracy "
+        "table) or long set (those joined, two documents) instead of prompts and answers",
     )
     ap.add_argument(
         "--holdout",
@@ -245,11 +245,12 @@ def main() -> None:
     all_ids = texts(llms["fp32"], args.texts * (2 if args.holdout else 1), args.answer_tokens)
     calibration = all_ids[: args.texts]
     all_ids = all_ids[-args.texts :]
-    if args.fp8_accuracy_texts:  # calibrated on the prompts above (held out)
-        from fp8_accuracy import MAX_TOKENS, TEXTS
+    if args.fp8_accuracy_set:  # calibrated on the prompts above (held out)
+        from fp8_accuracy import MAX_TOKENS, TEXTS, long_texts
 
+        chosen = TEXTS if args.fp8_accuracy_set == "short" else long_texts()
         tokenizer = llms["fp32"].tokenizer
-        all_ids = [(tokenizer(t)["input_ids"][:MAX_TOKENS], 0) for t in TEXTS]
+        all_ids = [(tokenizer(t)["input_ids"][:MAX_TOKENS], 0) for t in chosen]
 
     def run(scheme_k, scheme_v, ids, model="fp32") -> torch.Tensor:
         install(llms[model], scheme_k, scheme_v)

@@ -226,11 +226,13 @@ def test_gpu_fp8_kv_greedy_mostly_agrees_with_bf16_kv(tiny_model_dir):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("pairs", [False, True])
 @pytest.mark.parametrize("v_slots_inner", [False, True])
 def test_gpu_fp8_engine_matches_the_cpu_fp8_reference(
-    tiny_model_dir, allow_fp8, monkeypatch, v_slots_inner
+    tiny_model_dir, allow_fp8, monkeypatch, v_slots_inner, pairs
 ):
-    """On the GPU with either value layout (kv_layout.py; the CPU's torch backend has rows)."""
+    """On the GPU with either value layout (kv_layout.py; the CPU's torch backend has rows),
+    with and without paired first blocks (kv_pairs.py)."""
     from test_engine import PROMPTS, encode_all
 
     from bulkgen.model.attention import decode_tiling
@@ -242,10 +244,10 @@ def test_gpu_fp8_engine_matches_the_cpu_fp8_reference(
     # block (kv_pairs.py) then covers the same positions.
     block_size = 64 if v_slots_inner else 16
     kw = dict(dtype="float32", kv_cache_dtype="fp8", num_blocks=64, max_num_seqs=8)
-    kw["block_size"] = block_size
+    kw |= dict(block_size=block_size, fp8_kv_pair_first_block=pairs)
     llm = LLM(str(tiny_model_dir), device="cuda", **kw)
     assert is_slots_inner(llm.engine.runner.kv[0][1]) == v_slots_inner
-    assert llm.engine.stats["fp8_kv_pair_first_block"] is True
+    assert llm.engine.stats["fp8_kv_pair_first_block"] is pairs
     gpu = llm.generate(ids, greedy(16))
     cpu = LLM(str(tiny_model_dir), device="cpu", **kw).generate(ids, greedy(16))
     same = sum(a.token_ids == b.token_ids for a, b in zip(gpu, cpu, strict=True))

@@ -1,8 +1,9 @@
-"""fp8_kv_pair_first_block (--fp8-kv-pair-first-block, the default with an fp8 cache): each
+"""fp8_kv_pair_first_block (--fp8-kv-pair-first-block, off unless asked for): each
 sequence's first KV block is kept at about 16-bit precision in a partner block
 (model/attention/kv_pairs.py). Here: how the setting is given (flag, recipe field, RunConfig,
-LLM argument) and resolved: on by default only with an fp8 cache, and asking for it with another
-cache is one line naming the flag. What the pairs store and read is the attention tests' to say.
+LLM argument) and resolved: off by default, on only with an fp8 cache, and asking for it with
+another cache is one line naming the flag. What the pairs store and read is the attention
+tests' to say.
 """
 
 from __future__ import annotations
@@ -50,9 +51,9 @@ def test_the_flag_the_recipe_field_and_the_config_agree(tmp_path):
 
 
 def test_it_is_on_by_default_with_an_fp8_cache_only():
-    assert resolve_pair_first(None, "fp8") is True
+    assert resolve_pair_first(None, "fp8") is False, "off unless asked for"
     assert resolve_pair_first(None, "auto") is False and resolve_pair_first(None, "int8") is False
-    assert resolve_pair_first(False, "fp8") is False, "--no-fp8-kv-pair-first-block: plain e4m3"
+    assert resolve_pair_first(False, "fp8") is False, "plain e4m3"
     assert resolve_pair_first(True, "fp8") is True
     for other in ("auto", "int8"):
         with pytest.raises(ValueError, match="--kv-cache-dtype fp8"):

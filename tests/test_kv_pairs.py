@@ -97,10 +97,10 @@ def test_without_pairs_nothing_changes():
 # ---- whole runs ------------------------------------------------------------------------------
 
 
-def test_pairs_are_on_with_an_fp8_cache_and_stats_say_so(tiny_model_dir, allow_fp8):
-    kw = dict(dtype="float32", device="cpu", num_blocks=64, block_size=4)
-    on = LLM(str(tiny_model_dir), kv_cache_dtype="fp8", **kw).engine
-    off = LLM(str(tiny_model_dir), kv_cache_dtype="fp8", fp8_kv_pair_first_block=False, **kw)
+def test_pairs_are_on_when_asked_for_and_stats_say_so(tiny_model_dir, allow_fp8):
+    kw = dict(dtype="float32", device="cpu", num_blocks=64, block_size=4, kv_cache_dtype="fp8")
+    on = LLM(str(tiny_model_dir), fp8_kv_pair_first_block=True, **kw).engine
+    off = LLM(str(tiny_model_dir), **kw)
     plain = LLM(str(tiny_model_dir), **kw).engine
     assert on.stats["fp8_kv_pair_first_block"] is True and on.scheduler.blocks.pair_first
     assert off.engine.stats["fp8_kv_pair_first_block"] is False
@@ -121,7 +121,7 @@ def test_paired_run_equals_an_fp32_run_of_the_same_rounded_values(
     scales = {0: (0.5, 2.0), 1: (3.0, 0.25)}
     kw = dict(dtype="float32", device="cpu", block_size=4, num_blocks=24, max_batch_tokens=16)
     kw |= dict(output_reserve=0, prefix_cache=prefix_cache)  # preemption happens
-    paired = LLM(str(tiny_model_dir), kv_cache_dtype="fp8", **kw)
+    paired = LLM(str(tiny_model_dir), kv_cache_dtype="fp8", fp8_kv_pair_first_block=True, **kw)
     real_write = torch_backend.write_kv
 
     def rounded_write(k, v, k_cache, v_cache, slots, k_scale=1.0, v_scale=1.0):

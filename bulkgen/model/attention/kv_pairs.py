@@ -7,8 +7,11 @@ which stores what the first one's e4m3 values leave out: a value x (in scale uni
 cache stores it) is kept as hi = e4m3(x) in the block and lo = e4m3((x - hi) / LO_SCALE) in
 its partner, and read back as hi + lo * LO_SCALE. |x - hi| is at most half of hi's last place,
 1/16 of |hi|, so lo spans the same range as x and the pair keeps about 8 significant bits,
-bf16's: on the demo model's accuracy texts (scripts/accuracy_kv_schemes.py, CPU emulation)
-the first block so held took FP8 KV-only top-1 agreement with bf16 from 0.949 to 0.982.
+bf16's. Off unless asked for (--fp8-kv-pair-first-block): on the demo model's short texts
+(58 tokens on average, so the first block is nearly all of each) it took FP8 KV-only top-1
+agreement with bf16 from 0.949 to 0.982 (scripts/accuracy_kv_schemes.py, CPU emulation), but
+over documents of 960 tokens from 0.953 to 0.955 (--fp8-accuracy-set long), and it cost 7% of
+the 1,000/1,000 FP8 benchmark's throughput on one H200 (README, FP8 KV cache).
 
 Which block is whose partner: engine/blocks.py (pair_first; the partner belongs to the block,
 shared with it through the prefix cache), copied to a device table indexed by block id
@@ -28,10 +31,10 @@ LO_SCALE = 1.0 / 16  # a power of two: the split and the join are exact in float
 
 
 def resolve_pair_first(flag: bool | None, kv_cache_dtype: str) -> bool:
-    """Whether the engine pairs first blocks: by default (None) with an fp8 cache; asking for it
-    with another cache is an error in one line."""
+    """Whether the engine pairs first blocks: only when asked for (None: not); asking for it
+    with another cache than fp8 is an error in one line."""
     if flag is None:
-        return kv_cache_dtype == "fp8"
+        return False
     if flag and kv_cache_dtype != "fp8":
         raise ValueError(
             "fp8_kv_pair_first_block (--fp8-kv-pair-first-block) keeps an fp8 cache's first "
