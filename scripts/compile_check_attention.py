@@ -134,7 +134,7 @@ def decode_source(
         **v_signature,
         **_scalars(
             "GROUP GROUP_PAD HEAD_DIM BLOCK_SIZE BLOCK_N DOT_PRECISION KV_FP8 KV_INT8 DOT_F16 "
-            "V_IN_REGISTERS V_SLOTS_INNER PREFETCH_BLOCKS PAIRS",
+            "V_IN_REGISTERS V_SLOTS_INNER PREFETCH_BLOCKS PAIRS INT8_ASM",
             "constexpr",
         ),
     }
@@ -153,6 +153,7 @@ def decode_source(
         "V_SLOTS_INNER": v_slots_inner,
         "PREFETCH_BLOCKS": prefetch_blocks,
         "PAIRS": pairs,
+        "INT8_ASM": cache == "int8",  # as on a GPU (triton_kv.int8_asm)
         **v_constants,
     }
     attrs = _aligned(signature)
@@ -193,7 +194,7 @@ def prefill_source(
         **v_signature,
         **_scalars(
             "GROUP HEAD_DIM BLOCK_SIZE BLOCK_Q BLOCK_M BLOCK_N DOT_PRECISION KV_FP8 KV_INT8 "
-            "V_SLOTS_INNER INVARIANT DOT_F16 PV_FP8 ROUND_P PAIRS",
+            "V_SLOTS_INNER INVARIANT DOT_F16 PV_FP8 ROUND_P PAIRS INT8_ASM",
             "constexpr",
         ),
     }
@@ -213,6 +214,7 @@ def prefill_source(
         "PV_FP8": pv_fp8,
         "ROUND_P": False,  # the cast rounds on a GPU (fp8_kernels.hw_rounding)
         "PAIRS": pairs,
+        "INT8_ASM": cache == "int8",  # as on a GPU (triton_kv.int8_asm)
         **v_constants,
     }
     return ASTSource(

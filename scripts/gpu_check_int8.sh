@@ -8,7 +8,9 @@
 #   kernels: bench_attention.py over bf16, fp8 and int8 caches (decode at 32/256 rows, prefill);
 #   accuracy: fp8_accuracy.py, every mode (int8-kv against fp8-kv on the demo model; the demo
 #      model must be in the model cache: .carry or HF_HOME as for the FP8 accuracy runs);
-#   trt (TRT_PROMPTS requests, default 500): bf16, FP8 KV and int8 KV engines, auto rows.
+#   trt (TRT_PROMPTS requests, default 500): bf16, FP8 KV and int8 KV engines, auto rows;
+#   ab: the int8 KV engine on trt again with each of its two switches off (BULKGEN_INT8_F16_ASM=0:
+#      int8->f16 by cvt instead of the PTX byte trick; BULKGEN_INT8_V_SLOTS_INNER=0: value rows).
 # Results go to $OUT; STEPS picks (each step has its own timeout).
 #   GIT_COMMIT=abc1234 STEPS="tests tune" scripts/gpu_check_int8.sh
 #   GIT_COMMIT=abc1234 STEPS="kernels accuracy trt" scripts/gpu_check_int8.sh
@@ -27,7 +29,7 @@ if want tune; then
   cp bulkgen/model/attention/decode_tilings.json "$OUT/" 2> /dev/null
 fi
 if want tests; then
-  OUT=$WORK/tests TESTS=1 BENCH=0 PYTEST_ARGS="--maxfail=10 tests/test_kv_int8.py \
+  OUT=$WORK/tests TESTS=1 BENCH=0 PYTEST_ARGS="--maxfail=10 tests/test_int8_widen.py tests/test_kv_layout.py tests/test_kv_int8.py \
     tests/test_kv_int8_kernels.py tests/test_kv_fp8.py tests/test_kv_fp8_kernels.py \
     tests/test_invariant_attention.py" timeout 300 scripts/gpu_check.sh > /dev/null 2>&1
   { tail -3 "$WORK/tests/gpu_tests.log"; grep -E "FAILED|^E " "$WORK/tests/gpu_tests.log" | head -40; } \
@@ -46,4 +48,13 @@ if want trt; then
     > "$WORK/trt/out.txt" 2>&1
   cat "$WORK/trt/bench.jsonl" 2> /dev/null | tee -a "$OUT/bench.jsonl"
   grep -h '"error"' "$WORK/trt/out.txt" | cut -c1-1500 | tee -a "$OUT/log.txt"
+fi
+if want ab; then
+  for switch in BULKGEN_INT8_F16_ASM BULKGEN_INT8_V_SLOTS_INNER; do
+    rm -f "$WORK/trt/bench.jsonl"
+    env "$switch=0" OUT=$WORK/trt TESTS=0 timeout 200 scripts/gpu_check.sh --workloads trt \
+      --engines bulkgen-int8kv --num-prompts "${TRT_PROMPTS:-500}" > "$WORK/trt/out.txt" 2>&1
+    cat "$WORK/trt/bench.jsonl" 2> /dev/null | tee -a "$OUT/bench.jsonl"
+    grep -h '"error"' "$WORK/trt/out.txt" | cut -c1-1500 | tee -a "$OUT/log.txt"
+  done
 fi

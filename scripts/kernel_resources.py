@@ -54,10 +54,10 @@ def line(name: str, compiled, threads: int) -> str:
 
 def main() -> None:
     for cache in ("bf16", "fp8", "int8"):
-        variants = {  # (v_in_registers, v_slots_inner); int8's values are stored in rows
+        variants = {  # (v_in_registers, v_slots_inner)
             "bf16": ((False, False),),
             "fp8": ((False, False), (True, False), (False, True)),
-            "int8": ((False, False), (True, False)),
+            "int8": ((False, False), (True, False), (False, True)),
         }[cache]
         for v_in_registers, v_slots_inner in variants:
             for block_n in (64, 128):

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.usefixtures("nan_buffers")
 
 def test_only_an_fp8_cache_stored_slots_inner_with_a_16_bit_query_takes_it(monkeypatch):
     q = torch.zeros(2, 8, 32, dtype=torch.float16)
-    k, v, _ = caches([5, 9], 16, 2, 32, FP8_DTYPE)
+    k, v, _, _ = caches([5, 9], 16, 2, 32, FP8_DTYPE)
     inner = slots_inner_copy(v)
     monkeypatch.delenv("BULKGEN_ATTN_FP8_PV", raising=False)
     assert not fp8_pv(q, inner)  # off by default
@@ -46,7 +46,7 @@ def test_prefill_with_e4m3_weights_matches_the_reference(monkeypatch, tiling):
     # A chunk behind cached tokens, a whole prompt over several tiles, a decode row; blocks
     # smaller than a tile. Unowned slots hold 448 (caches): weighted by p == 0, never read.
     seq_lens, query_lens, heads, group, dim = [70, 150, 9], [40, 150, 1], 2, 4, 32
-    k, v, tables = caches(seq_lens, 16, heads, dim, FP8_DTYPE)
+    k, v, tables, _ = caches(seq_lens, 16, heads, dim, FP8_DTYPE)
     v = slots_inner_copy(v)
     meta = metadata(seq_lens, query_lens, tables)
     q = torch.randn(sum(query_lens), heads * group, dim, device=DEVICE).to(torch.float16)
@@ -87,7 +87,7 @@ def test_gpu_the_8b_shape_matches_the_reference(monkeypatch, max_query):
     torch.manual_seed(0)
     seq_lens, query_lens = [max_query + 200, max_query, 9], [max_query, max_query, 1]
     block_size = block_size_for(fp8_v_slots_inner())
-    k, v, tables = caches(seq_lens, block_size, 8, 128, FP8_DTYPE)
+    k, v, tables, _ = caches(seq_lens, block_size, 8, 128, FP8_DTYPE)
     v = slots_inner_copy(v) if fp8_v_slots_inner() else v
     meta = metadata(seq_lens, query_lens, tables)
     q = torch.randn(sum(query_lens), 32, 128, device=DEVICE).to(torch.bfloat16)

@@ -47,7 +47,7 @@ def _seed():
 def test_prefetched_block_ids_give_the_same_outputs(cache, block_n, num_splits, v_in_registers):
     heads, group, dim, block_size = 2, 4, 32, 16
     dtype = FP8_DTYPE if cache.startswith("fp8") else torch.float32
-    k, v, tables = caches(SEQ_LENS, block_size, heads, dim, dtype)
+    k, v, tables, _ = caches(SEQ_LENS, block_size, heads, dim, dtype)
     scales = {"k_scale": K_SCALE, "v_scale": V_SCALE}
     if cache == "int8":
         (k, k_scales), (v, v_scales) = quantize(k), quantize(v)
@@ -91,7 +91,7 @@ def test_gpu_prefetching_launches_give_the_engines_outputs(kv_dtype, rows):
     block_size = block_size_for(slots_inner)
     seq_lens = torch.randint(1, 2049, (rows,)).tolist()
     seq_lens[-1] = 0  # a padding row
-    k, v, tables = caches(seq_lens, block_size, 8, 128, kv_dtype)
+    k, v, tables, _ = caches(seq_lens, block_size, 8, 128, kv_dtype)
     if slots_inner:
         v = to_slots_inner(v)
     q = torch.randn(rows, 32, 128, device=DEVICE).bfloat16()

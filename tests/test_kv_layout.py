@@ -14,15 +14,18 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
 import pytest  # noqa: E402
+from test_kv_int8_kernels import int8_paged_kv  # noqa: E402
 from test_triton_kernels import DEVICE, metadata, nan_buffers, paged_kv, rel_err  # noqa: E402, F401
 
 from bulkgen.model.attention import decode_tiling, get_backend, triton_backend  # noqa: E402
 from bulkgen.model.attention.kv_fp8 import FP8_DTYPE, FP8_MAX, quantize  # noqa: E402
+from bulkgen.model.attention.kv_int8 import INT8_DTYPE  # noqa: E402
 from bulkgen.model.attention.kv_layout import (  # noqa: E402
     allocate_kv_cache,
     block_size_for,
     to_slots_inner,
     v_slots_inner,
+    values_slots_inner,
 )
 from bulkgen.model.attention.triton_decode import paged_decode  # noqa: E402
 
@@ -44,17 +47,24 @@ def slots_inner_copy(v: torch.Tensor) -> torch.Tensor:
 
 
 def caches(seq_lens, block_size, heads, dim, dtype):
-    """K and V caches with stale, large but finite values in every slot nobody owns (what the
-    slots-inner kernels may read past a sequence's end and must weight by zero)."""
+    """(K, V, block tables, the kernels' k_scale and v_scale): caches with stale, large but
+    finite values in every slot nobody owns (what the slots-inner kernels may read past a
+    sequence's end and must weight by zero); an int8 cache's unowned slots hold NaN scales
+    (int8_paged_kv), which a kernel must not read."""
+    if dtype == INT8_DTYPE:
+        k8, v8, k_s, v_s, tables = int8_paged_kv(seq_lens, block_size, heads, dim)
+        return k8, v8, tables, {"k_scale": k_s, "v_scale": v_s}
     k, v, tables = paged_kv(seq_lens, block_size, heads, dim, torch.float32)
     stale = FP8_MAX if dtype == FP8_DTYPE else 1e4
     k, v = k.nan_to_num(stale), v.nan_to_num(stale)
+    scales = {"k_scale": K_SCALE, "v_scale": V_SCALE}
     if dtype == FP8_DTYPE:
-        return quantize(k * K_SCALE, K_SCALE), quantize(v * V_SCALE, V_SCALE), tables
-    return k.to(dtype), v.to(dtype), tables
+        return quantize(k * K_SCALE, K_SCALE), quantize(v * V_SCALE, V_SCALE), tables, scales
+    return k.to(dtype), v.to(dtype), tables, scales
 
 
 CASES = [(FP8_DTYPE, torch.float32), (FP8_DTYPE, torch.float16), (torch.float32, torch.float32)]
+CASES += [(INT8_DTYPE, torch.float32), (INT8_DTYPE, torch.float16)]
 
 
 @pytest.mark.parametrize("cache_dtype, q_dtype", CASES)
@@ -64,11 +74,10 @@ def test_decode_reads_values_stored_slots_inner_as_rows(
 ):
     """Blocks smaller than a tile, and (256) larger than one."""
     seq_lens, heads, group, dim = [1, 5, 16, 17, 40, 9, 300], 2, 4, 32
-    k, v, tables = caches(seq_lens, block_size, heads, dim, cache_dtype)
+    k, v, tables, scales = caches(seq_lens, block_size, heads, dim, cache_dtype)
     q = torch.randn(len(seq_lens), heads * group, dim, device=DEVICE).to(q_dtype)
     lens = torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE)
     args = (tables, dim**-0.5, num_splits)
-    scales = {"k_scale": K_SCALE, "v_scale": V_SCALE}
     rows = paged_decode(q, k, v, lens, *args, **scales)
     inner = paged_decode(q, k, slots_inner_copy(v), lens, *args, **scales)
     assert torch.equal(inner, rows)
@@ -84,16 +93,16 @@ def test_prefill_reads_values_stored_slots_inner_as_rows(cache_dtype, q_dtype):
         32,
         8,
     )
-    k, v, tables = caches(seq_lens, block_size, heads, dim, cache_dtype)
+    k, v, tables, scales = caches(seq_lens, block_size, heads, dim, cache_dtype)
     meta = metadata(seq_lens, query_lens, tables)
     q = torch.randn(sum(query_lens), heads * group, dim, device=DEVICE).to(q_dtype)
-    args = (meta, dim**-0.5, K_SCALE, V_SCALE)
+    args = (meta, dim**-0.5, scales["k_scale"], scales["v_scale"])
     rows = triton_backend.paged_attention(q, k, v, *args)
     inner = triton_backend.paged_attention(q, k, slots_inner_copy(v), *args)
     assert torch.equal(inner, rows)
 
 
-@pytest.mark.parametrize("dtype", [FP8_DTYPE, torch.float32])
+@pytest.mark.parametrize("dtype", [FP8_DTYPE, INT8_DTYPE, torch.float32])
 def test_write_kv_stores_the_same_values_in_either_layout(dtype):
     blocks, block_size, heads, dim, tokens = 5, 4, 3, 16, 9
     k = torch.randn(tokens, heads, dim, device=DEVICE)
@@ -103,12 +112,19 @@ def test_write_kv_stores_the_same_values_in_either_layout(dtype):
     k_inner, v_inner = torch.zeros_like(k_rows), slots_inner_copy(torch.zeros_like(v_rows))
     slots = torch.randperm(blocks * block_size, device=DEVICE)[:tokens]
     slots[3] = -1  # a padding row: written nowhere
-    triton_backend.write_kv(k, v, k_rows, v_rows, slots)
-    triton_backend.write_kv(k, v, k_inner, v_inner, slots)
+    scales = {}
+    for layout in ("rows", "inner"):  # an int8 cache's scales: [blocks, block_size, heads]
+        scales[layout] = [torch.zeros(shape[:3], device=DEVICE) for _ in range(2)]
+    extra = (lambda layout: scales[layout]) if dtype == INT8_DTYPE else (lambda layout: [])
+    triton_backend.write_kv(k, v, k_rows, v_rows, slots, *extra("rows"))
+    triton_backend.write_kv(k, v, k_inner, v_inner, slots, *extra("inner"))
     as_bits = (lambda x: x.view(torch.uint8)) if dtype == FP8_DTYPE else (lambda x: x)
     assert torch.equal(as_bits(k_inner), as_bits(k_rows))
     assert torch.equal(as_bits(v_inner.contiguous()), as_bits(v_rows))
     assert v_rows.float().abs().sum() > 0
+    if dtype == INT8_DTYPE:
+        assert all(map(torch.equal, scales["rows"], scales["inner"]))
+        assert scales["rows"][1].sum() > 0
 
 
 @pytest.mark.parametrize("slots_inner", [False, True])
@@ -187,6 +203,14 @@ def test_an_fp8_cache_stored_slots_inner_takes_64_token_blocks_unless_one_is_set
     assert explicit.cfg.block_size == 16
 
 
+def test_8_bit_caches_take_the_measured_layout_and_16_bit_ones_never(monkeypatch):
+    assert values_slots_inner(FP8_DTYPE, True) and values_slots_inner(INT8_DTYPE, True)
+    assert not values_slots_inner(FP8_DTYPE, False) and not values_slots_inner(INT8_DTYPE, False)
+    assert not values_slots_inner(torch.bfloat16, True)
+    monkeypatch.setenv("BULKGEN_INT8_V_SLOTS_INNER", "0")  # an A/B run's int8 cache in rows
+    assert not values_slots_inner(INT8_DTYPE, True) and values_slots_inner(FP8_DTYPE, True)
+
+
 @pytest.mark.parametrize("bad", [0, 24, -16, True, 16.0])
 def test_block_size_must_be_a_power_of_two(bad):
     from bulkgen.config import EngineConfig
@@ -196,9 +220,9 @@ def test_block_size_must_be_a_power_of_two(bad):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on CUDA: test_kv_fp8.py's engine tests")
-@pytest.mark.parametrize("pairs", [False, True])
-def test_engine_with_the_gpus_fp8_cache_generates_what_rows_in_16_token_blocks_do(
-    tiny_model_dir, allow_fp8, monkeypatch, pairs
+@pytest.mark.parametrize("cache, pairs", [("fp8", False), ("fp8", True), ("int8", False)])
+def test_engine_with_the_gpus_8_bit_cache_generates_what_rows_in_16_token_blocks_do(
+    tiny_model_dir, allow_fp8, monkeypatch, cache, pairs
 ):
     """The GPU's default fp8 configuration run whole through the Triton kernels (interpreter):
     values slots inner in 64-token blocks, chunked prefill and mixed batches, give the same
@@ -206,13 +230,14 @@ def test_engine_with_the_gpus_fp8_cache_generates_what_rows_in_16_token_blocks_d
     the torch backend: Triton 3.9's interpreter rounds float32 to e4m3 wrongly where rounding
     carries into the next power of two, 0.4914 to 0.25 and 7.98 to 4.0, so its fp8 caches hold
     other values than torch's; the GPU test in test_kv_fp8.py compares with the CPU.) With
-    paired first blocks (kv_pairs.py) both run 64-token blocks: the pair covers one block."""
+    paired first blocks (kv_pairs.py) both run 64-token blocks: the pair covers one block. An
+    int8 cache takes the layout measured for fp8 (kv_layout.values_slots_inner)."""
     from test_engine import PROMPTS, encode_all
 
     from bulkgen import LLM, SamplingParams
 
     ids = encode_all(tiny_model_dir, PROMPTS)
-    kw = dict(dtype="float32", kv_cache_dtype="fp8", max_num_seqs=8, max_batch_tokens=32)
+    kw = dict(dtype="float32", kv_cache_dtype=cache, max_num_seqs=8, max_batch_tokens=32)
     kw |= dict(fp8_kv_pair_first_block=pairs, block_size=64 if pairs else None)
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     outs = {}

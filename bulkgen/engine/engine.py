@@ -44,8 +44,8 @@ from bulkgen.engine.tp_group import RankGroup, RankSpec, join
 from bulkgen.engine.tp_membership import leave_group
 from bulkgen.engine.warmup import warmup_plans
 from bulkgen.model.attention import get_backend, kv_pairs
-from bulkgen.model.attention.kv_fp8 import FP8_DTYPE, check_kv_cache_dtype, resolve_kv_dtype
-from bulkgen.model.attention.kv_layout import block_size_for
+from bulkgen.model.attention.kv_fp8 import check_kv_cache_dtype, resolve_kv_dtype
+from bulkgen.model.attention.kv_layout import block_size_for, values_slots_inner
 from bulkgen.model.config import ModelConfig
 from bulkgen.model.fp8 import fp8_unsupported, resolve_fast_accum
 from bulkgen.model.fp8_checkpoint import weight_quantization
@@ -104,7 +104,7 @@ class Engine:
         self.max_model_len = min(cfg.max_model_len or limit, limit)
         backend = get_backend(cfg.attention, self.device, cfg.batch_invariant)
         if cfg.block_size is None:  # every rank resolves it alike: the same table
-            slots_inner = self.kv_dtype == FP8_DTYPE and backend.fp8_v_slots_inner
+            slots_inner = values_slots_inner(self.kv_dtype, backend.fp8_v_slots_inner)
             cfg = self.cfg = dataclasses.replace(cfg, block_size=block_size_for(slots_inner))
         load_format = cfg.load_format if self.model_dir is not None else "dummy"
         model = load_model(

@@ -32,9 +32,9 @@ from bulkgen.engine.sampler import SamplingTensors, sample, top_logprobs, unpack
 from bulkgen.engine.step import Forward, Step
 from bulkgen.engine.tables import DeviceTables
 from bulkgen.engine.warmup import warm_logits
-from bulkgen.model.attention.kv_fp8 import FP8_DTYPE, resolve_kv_dtype
+from bulkgen.model.attention.kv_fp8 import resolve_kv_dtype
 from bulkgen.model.attention.kv_int8 import INT8_DTYPE, scale_bytes_per_token
-from bulkgen.model.attention.kv_layout import allocate_kv_cache
+from bulkgen.model.attention.kv_layout import allocate_kv_cache, values_slots_inner
 from bulkgen.model.config import ModelConfig
 from bulkgen.model.llama import LlamaForCausalLM
 from bulkgen.model.parallel_layers import TensorParallel
@@ -75,7 +75,7 @@ class ModelRunner:
             mcfg.head_dim,
             dtype,
             device,
-            v_slots_inner=dtype == FP8_DTYPE and self.attention.fp8_v_slots_inner,
+            v_slots_inner=values_slots_inner(dtype, self.attention.fp8_v_slots_inner),
         )
         self.max_blocks_per_seq = -(-max_model_len // ecfg.block_size)
         self.packer = InputPacker(

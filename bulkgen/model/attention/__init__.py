@@ -29,7 +29,8 @@ class AttentionBackend:
     write_kv: Callable[..., None]
     # (q, k_cache, v_cache, meta, scale, k_s, v_s, out=None) -> the output (out when given)
     attend: Callable[..., torch.Tensor]
-    # An fp8 cache's values stored slots inner (kv_layout.py): the Triton kernels only.
+    # An 8-bit cache's values stored slots inner (kv_layout.values_slots_inner): as measured for
+    # fp8 (decode_tiling.fp8_v_slots_inner), the Triton kernels only.
     fp8_v_slots_inner: bool = False
     # (q, k, v, positions, cos, sin, k_cache, v_cache, slot_mapping, k_scale, v_scale,
     # q_out=None) -> the rotated (q, k): fused_rotary's rotary and write_kv in one launch

@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 
 from bulkgen.model.attention.triton_kv import (
+    int8_to_f16,
     kv_tile_offsets,
     load_scales,
     load_v_tile,
@@ -55,6 +56,7 @@ def decode_tile(
     V_IN_REGISTERS: tl.constexpr,
     V_SLOTS_INNER: tl.constexpr,
     LOW: tl.constexpr,
+    INT8_ASM: tl.constexpr,  # an int8 tile widened through PTX (triton_kv.int8_to_f16)
 ):
     """(acc, l_i, m_i) updated with the tile; see triton_decode.py for the arguments."""
     dims = tl.arange(0, HEAD_DIM)
@@ -66,7 +68,9 @@ def decode_tile(
         blocks, pos, kv_head, stride_v_block, stride_v_slot, stride_v_head, BLOCK_SIZE
     )
     k_t = tl.load(k_cache_ptr + rows[None, :] + dims[:, None], mask=valid[None, :], other=0.0)
-    if KV_FP8 or KV_INT8:
+    if KV_INT8 and DOT_F16:
+        k_t = int8_to_f16(k_t, INT8_ASM)
+    elif KV_FP8 or KV_INT8:
         k_t = k_t.to(q.dtype)
     if LOW:
         k_t = add_low_k(
@@ -92,10 +96,12 @@ def decode_tile(
         v_cache_ptr, v_rows, pos, valid, hi, stride_v_dim, HEAD_DIM, BLOCK_SIZE, BLOCK_N,
         V_SLOTS_INNER,
     )  # fmt: skip
-    if V_IN_REGISTERS:  # see DecodeLaunch: the select keeps the tile out of byte reads
-        v = tl.where(valid[:, None], v.to(q.dtype), 0.0).to(q.dtype)
+    if KV_INT8 and DOT_F16:
+        v = int8_to_f16(v, INT8_ASM)
     elif KV_FP8 or KV_INT8:
         v = v.to(q.dtype)
+    if V_IN_REGISTERS:  # see DecodeLaunch: the select keeps the tile out of byte reads
+        v = tl.where(valid[:, None], v, 0.0).to(q.dtype)
     if LOW:
         v = add_low_v(
             v, v_cache_ptr, lo_block, pos, valid, hi, kv_head, stride_v_block, stride_v_slot,

@@ -16,7 +16,9 @@ layouts:
   sequence's end must hold finite values.
 
 The Triton kernels take V's strides separately and handle both; the torch backends need rows.
-Which layout the engine allocates for an fp8 cache is measured (decode_tiling.fp8_v_slots_inner).
+Which layout the engine allocates for an fp8 cache is measured (decode_tiling.fp8_v_slots_inner);
+an int8 cache, whose tiles are read the same way (1 byte an element, converted to 16 bits in
+registers), takes the same layout (values_slots_inner).
 
 A slots-inner block stores each dim's values of its tokens contiguous: block_size bytes for fp8.
 At 16 tokens that is half a 32-byte L2 sector, and the decode kernel's V loads fetched twice their
@@ -32,6 +34,7 @@ from typing import NamedTuple
 import torch
 
 from bulkgen.model.attention.kv_int8 import INT8_DTYPE, allocate_kv_scales
+from bulkgen.model.fp8 import INT8_V_SLOTS_INNER_ENV, switch
 
 # scripts/exp_decode_swap.py --block-sizes on the H200 (8B shape, fp8 values slots inner, the
 # tuned launch): 256 rows x 2K 0.355 / 0.308 / 0.288 ms at 16 / 32 / 64-token blocks, 512 x 2K
@@ -44,6 +47,15 @@ DEFAULT_BLOCK_SIZE = 16
 def block_size_for(v_slots_inner: bool) -> int:
     """The engine's tokens per KV block when EngineConfig.block_size is None."""
     return SLOTS_INNER_BLOCK_SIZE if v_slots_inner else DEFAULT_BLOCK_SIZE
+
+
+def values_slots_inner(kv_dtype: torch.dtype, measured: bool) -> bool:
+    """Whether a cache of this dtype stores its values slots inner, where the backend's measured
+    choice for 8-bit caches (AttentionBackend.fp8_v_slots_inner) is `measured`: fp8 and int8
+    caches (an int8 one in rows when BULKGEN_INT8_V_SLOTS_INNER=0); 16-bit ones never."""
+    if not measured or kv_dtype.itemsize != 1:
+        return False
+    return kv_dtype != INT8_DTYPE or switch(INT8_V_SLOTS_INNER_ENV, True)
 
 
 class KVCache(NamedTuple):

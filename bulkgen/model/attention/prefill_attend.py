@@ -10,6 +10,7 @@ import triton.language as tl
 
 from bulkgen.model.attention.kv_fp8 import P_SCALE
 from bulkgen.model.attention.triton_kv import (
+    int8_to_f16,
     kv_tile_blocks,
     kv_tile_offsets,
     load_scales,
@@ -60,6 +61,7 @@ def attend_tiles(
     PV_FP8: tl.constexpr,  # P @ V on e4m3 operands, the weights times P_SCALE (kv_fp8.FP8_PV)
     ROUND_P: tl.constexpr,  # PV_FP8's weights rounded before the cast (the interpreter's truncates)
     LOW: tl.constexpr,  # tiles of the first block: add its partner's low parts (kv_pairs.py)
+    INT8_ASM: tl.constexpr,  # int8 tiles widened through PTX (triton_kv.int8_to_f16)
 ):
     """Online-softmax update of (acc, l_i, m_i) with the cached positions lo..hi-1."""
     dims = tl.arange(0, HEAD_DIM)
@@ -75,7 +77,9 @@ def attend_tiles(
             blocks, pos, kv_head, stride_v_block, stride_v_slot, stride_v_head, BLOCK_SIZE
         )
         k_t = tl.load(k_cache_ptr + rows[None, :] + dims[:, None], mask=valid[None, :], other=0.0)
-        if KV_FP8 or KV_INT8:
+        if KV_INT8 and DOT_F16:
+            k_t = int8_to_f16(k_t, INT8_ASM)
+        elif KV_FP8 or KV_INT8:
             k_t = k_t.to(q.dtype)
         if LOW:  # a loop of its own: a branch on the position would slow every tile's
             k_t = add_low_k(
@@ -104,7 +108,9 @@ def attend_tiles(
             v_cache_ptr, v_rows, pos, valid, hi, stride_v_dim, HEAD_DIM, BLOCK_SIZE, BLOCK_N,
             V_SLOTS_INNER,
         )  # fmt: skip
-        if (KV_FP8 and not PV_FP8) or KV_INT8:
+        if KV_INT8 and DOT_F16:
+            v = int8_to_f16(v, INT8_ASM)
+        elif (KV_FP8 and not PV_FP8) or KV_INT8:
             v = v.to(q.dtype)
         if LOW:  # never with PV_FP8 (paged_prefill)
             v = add_low_v(

@@ -49,6 +49,7 @@ from bulkgen.model.attention.kv_fp8 import is_fp8
 from bulkgen.model.attention.kv_layout import v_slots_inner
 from bulkgen.model.attention.triton_kv import (
     check_cache,
+    int8_asm,
     int8_scale_args,
     kv_tile_blocks,
     output_for,
@@ -98,6 +99,7 @@ def _decode_split_kernel(
     V_SLOTS_INNER: tl.constexpr,
     PREFETCH_BLOCKS: tl.constexpr,
     PAIRS: tl.constexpr,  # add the partner's low parts to the first block's positions
+    INT8_ASM: tl.constexpr,  # int8 tiles widened through PTX (triton_kv.int8_to_f16)
 ):
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -145,6 +147,7 @@ def _decode_split_kernel(
                 stride_cache_block, stride_cache_slot, stride_cache_head, stride_v_block,
                 stride_v_slot, stride_v_head, stride_v_dim, HEAD_DIM, BLOCK_SIZE, LOW_N,
                 DOT_PRECISION, KV_FP8, KV_INT8, DOT_F16, V_IN_REGISTERS, V_SLOTS_INNER, True,
+                INT8_ASM,
             )  # fmt: skip
     if PREFETCH_BLOCKS:  # the first tile's block ids; each iteration loads the next tile's
         next_blocks = kv_tile_blocks(
@@ -163,6 +166,7 @@ def _decode_split_kernel(
             stride_cache_block, stride_cache_slot, stride_cache_head, stride_v_block,
             stride_v_slot, stride_v_head, stride_v_dim, HEAD_DIM, BLOCK_SIZE, BLOCK_N,
             DOT_PRECISION, KV_FP8, KV_INT8, DOT_F16, V_IN_REGISTERS, V_SLOTS_INNER, False,
+            INT8_ASM,
         )  # fmt: skip
 
     # An empty split (or a padding row with seq_len 0) has l_i == 0: write out = 0, lse = -inf.
@@ -263,6 +267,7 @@ def paged_decode(
         V_IN_REGISTERS=(fp8 or int8) and launch.v_in_registers,
         PREFETCH_BLOCKS=launch.prefetch_blocks,
         PAIRS=pairs,
+        INT8_ASM=int8 and int8_asm(q.device),
         num_warps=launch.num_warps,
         **({"num_stages": launch.num_stages} if launch.num_stages else {}),
         **pairs_registers(pairs, launch.num_warps, q.device),

@@ -46,7 +46,12 @@ from bulkgen.model.attention.prefill_tiling import (
     invariant_tiles,
     prefill_tiles,
 )
-from bulkgen.model.attention.triton_kv import check_cache, int8_scale_args, output_for
+from bulkgen.model.attention.triton_kv import (
+    check_cache,
+    int8_asm,
+    int8_scale_args,
+    output_for,
+)
 from bulkgen.model.attention.triton_kv_pairs import first_partner
 from bulkgen.model.fp8 import PREFILL_F16_ENV, switch
 from bulkgen.model.fp8_kernels import hw_rounding
@@ -102,6 +107,7 @@ def _prefill_kernel(
     PV_FP8: tl.constexpr,  # an fp8 cache's P @ V on e4m3 operands (kv_fp8.FP8_PV)
     ROUND_P: tl.constexpr,  # its weights rounded in float32 before the cast (the interpreter)
     PAIRS: tl.constexpr,  # the first block's tiles add its partner's low parts (kv_pairs.py)
+    INT8_ASM: tl.constexpr,  # int8 tiles widened through PTX (triton_kv.int8_to_f16)
 ):
     tile_id = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -152,7 +158,7 @@ def _prefill_kernel(
             stride_scale_slot, stride_cache_block, stride_cache_slot, stride_cache_head,
             stride_v_block, stride_v_slot, stride_v_head, stride_v_dim, lo_block,
             BLOCK_SIZE, BLOCK_N, HEAD_DIM, DOT_PRECISION, False, KV_FP8, KV_INT8, V_SLOTS_INNER,
-            DOT_F16, PV_FP8, ROUND_P, True,
+            DOT_F16, PV_FP8, ROUND_P, True, INT8_ASM,
         )
     acc, l_i, m_i = attend_tiles(
         acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, block_table_row, kv_head,
@@ -160,7 +166,7 @@ def _prefill_kernel(
         stride_scale_slot, stride_cache_block, stride_cache_slot, stride_cache_head,
         stride_v_block, stride_v_slot, stride_v_head, stride_v_dim, lo_block,
         BLOCK_SIZE, BLOCK_N, HEAD_DIM, DOT_PRECISION, False, KV_FP8, KV_INT8, V_SLOTS_INNER,
-        DOT_F16, PV_FP8, ROUND_P, False,
+        DOT_F16, PV_FP8, ROUND_P, False, INT8_ASM,
     )
     if PAIRS:
         acc, l_i, m_i = attend_tiles(
@@ -169,7 +175,7 @@ def _prefill_kernel(
             stride_scale_block, stride_scale_slot, stride_cache_block, stride_cache_slot,
             stride_cache_head, stride_v_block, stride_v_slot, stride_v_head, stride_v_dim,
             lo_block, BLOCK_SIZE, BLOCK_N, HEAD_DIM, DOT_PRECISION, True, KV_FP8, KV_INT8,
-            V_SLOTS_INNER, DOT_F16, PV_FP8, ROUND_P, True,
+            V_SLOTS_INNER, DOT_F16, PV_FP8, ROUND_P, True, INT8_ASM,
         )
     acc, l_i, m_i = attend_tiles(
         acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, block_table_row, kv_head,
@@ -177,7 +183,7 @@ def _prefill_kernel(
         stride_scale_slot, stride_cache_block, stride_cache_slot, stride_cache_head,
         stride_v_block, stride_v_slot, stride_v_head, stride_v_dim, lo_block,
         BLOCK_SIZE, BLOCK_N, HEAD_DIM, DOT_PRECISION, True, KV_FP8, KV_INT8, V_SLOTS_INNER,
-        DOT_F16, PV_FP8, ROUND_P, False,
+        DOT_F16, PV_FP8, ROUND_P, False, INT8_ASM,
     )
     # fmt: on
 
@@ -279,6 +285,7 @@ def paged_prefill(
         PV_FP8=pv_fp8,
         ROUND_P=pv_fp8 and not hw_rounding(q.device),
         PAIRS=pairs,
+        INT8_ASM=int8 and int8_asm(q.device),
         num_warps=warps,
         **({"num_stages": stages} if stages else {}),
     )
