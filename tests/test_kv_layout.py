@@ -167,7 +167,7 @@ def test_only_the_plain_triton_backend_takes_the_measured_layout(monkeypatch):
 @pytest.mark.parametrize("batch, context", [(3, 1000), (64, 2048)])
 def test_gpu_decode_and_prefill_read_slots_inner_values_as_rows(batch, context):
     seq_lens = [context - 7 * i for i in range(batch)]
-    k, v, tables = caches(seq_lens, 16, 8, 128, FP8_DTYPE)
+    k, v, tables, _ = caches(seq_lens, 16, 8, 128, FP8_DTYPE)
     lens = torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE)
     q = torch.randn(batch, 32, 128, device=DEVICE).bfloat16()
     scales = {"k_scale": K_SCALE, "v_scale": V_SCALE}
