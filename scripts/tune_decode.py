@@ -11,7 +11,7 @@ tile size (num_kv_splits) in that sweep; then each chosen launch is timed at 1-1
 shapes it serves, a "splits_for" line each, and keeps a count that beat the heuristic's (the
 entry's "splits"). --write-table stores the per-batch launches for the cache kind in
 bulkgen/model/attention/decode_tilings.json, which the engine reads (decode_launch; an int8
-cache, values in rows only, takes fp8's launches until it has its own).
+cache, timed in the value layout the engine gives it, takes fp8's launches until it has its own).
 
     python scripts/tune_decode.py --from-log tune.txt --write-table
 
@@ -45,7 +45,7 @@ from bulkgen.model.attention.decode_tiling import (
     launch_for_batch,
 )
 from bulkgen.model.attention.kv_fp8 import resolve_kv_dtype
-from bulkgen.model.attention.kv_layout import block_size_for, to_slots_inner
+from bulkgen.model.attention.kv_layout import block_size_for, to_slots_inner, values_slots_inner
 from bulkgen.model.attention.triton_decode import paged_decode
 
 SHAPES = [(batch, context) for batch in (32, 256, 512) for context in (1024, 2048)]
@@ -165,8 +165,8 @@ def sweep(
     """(bf16 kernel's times, {value layout: [(launch, times)]}) measured now, each launch printed
     as it ends. An fp8 cache is timed with its values in each of `layouts` (kv_layout.py's)."""
     bf16_times = time_launch(shapes(DTYPE), decode_launch(HEAD_DIM, fp8=False))
-    results = {}
-    for layout in layouts if fp8 else LAYOUTS[:1]:
+    results, own = {}, engine_layout(kv_dtype)
+    for layout in layouts if fp8 else (own,):
         torch.cuda.empty_cache()
         inputs = shapes(kv_dtype, layout == "slots_inner")
         results[layout] = []
@@ -177,7 +177,7 @@ def sweep(
                 BLOCK_NS, WARPS, STAGES, V_IN_REGISTERS if eight_bit else (False,)
             )
         ]
-        if layout == ("slots_inner" if eight_bit else "rows"):  # the engine's own layout
+        if layout == own:
             launches += [
                 DecodeLaunch(block_n, warps, stages, prefetch_blocks=True)
                 for block_n, warps, stages in itertools.product(BLOCK_NS, WARPS, PREFETCH_STAGES)
@@ -192,6 +192,12 @@ def sweep(
             print(json.dumps({**row, "ms": dict(zip(map(str, SHAPES), times, strict=True))}))
         del inputs
     return bf16_times, results
+
+
+def engine_layout(kv_dtype: torch.dtype) -> str:
+    """The value layout the engine allocates for a cache of this dtype (kv_layout's
+    values_slots_inner: an int8 cache's follows fp8's measured one, 16-bit caches' rows)."""
+    return "slots_inner" if values_slots_inner(kv_dtype, fp8_v_slots_inner()) else "rows"
 
 
 def best_layout(results: dict[str, list]) -> str:
@@ -256,7 +262,7 @@ def main() -> None:
     current = [
         decode_launch(HEAD_DIM, kind != "auto", b, kind)._replace(splits=None) for b, _ in SHAPES
     ]
-    current_layout = "slots_inner" if fp8 and fp8_v_slots_inner() else "rows"
+    current_layout = engine_layout(resolve_kv_dtype(kind, DTYPE))
     now = dict(results.get(current_layout, []))
     summary = {
         "summary": "decode_launch",
