@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Device calls (one H200) for the int8 KV cache (--kv-cache-dtype int8), whose Triton kernels have
-# run only under the interpreter and in the sm_90 compile check so far:
+# Device calls (one H200) for the int8 KV cache (--kv-cache-dtype int8); its GPU tests first ran
+# at d3151d6 (2026-12-02):
 #   tests: its GPU tests (kernels against the torch reference at the 8B shape, the engine on CUDA
 #      against the CPU reference and bf16 KV, batch invariance) and the fp8 ones beside them;
 #   tune: tune_decode.py --kv-cache-dtype int8 --write-table (int8's own decode launches; until
-#      then it takes fp8's), before the benches;
+#      then it took fp8's; measured at 0315086), before the benches;
 #   kernels: bench_attention.py over bf16, fp8 and int8 caches (decode at 32/256 rows, prefill);
 #   accuracy: fp8_accuracy.py, every mode (int8-kv against fp8-kv on the demo model; the demo
 #      model must be in the model cache: .carry or HF_HOME as for the FP8 accuracy runs);

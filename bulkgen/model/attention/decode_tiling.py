@@ -93,7 +93,7 @@ def decode_launch(
     a 16-bit one (fp8 False, kind "auto": the model's dtype) as measured under "auto" in
     TILINGS_FILE, else tiles of decode_block_n tokens (also for any other fp8-False kind: a
     float32 cache is never tuned); 8-bit ones (fp8 True; kind "fp8" or "int8") as measured
-    (int8 takes fp8's launches until it has its own: the same bytes a token), else twice the
+    (int8 its own since f9515cb, else fp8's: the same bytes a token), else twice the
     tokens (the same bytes per tile). The batch is a static shape: each CUDA graph keeps one."""
     launches = measured_launches()
     if not fp8:

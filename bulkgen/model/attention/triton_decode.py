@@ -26,7 +26,8 @@ multiply in the loop, and no overflow for any |q| below 65504 / qk_scale), and a
 tiles are twice as many tokens (decode_launch) so that each step of the loop reads as many
 bytes as a bf16 tile: at the same tokens per tile the fp8 kernel was latency-bound, as slow as
 bf16 at half the bytes (H200, bulk run profile at ec92f71: 12.1 vs 12.2 ms of attention a step).
-An int8 cache (KV_INT8) is read as in triton_prefill.py, on fp16 operands with fp8's launches.
+An int8 cache (KV_INT8) is read as in triton_prefill.py, on fp16 operands (widened in PTX where
+INT8_ASM), with its own measured launches.
 Values may be stored slots inner (kv_layout.py, V_SLOTS_INNER: V's strides are arguments of
 their own), which keeps an fp8 V tile out of byte-wise shared-memory reads without
 v_in_registers. PAIRS: the first block's tiles add its partner's low parts (kv_pairs.py).
