@@ -183,8 +183,9 @@ def test_kernels_compile_for_sm90_with_the_fp8_casts_only_in_the_fp8_variants(
     the bf16 and int8 variants carry no fp8 code: the constexpr branch compiles away. The decode
     kernel with v_in_registers, and decode and prefill over values stored slots inner
     (kv_layout.py), read no 8-bit tile back from shared memory one byte at a time; over the rows
-    layout decode does. int8 (kv_int8.py) has every kernel but the slots-inner ones, and its
-    variants load the scales that the others do not (more instructions than bf16)."""
+    layout decode does. int8 (kv_int8.py) has every kernel but fp8's experiments and pairs (its
+    engine layout is slots inner, its measured launches prefetch block ids), and its variants
+    load the scales that the others do not (more instructions than bf16)."""
     lines = re.findall(
         r"^([\w-]+ +\w+) *:.* (\d+) instructions, .* (\d+) shared byte reads, "
         r"\d+ e4m3 products, (\d+) e4m3 conversions$",
@@ -198,9 +199,13 @@ def test_kernels_compile_for_sm90_with_the_fp8_casts_only_in_the_fp8_variants(
     kernels = ("write_kv", "decode", "decode-vreg", "prefill", "invariant")
     slots_inner = ("write_kv-vslots", "decode-vslots", "prefill-vslots")
     expected = {f"{k} {c}" for k in kernels for c in CACHES + ("int8",)}
-    experiments = {"decode-prefetch fp8", "prefill-pvfp8 fp8"}  # their own tests
+    experiments = {"decode-prefetch fp8", "decode-prefetch int8", "prefill-pvfp8 fp8"}
     experiments |= {f"{k}-pairs fp8" for k in ("write_kv", "decode", "prefill")}  # kv_pairs.py
-    assert set(counts) == expected | {f"{k} {c}" for k in slots_inner for c in CACHES} | experiments
+    slots_inner_caches = (*CACHES, "int8")
+    assert (
+        set(counts)
+        == expected | {f"{k} {c}" for k in slots_inner for c in slots_inner_caches} | experiments
+    )
     for variant, n in counts.items():
         assert (n > 0) == variant.endswith("fp8"), counts
     assert byte_reads["decode fp8"] > 0 and byte_reads["decode int8"] > 0, byte_reads
@@ -214,7 +219,8 @@ def test_kernels_compile_for_sm90_with_the_fp8_casts_only_in_the_fp8_variants(
         "prefill-pairs fp8",
     ):
         assert byte_reads[variant] == 0, byte_reads
-    assert byte_reads["decode-vreg int8"] == 0, byte_reads
+    for variant in ("decode-vreg", "decode-vslots", "prefill-vslots", "decode-prefetch"):
+        assert byte_reads[f"{variant} int8"] == 0, byte_reads
     assert all(n == 0 for v, n in byte_reads.items() if v.endswith("bf16")), byte_reads
     for kernel in kernels:
         assert instructions[f"{kernel} int8"] > instructions[f"{kernel} bf16"], instructions
