@@ -225,9 +225,9 @@ def main() -> None:
     )
     ap.add_argument(
         "--fp8-accuracy-set",
-        choices=("short", "long"),
+        choices=("short", "long", "documents"),
         help="measure on scripts/fp8_accuracy.py's short set (16 texts, the H200's accuracy "
-        "table) or long set (those joined, two documents) instead of prompts and answers",
+        "table), long set (those joined) or documents (6) instead of prompts and answers",
     )
     ap.add_argument(
         "--holdout",
@@ -246,11 +246,11 @@ def main() -> None:
     calibration = all_ids[: args.texts]
     all_ids = all_ids[-args.texts :]
     if args.fp8_accuracy_set:  # calibrated on the prompts above (held out)
-        from fp8_accuracy import MAX_TOKENS, TEXTS, long_texts
+        from fp8_accuracy import MAX_TOKENS, TEXTS, documents, long_texts
 
-        chosen = TEXTS if args.fp8_accuracy_set == "short" else long_texts()
-        tokenizer = llms["fp32"].tokenizer
-        all_ids = [(tokenizer(t)["input_ids"][:MAX_TOKENS], 0) for t in chosen]
+        chosen = {"short": TEXTS, "long": long_texts(), "documents": documents()}
+        chosen, tokenize = chosen[args.fp8_accuracy_set], llms["fp32"].tokenizer
+        all_ids = [(tokenize(t)["input_ids"][:MAX_TOKENS], 0) for t in chosen]
 
     def run(scheme_k, scheme_v, ids, model="fp32") -> torch.Tensor:
         install(llms[model], scheme_k, scheme_v)
