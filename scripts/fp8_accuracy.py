@@ -1,17 +1,18 @@
 """What FP8 costs in accuracy, on real weights (GPU): teacher-forced next-token distributions of
-each FP8 mode against bf16 over a fixed text set.
+each FP8 mode against bf16 over fixed text sets (short, long, documents: see --sets).
 
-    python scripts/fp8_accuracy.py [--model smollm2-135m]
+    python scripts/fp8_accuracy.py [--model smollm2-135m] [--sets long,documents] [--modes int8-kv]
+    python scripts/fp8_accuracy.py --device cpu --modes int8-kv   # the CPU runs bf16 and int8
 
 For each mode (FP8 weights; FP8 KV cache; both; the int8 KV cache, alone and with FP8 weights)
 the texts go through the engine's own model and KV cache as one prefill each (the attention
 kernels read keys and values back from the cache, so an FP8 or int8 cache is what they attend
 over), and every position's next-token distribution is compared
 with bf16's: top1_agreement (same argmax), mean_kl (KL(bf16 || mode), nats, mean over
-positions) and each side's accuracy at predicting the text's actual next token. One JSON line per
-mode; a mode whose option this bulkgen does not accept yet is a line with "skipped".
-The default model is the demo model (SmolLM2-135M-Instruct): dummy weights say nothing about
-accuracy.
+positions) with its standard error and each text's own agreement, and each side's accuracy at
+predicting the text's actual next token. One JSON line per mode and set; a mode whose option
+this bulkgen does not accept yet is a line with "skipped". The default model is the demo model
+(SmolLM2-135M-Instruct): dummy weights say nothing about accuracy.
 """
 
 from __future__ import annotations
