@@ -18,7 +18,7 @@ import json
 
 import torch
 from bench_attention import HEAD_DIM, NUM_KV_HEADS, graph_ms, paged_inputs
-from bench_measure import git_commit
+from bench_commit import git_commit
 
 from bulkgen.model.attention.decode_tiling import decode_launch, fp8_v_slots_inner
 from bulkgen.model.attention.kv_fp8 import FP8_DTYPE

@@ -34,7 +34,8 @@ from bench_bulkgen import (
     seq_setting,
     tensor_parallel,
 )
-from bench_measure import env_fields, git_commit, measure_ceilings, save_series
+from bench_commit import git_commit
+from bench_measure import env_fields, measure_ceilings, save_series
 from bench_transformers import run_transformers
 from bench_workloads import make_workload, model_folder, roofline_compute_s, split_roofline_s
 

@@ -19,7 +19,7 @@ import json
 
 import torch
 from bench_attention import HEAD_DIM, NUM_KV_HEADS, paged_inputs, steps_us
-from bench_measure import git_commit
+from bench_commit import git_commit
 
 from bulkgen.model.attention.decode_tiling import decode_launch, fp8_v_slots_inner
 from bulkgen.model.attention.kv_fp8 import FP8_DTYPE

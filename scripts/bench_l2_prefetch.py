@@ -103,7 +103,7 @@ def compile_check() -> str:
 
 def main() -> None:
     from bench_attention import steps_us
-    from bench_measure import git_commit
+    from bench_commit import git_commit
 
     from bulkgen.model.fp8 import quantize_rows_reference, quantize_weight
     from bulkgen.model.fp8_gemm_table import fp8_matmul, gemm_choice, tile_counters_needed

@@ -5,7 +5,6 @@ from __future__ import annotations
 import collections
 import json
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -48,24 +47,6 @@ def _ceilings() -> dict:
         "copy_bw_gbs": round(2 * x.numel() / copy_s / 1e9, 1),
         "bf16_tflops": round(2 * 8192**3 / mm_s / 1e12, 1),
     }
-
-
-def git_commit() -> str:
-    """GIT_COMMIT when set (a device call passes the commit it runs), else HEAD's short hash,
-    with "-dirty" when tracked files differ from it: a device copy of the tree can hold an older
-    .git than its files (seen 2026-12-02: HEAD read c5e5448 where the files were 2958d54's)."""
-    if os.environ.get("GIT_COMMIT"):
-        return os.environ["GIT_COMMIT"]
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-        )
-        status = ["git", "status", "--porcelain", "--untracked-files=no"]
-        changed = subprocess.run(status, capture_output=True, text=True).stdout.strip()
-    except OSError:
-        return "unknown"
-    commit = head.stdout.strip()
-    return (commit + "-dirty" * bool(changed)) if commit else "unknown"
 
 
 class Sampler:

@@ -229,7 +229,7 @@ def main() -> None:
         block_sizes()
         return
     from bench_attention import HEAD_DIM, median_ms, paged_inputs
-    from bench_measure import git_commit
+    from bench_commit import git_commit
 
     from bulkgen.model.attention.kv_layout import to_slots_inner
     from bulkgen.model.attention.triton_decode import paged_decode

@@ -23,7 +23,7 @@ import math
 from pathlib import Path
 
 import torch
-from bench_measure import git_commit
+from bench_commit import git_commit
 
 MODES = {
     "bf16": {},

@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-from bench_measure import git_commit
+from bench_commit import git_commit
 from fp8_accuracy import TEXTS
 from safetensors.torch import load_file, save_file
 

@@ -4,6 +4,9 @@
 # scripts/bench.py. Results and logs go to $OUT (the device tool brings them back).
 #   scripts/gpu_check.sh                      # tests + default benchmark
 #   TESTS=0 scripts/gpu_check.sh --workloads blog --engines bulkgen,bulkgen-sync
+# Bench lines name their commit (scripts/bench_commit.py): GIT_COMMIT if set, typed from this
+# side, never from the device's git (older than the files it gets); unset, a stale copy's lines
+# read HEAD-dirty-tree-TREE, where `git log --format='%h %T' | grep TREE` here names the commit.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false

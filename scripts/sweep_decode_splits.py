@@ -16,7 +16,7 @@ import json
 
 import torch
 from bench_attention import HEAD_DIM, NUM_KV_HEADS, median_ms, paged_inputs
-from bench_measure import git_commit
+from bench_commit import git_commit
 
 from bulkgen.model.attention.decode_tiling import decode_launch, fp8_v_slots_inner, num_kv_splits
 from bulkgen.model.attention.kv_fp8 import resolve_kv_dtype

@@ -35,7 +35,7 @@ import math
 
 import torch
 from bench_attention import DTYPE, HEAD_DIM, NUM_KV_HEADS, paged_inputs, steps_us
-from bench_measure import git_commit
+from bench_commit import git_commit
 
 from bulkgen.model.attention.decode_tiling import (
     TILINGS_FILE,
