@@ -10,6 +10,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
+
+# Before triton is imported (bench_l2_prefetch imports it): run alone or first, this file would
+# otherwise leave later files' kernels without a driver on a machine without CUDA.
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
