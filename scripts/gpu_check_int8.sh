@@ -6,8 +6,8 @@
 #   tune: tune_decode.py --kv-cache-dtype int8 --write-table (int8's own decode launches; until
 #      then it took fp8's; measured at 0315086), before the benches;
 #   kernels: bench_attention.py over bf16, fp8 and int8 caches (decode at 32/256 rows, prefill);
-#   accuracy: fp8_accuracy.py, every mode (int8-kv against fp8-kv on the demo model; the demo
-#      model must be in the model cache: .carry or HF_HOME as for the FP8 accuracy runs);
+#   accuracy: gpu_check_fp8.sh's step of that name (fp8_accuracy.py, every mode and text set on
+#      the demo model, whose wheel comes in two parts over two calls: scripts/demo_parts.sh);
 #   trt (TRT_PROMPTS requests, default 500): bf16, FP8 KV and int8 KV engines, auto rows;
 #   ab: the int8 KV engine on trt again with each of its two switches off (BULKGEN_INT8_F16_ASM=0:
 #      int8->f16 by cvt instead of the PTX byte trick; BULKGEN_INT8_V_SLOTS_INNER=0: value rows).
@@ -40,7 +40,7 @@ if want kernels; then
     | grep -v -i warn | tee "$OUT/attention.jsonl" | tail -4
 fi
 if want accuracy; then
-  timeout 240 python3 scripts/fp8_accuracy.py 2>&1 | grep -v -i warn | tee "$OUT/accuracy.jsonl"
+  OUT="$OUT" STEPS=accuracy scripts/gpu_check_fp8.sh
 fi
 if want trt; then
   OUT=$WORK/trt TESTS=0 timeout 400 scripts/gpu_check.sh --workloads trt \
