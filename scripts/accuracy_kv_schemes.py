@@ -3,22 +3,17 @@ against a bf16 and a float32 cache, on the CPU; one JSON line per scheme.
 
     PYTHONPATH=. python scripts/accuracy_kv_schemes.py [--texts 12] [--bf16-model]
 
-The text set and the prefill are accuracy_kv.py's (prompt in the chat template plus the float32
-model's greedy answer, one prefill per text that attends over keys and values read back from the
-cache). Every scheme runs the float32 model over a float32 cache whose writes go through the
-scheme's quantize-dequantize (kv_quant_schemes.py), so every scheme sees the same texts and
-positions. The references: "fp32" (float32 cache) and "bf16" (keys and values rounded to bf16,
-the GPU's cache). Against each, per scheme: kv_agreement.Tally's summary (top1, mean_kl,
-clear_top1, near_tie_share, most_common_positions, top1 and mean_kl past position 64). In
-"fp8 K only" / "fp8 V only" the other half is bf16; "first N tokens bf16" keeps each text's
-first N positions at 16 bits (attention sinks, IntactKV's idea; bytes_per_token leaves them
-out: they cost bytes per sequence, not per token).
---bf16-model adds the bf16 model (bf16 cache; and an fp8 cache, the H200's configuration) as
-the run to measure and as a third reference, "bf16_model".
-
-Calibrated scales (per layer, per layer and kv head) come from the float32 pass over the same
-texts, so they are the best case (in-sample). bytes_per_token counts the cache on this model
-(and a float32 scale per token and kv head where a scheme has one).
+Texts and prefill are accuracy_kv.py's (chat prompt plus the float32 model's greedy answer, one
+prefill each, attending over keys and values read back from the cache), or --fp8-accuracy-set's.
+Every scheme runs the float32 model over a float32 cache whose writes go through the scheme's
+quantize-dequantize (kv_quant_schemes.py). References: "fp32" (float32 cache), "bf16" (the GPU's
+cache); against each, kv_agreement.Tally's summary. "fp8 K only" / "V only": the other half
+bf16; "first N tokens bf16": each text's first N positions at 16 bits (attention sinks;
+bytes_per_token leaves them out: they cost bytes per sequence, not per token). --bf16-model adds
+the bf16 model's runs (the H200's configurations) and a third reference, "bf16_model".
+Calibrated scales (per layer, or layer and kv head) come from the float32 pass over the same
+texts: the best case (in-sample). bytes_per_token counts the cache on this model (and a float32
+scale per token and kv head where a scheme has one).
 """
 
 from __future__ import annotations
@@ -186,6 +181,7 @@ def schemes(amax: torch.Tensor, mean: torch.Tensor, bf16_model: bool) -> list[Sc
     if bf16_model:  # the H200's configurations (scripts/fp8_accuracy.py measures the first two)
         kept, centred = first_kept(16, fixed(1.0)), first_kept(16, own_mean_centred(fixed(1.0)))
         own = Scheme("fp8 K - own mean, scale 1.0, first 16 bf16", [centred] * n, [kept] * n, 1)
+        int8_own = own_mean_centred(int8_per_token)  # int8 keys centred: each row's step shrinks
         out += [
             dataclasses.replace(scheme, name=f"bf16 model, {scheme.name}", model="bf16")
             for scheme in (
@@ -196,6 +192,10 @@ def schemes(amax: torch.Tensor, mean: torch.Tensor, bf16_model: bool) -> list[Sc
                 both(first_split(64, fixed(1.0)), 1, "fp8 scale 1.0, first 64 tokens hi/lo"),
                 own,
                 both(int8_per_token, 1, "int8 per-token-head", 4),
+                *(
+                    Scheme(f"int8, K - own mean{x}", [k] * n, [int8_per_token] * n, 1, 4)
+                    for x, k in (("", int8_own), (", first 16 K bf16", first_kept(16, int8_own)))
+                ),
             )
         ]
     return out
