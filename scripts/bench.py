@@ -4,8 +4,7 @@ Llama-3-8B shape with dummy bf16 weights and the real Llama-3.1 tokenizer (carri
 never committed). Each (workload, engine) runs in its own process and prints one JSON line;
 startup (load, cache, graph capture) is reported apart from wall_s. A PNG shows tokens/s and GPU
 busy over time, async against sync. --shape 70b runs the Llama-3.1-70B shape instead; engine
-bulkgen-tp2 splits it over two GPUs (--tensor-parallel 2), bulkgen-dp2 runs two data-parallel
-workers.
+bulkgen-tp2 splits it over two GPUs (--tensor-parallel 2), bulkgen-dp2 runs two workers.
 
     python scripts/bench.py --tokenizer .carry --workloads blog,bulk --out results/bench
     python scripts/bench.py --shape 70b --workloads bulk --engines bulkgen,bulkgen-tp2

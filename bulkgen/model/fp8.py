@@ -38,9 +38,7 @@ HW_ROUNDING_ENV = "BULKGEN_FP8_HW_ROUNDING"
 PREFILL_F16_ENV = "BULKGEN_PREFILL_F16"
 BLAS_ENV = "BULKGEN_BLAS"
 BF16_ARGMAX_ENV = "BULKGEN_BF16_ARGMAX"  # 1: plain greedy steps skip the float32 logits
-# 0: an int8 cache's values in the rows layout even where an fp8 cache's are slots inner
-# (kv_layout.values_slots_inner), for A/B runs
-INT8_V_SLOTS_INNER_ENV = "BULKGEN_INT8_V_SLOTS_INNER"
+INT8_V_SLOTS_INNER_ENV = "BULKGEN_INT8_V_SLOTS_INNER"  # 0: int8 values in rows (kv_layout.py)
 INT8_F16_ASM_ENV = "BULKGEN_INT8_F16_ASM"  # 0: int8 tiles widened by a cast (triton_kv.int8_to_f16)
 ATTN_FP8_PV_ENV = "BULKGEN_ATTN_FP8_PV"  # 1: an fp8 cache's prefill P @ V in e4m3 (kv_fp8.py)
 KERNEL_SWITCHES = (PDL_ENV, SILU_FORM_ENV, HW_ROUNDING_ENV, PREFILL_F16_ENV, BLAS_ENV)
