@@ -19,17 +19,19 @@ def git_commit() -> str:
     if os.environ.get("GIT_COMMIT"):
         return os.environ["GIT_COMMIT"]
     try:
-        commit, head_tree = (
-            subprocess.run(["git", "rev-parse", *args], capture_output=True, text=True)
-            for args in (["--short", "HEAD"], ["HEAD^{tree}"])
-        )
+        commit = rev_parse("--short", "HEAD")
+        head_tree = rev_parse("HEAD^{tree}")
     except OSError:
         return "unknown"
-    commit, head_tree = commit.stdout.strip(), head_tree.stdout.strip()
     if not commit:
         return "unknown"
     tree = files_tree()
     return commit if tree == head_tree else f"{commit}-dirty-tree-{tree[:10]}"
+
+
+def rev_parse(*args: str) -> str:
+    done = subprocess.run(["git", "rev-parse", *args], capture_output=True, text=True)
+    return done.stdout.strip()
 
 
 def files_tree() -> str:

@@ -177,9 +177,10 @@ def agreement(texts, logprobs, baseline) -> dict:
     by_text = []
     for ids, lp, ref in zip(texts, logprobs, baseline, strict=True):
         agree = lp.argmax(-1) == ref.argmax(-1)
-        by_text.append(round(agree.float().mean().item(), 4))
         kl = (ref.exp() * (ref - lp)).sum(-1).clamp(min=0)
-        sums["agree"] += agree.sum().item()
+        agreed = agree.sum().item()
+        sums["agree"] += agreed
+        by_text.append(round(agreed / len(agree), 4))
         sums["kl"] += kl.sum().item()
         sums["agree_past"] += agree[PAST:].sum().item()
         sums["kl_past"] += kl[PAST:].sum().item()
