@@ -15,6 +15,8 @@
 #      with the prefetching ones, about 3 minutes; both layouts 60, about 5);
 #   tune16: the same for a 16-bit cache (--kv-cache-dtype auto: 24 launches in the rows layout,
 #      stored under "auto"; about 2 minutes);
+#   mm32: the FP8 GEMM table re-timed at MM_ROWS (16,32,64) and merged (--merge), then blog
+#      bf16 and FP8 with the table before and after, alternating (about 5 minutes);
 #   mm: scripts/tune_fp8_mm.py --write-table (cuBLASLt or the Triton FP8 GEMM per shape and
 #      rows, bulkgen/model/fp8_gemm_table.json, fixup candidates included: about 2-3
 #      minutes), before the benches use it;
@@ -180,6 +182,19 @@ want blog && bench blog "${BLOG_TIMEOUT_S:-180}" --workloads blog --engines bulk
 want chunks && bench "${CHUNKS_WORKLOAD:-bulk}" "${CHUNKS_TIMEOUT_S:-480}" \
   --workloads "${CHUNKS_WORKLOAD:-bulk}" --engines "${CHUNKS_ENGINES:-bulkgen,bulkgen-fp8}" \
   --num-prompts "${CHUNKS_PROMPTS:-512}" --max-batch-tokens "${CHUNKS_SIZES:-2048,4096,8192}"
+if want mm32; then  # the FP8 GEMM table re-timed at 16-64 rows with the 32-row unsplit launches
+  # (m32...s1t*), merged into the table (tune_fp8_mm.py --merge), then blog (32 rows) bf16 and
+  # FP8 with the table before and after, alternating (BULKGEN_FP8_GEMM_TABLE; about 5 minutes)
+  cp bulkgen/model/fp8_gemm_table.json "$WORK/table_before.json"
+  timeout 200 python3 scripts/tune_fp8_mm.py --write-table --merge --rows "${MM_ROWS:-16,32,64}" \
+    2>&1 | grep -v -i warn | tee "$OUT/tune_mm32.jsonl" | cut -c1-700
+  cp bulkgen/model/fp8_gemm_table.json "$OUT/" 2> /dev/null
+  bench blog 120 --workloads blog --engines bulkgen
+  for table in before after before after; do
+    [ $table = after ] && table=$PWD/bulkgen/model/fp8_gemm_table.json || table=$WORK/table_before.json
+    BULKGEN_FP8_GEMM_TABLE=$table bench blog 120 --workloads blog --engines bulkgen-fp8
+  done
+fi
 if want eager; then
   for opts in "" --fp8 --mixed-graphs "--fp8 --mixed-graphs"; do
     timeout 120 python3 scripts/bench_eager_host.py --profile $opts 2>&1 | grep -v -i warn \

@@ -1,7 +1,8 @@
 """Time cuBLASLt's FP8 GEMM (torch._scaled_mm) against each Triton launch of fp8_gemm.py at the 8B
 decoder's projections and decode-sized row counts, and keep the fastest per shape and M (GPU).
 
-    PYTHONPATH=. python scripts/tune_fp8_mm.py [--write-table] [--rows 1,32] [--proj o,down]
+    PYTHONPATH=. python scripts/tune_fp8_mm.py [--write-table [--merge]] [--rows 1,32]
+        [--proj o,down]
 
 Each GEMM is timed as a decode step runs it: inside a CUDA graph (no launch gaps, split-K's two
 launches back to back), over enough copies of the weight (distinct tensors, one GEMM each, at
@@ -35,7 +36,7 @@ from bench_fp8_mm import LAYERS, projections
 
 from bulkgen.model.fp8 import quantize_rows_reference, quantize_weight
 from bulkgen.model.fp8_gemm import CANDIDATES, fp8_gemm, tile_counters_for
-from bulkgen.model.fp8_gemm_table import SCALED_MM, TABLE_FILE, table_from_timings
+from bulkgen.model.fp8_gemm_table import SCALED_MM, TABLE_FILE, merged_shapes, table_from_timings
 
 ROWS = (1, 8, 16, 32, 64, 128, 256, 512, 1024)
 STREAM_BYTES = 256 * 2**20  # weight bytes a graph walks through: five times the H200's L2
@@ -141,15 +142,23 @@ def commit() -> str:
         return "unknown"
 
 
-def write_table(timings: dict[str, dict[int, dict[str, float]]]) -> None:
-    table = {
-        "device": torch.cuda.get_device_name(),
-        "commit": commit(),
-        "measured": datetime.date.today().isoformat(),
-        "how": "scripts/tune_fp8_mm.py --write-table (median of CUDA-graph replays)",
-        "fast_accum": FAST_ACCUM,
-        "shapes": table_from_timings(timings),
-    }
+def write_table(timings: dict[str, dict[int, dict[str, float]]], base: dict | None = None) -> None:
+    """TABLE_FILE from these timings; with base (the table as it was before this run, for
+    --merge): base with these (shape, M) choices replaced (merged_shapes), this run recorded
+    under "updates" beside the first measurement's commit."""
+    today, shapes = datetime.date.today().isoformat(), table_from_timings(timings)
+    how = "scripts/tune_fp8_mm.py --write-table (median of CUDA-graph replays)"
+    if base is not None:
+        if base.get("fast_accum") != FAST_ACCUM:
+            raise SystemExit(f"{TABLE_FILE} was timed with fast_accum {base.get('fast_accum')}")
+        winners = {s: {m: min(us, key=us.get) for m, us in t.items()} for s, t in timings.items()}
+        update = {"commit": commit(), "measured": today, "how": how + " --merge"}
+        update["rows"] = {s: sorted(t) for s, t in timings.items()}
+        table = base | {"shapes": merged_shapes(base["shapes"], winners)}
+        table["updates"] = base.get("updates", []) + [update]
+    else:
+        table = {"device": torch.cuda.get_device_name(), "commit": commit(), "measured": today}
+        table |= {"how": how, "fast_accum": FAST_ACCUM, "shapes": shapes}
     TABLE_FILE.write_text(json.dumps(table, indent=1) + "\n")
 
 
@@ -161,6 +170,11 @@ def main() -> None:
     parser.add_argument(
         "--exact-sums", action="store_true", help="time float32 sums (fp8_fast_accum=False)"
     )
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="with --write-table: replace only the measured (projection, M) choices",
+    )
     args = parser.parse_args()
     global FAST_ACCUM
     FAST_ACCUM = not args.exact_sums
@@ -169,11 +183,12 @@ def main() -> None:
     if unknown := set(wanted) - set(projections()):
         parser.error(f"unknown projections {sorted(unknown)}: pick from {list(projections())}")
     shapes = {p: s for p, s in projections().items() if p in wanted}
+    base = json.loads(TABLE_FILE.read_text()) if args.merge else None
     timings = {}
     for name, (n, k) in shapes.items():
         timings[f"{n}x{k}"] = tune_projection(name, n, k, rows, torch.device("cuda"))
         if args.write_table:
-            write_table(timings)
+            write_table(timings, base)
     for m in rows:
         cublas = sum(t[m][SCALED_MM] for t in timings.values()) * LAYERS * 1000
         best = sum(min(t[m].values()) for t in timings.values()) * LAYERS * 1000

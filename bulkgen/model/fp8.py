@@ -43,6 +43,7 @@ INT8_F16_ASM_ENV = "BULKGEN_INT8_F16_ASM"  # 0: int8 tiles widened by a cast (tr
 ATTN_FP8_PV_ENV = "BULKGEN_ATTN_FP8_PV"  # 1: an fp8 cache's prefill P @ V in e4m3 (kv_fp8.py)
 KERNEL_SWITCHES = (PDL_ENV, SILU_FORM_ENV, HW_ROUNDING_ENV, PREFILL_F16_ENV, BLAS_ENV)
 KERNEL_SWITCHES += (BF16_ARGMAX_ENV, ATTN_FP8_PV_ENV, INT8_V_SLOTS_INNER_ENV, INT8_F16_ASM_ENV)
+KERNEL_SWITCHES += ("BULKGEN_FP8_GEMM_TABLE",)  # another GEMM table's path (fp8_gemm_table.py)
 BLAS_LIBRARIES = ("cublas", "cublaslt")
 # cuBLASLt picks its kernels by other heuristics than cuBLAS (torch's default): on the H200 at
 # 161440a (one call, bf16) blog ran 5,233 tok/s through cuBLASLt against 5,071 through cuBLAS

@@ -25,13 +25,26 @@ from bulkgen.model.fp8_gemm import CANDIDATES, Fp8GemmConfig, fp8_gemm, output_t
 
 SCALED_MM = "scaled_mm"  # the table's name for torch._scaled_mm
 TABLE_FILE = Path(__file__).with_name("fp8_gemm_table.json")
+# Another table read instead of TABLE_FILE, for A/B runs of two tables in one call (a missing
+# file is an error, not "no table"); stats.json's env_overrides names it (fp8.KERNEL_SWITCHES).
+TABLE_ENV = "BULKGEN_FP8_GEMM_TABLE"
+
+
+def table_path() -> Path:
+    """The table the dispatch reads: BULKGEN_FP8_GEMM_TABLE's file where set, else TABLE_FILE."""
+    named = os.environ.get(TABLE_ENV)
+    if named and not Path(named).is_file():
+        raise FileNotFoundError(f"{TABLE_ENV} names {named}, which is not a file")
+    return Path(named) if named else TABLE_FILE
 
 
 @functools.cache
 def measured_choices() -> dict[str, list[dict]]:
-    """{"NxK": [{"max_m": int, "kernel": name}, ...]} from TABLE_FILE (read once; {} without)."""
+    """{"NxK": [{"max_m": int, "kernel": name}, ...]} from table_path() (read once; {} when
+    TABLE_FILE is missing)."""
+    path = table_path()
     try:
-        table = json.loads(TABLE_FILE.read_text())
+        table = json.loads(path.read_text())
     except FileNotFoundError:
         return {}
     shapes = table.get("shapes", {})
@@ -39,7 +52,7 @@ def measured_choices() -> dict[str, list[dict]]:
         for bucket in buckets:
             if bucket["kernel"] != SCALED_MM and bucket["kernel"] not in CANDIDATES:
                 raise ValueError(
-                    f"{TABLE_FILE} names kernel {bucket['kernel']!r} for {shape}, which "
+                    f"{path} names kernel {bucket['kernel']!r} for {shape}, which "
                     "fp8_gemm.CANDIDATES lacks: rerun scripts/tune_fp8_mm.py --write-table"
                 )
     return shapes
@@ -104,14 +117,35 @@ def fp8_matmul(
 def table_from_timings(timings: dict[str, dict[int, dict[str, float]]]) -> dict[str, list]:
     """{"NxK": {M: {kernel: seconds}}} -> the table's "shapes": the fastest kernel at each
     measured M, neighbouring Ms with the same winner merged into one bucket."""
+    return {
+        shape: buckets_from_winners({m: min(us, key=us.get) for m, us in by_m.items()})
+        for shape, by_m in timings.items()
+    }
+
+
+def buckets_from_winners(winners: dict[int, str]) -> list[dict]:
+    """{M: kernel} -> a shape's buckets, neighbouring Ms with the same kernel in one."""
+    buckets: list[dict] = []
+    for m in sorted(winners):
+        if buckets and buckets[-1]["kernel"] == winners[m]:
+            buckets[-1]["max_m"] = m
+        else:
+            buckets.append({"max_m": m, "kernel": winners[m]})
+    return buckets
+
+
+def merged_shapes(old: dict[str, list[dict]], new: dict[str, dict[int, str]]) -> dict[str, list]:
+    """A table's "shapes" with `new`'s winners ({"NxK": {M: kernel}}, the Ms a tuner run
+    measured) in place of `old`'s choices at those Ms, and old's everywhere else: old's buckets
+    are read back at their own max_m and at each new M, so a run over some Ms of some shapes
+    replaces only those."""
     shapes = {}
-    for shape, by_m in timings.items():
-        buckets: list[dict] = []
-        for m in sorted(by_m):
-            best = min(by_m[m], key=by_m[m].get)
-            if buckets and buckets[-1]["kernel"] == best:
-                buckets[-1]["max_m"] = m
-            else:
-                buckets.append({"max_m": m, "kernel": best})
-        shapes[shape] = buckets
+    for shape in sorted(old.keys() | new.keys()):
+        buckets, fresh = old.get(shape, []), new.get(shape, {})
+        winners = {}
+        for m in {b["max_m"] for b in buckets} | set(fresh):
+            pick = next((b["kernel"] for b in buckets if m <= b["max_m"]), None)
+            if pick is not None:
+                winners[m] = pick
+        shapes[shape] = buckets_from_winners(winners | fresh)
     return shapes
