@@ -27,11 +27,10 @@ import argparse
 import datetime
 import functools
 import json
-import os
-import subprocess
 
 import torch
 from bench_attention import steps_us
+from bench_commit import git_commit
 from bench_fp8_mm import LAYERS, projections
 
 from bulkgen.model.fp8 import quantize_rows_reference, quantize_weight
@@ -132,14 +131,10 @@ def tune_projection(
 
 
 def commit() -> str:
-    """GIT_COMMIT where set (a device's copy of the tree may not hold the commit), else HEAD."""
-    if os.environ.get("GIT_COMMIT"):
-        return os.environ["GIT_COMMIT"]
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True)
-        return out.stdout.decode().strip() or "unknown"
-    except OSError:
-        return "unknown"
+    """The commit the files ran at (bench_commit.git_commit: GIT_COMMIT where set, else HEAD, or
+    HEAD-dirty-tree-TREE where the files are not HEAD's, as on a device copy with an older .git:
+    its tune run at 001add3 recorded 5dd88c8, the .git's HEAD)."""
+    return git_commit()
 
 
 def write_table(timings: dict[str, dict[int, dict[str, float]]], base: dict | None = None) -> None:
