@@ -150,5 +150,45 @@ def main() -> None:
         print(f"pdl {name}: {prefetches} L2 prefetches, {waits} grid waits")
 
 
+def silu_ptx(cfg: Fp8GemmConfig) -> str:
+    """fp8_gemm_silu.py's kernel (gate_up with the SiLU in its epilogue) for a fused launch."""
+    from bulkgen.model.fp8_gemm_silu import _gate_up_silu_kernel
+
+    signature = {"x_ptr": "*fp8e4nv", "w_ptr": "*fp8e4nv", "x_scale_ptr": "*fp32"}
+    signature |= {"w_scale_ptr": "*fp32", "h_ptr": "*bf16", "absmax_ptr": "*fp32"}
+    signature |= {name: "i32" for name in ("M", "I", "K", "stride_xm", "stride_wn")}
+    constexprs = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k}
+    constexprs |= {"SWAP_AB": cfg.swap_ab, "DOT": cfg.dot, "EVEN_K": True, "FAST_ACCUM": True}
+    constexprs |= {"LIBDEVICE_EXP": True}
+    signature |= {name: "constexpr" for name in constexprs}
+    aligned = ("x_ptr", "w_ptr", "x_scale_ptr", "w_scale_ptr", "h_ptr", "I", "K")
+    aligned += ("stride_xm", "stride_wn")
+    source = ASTSource(
+        _gate_up_silu_kernel, signature, constexprs=constexprs, attrs=_aligned(signature, aligned)
+    )
+    options = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+    return triton.compile(source, target=TARGET, options=options).asm["ptx"]
+
+
+def check_silu(names: list[str]) -> None:
+    """--silu NAME...: the fused launch fp8_gemm_silu.fused_config derives from each candidate."""
+    import dataclasses
+
+    for name in names:
+        cfg = CANDIDATES[name]
+        block_n = cfg.block_n // 2 if cfg.block_n >= 128 else cfg.block_n
+        cfg = dataclasses.replace(cfg, block_n=block_n, tma=False, fixup=False)
+        ptx = silu_ptx(cfg)
+        fused = f"m{cfg.block_m}n{cfg.block_n}k{cfg.block_k}s1" + "t" * cfg.swap_ab
+        local = len(re.findall(r"\bld\.local\b", ptx))
+        print(f"silu {fused}: mma {mma_kind(ptx)}, {async_copies(ptx)} async copies, "
+              f"{local} local loads")  # fmt: skip
+
+
 if __name__ == "__main__":
-    main()
+    import sys
+
+    if sys.argv[1:2] == ["--silu"]:
+        check_silu(sys.argv[2:])
+    else:
+        main()

@@ -53,7 +53,7 @@ KERNELS = [
             (fp8_silu_split._silu_absmax_kernel, SPLIT_IN, {}),
             (
                 fp8_silu_split._silu_quantize_kernel,
-                {**SPLIT_IN, **FP8_OUT},
+                {**SPLIT_IN, **FP8_OUT, "parts": "i32"},
                 {"CHUNKS": 8, "PDL": True, "HW_ROUND": False},
             ),
         )

@@ -15,6 +15,8 @@
 #      with the prefetching ones, about 3 minutes; both layouts 60, about 5);
 #   tune16: the same for a 16-bit cache (--kv-cache-dtype auto: 24 launches in the rows layout,
 #      stored under "auto"; about 2 minutes);
+#   silu: gate_up's FP8 GEMM with the SiLU in its epilogue (BULKGEN_FP8_SILU_GEMM): its GPU test,
+#      blog bf16, blog FP8 off/on twice, bulk FP8 off/on (about 4 minutes);
 #   mm32: the FP8 GEMM table re-timed at MM_ROWS (16,32,64) and merged (--merge), then blog
 #      bf16 and FP8 with the table before and after, alternating (about 5 minutes);
 #   mm: scripts/tune_fp8_mm.py --write-table (cuBLASLt or the Triton FP8 GEMM per shape and
@@ -24,7 +26,9 @@
 #      structured output; 3.3 minutes warm); kernels: the other GPU tests but the long
 #      batch-invariant ones (the kernels against their references);
 #   trt (TRT_PROMPTS requests, default 1000; TRT_TIMEOUT_S, default 420, for all three): bf16
-#      auto, FP8 KV auto, FP8 weights+KV auto (1,000 requests: wall_s 103-109 s in bf16 at
+#      auto, FP8 KV auto, FP8 weights+KV auto (TRT_ENGINES picks others: at 2,000 requests bf16
+#      and FP8 KV alone take about 200 + 160 s and 10-20 s each to start, 2026-12-03; 1,000
+#      requests: wall_s 103-109 s in bf16 at
 #      191156c; each run also spends 15-40 s starting: process, dummy weights, warm-up, graphs);
 #   bulk (512 prompts) bf16 against FP8, and FP8 with exact sums (bulkgen-fp8exact); blog bf16
 #      against FP8;
@@ -173,7 +177,8 @@ bench() {  # bench <folder> <timeout> <bench.py args...>
   rm -f "$dir/bench.jsonl"
   grep -h '"error"' "$dir/out.txt" | cut -c1-1500 | tee -a "$OUT/log.txt"
 }
-want trt && bench trt "${TRT_TIMEOUT_S:-420}" --workloads trt --engines bulkgen,bulkgen-fp8kv,bulkgen-fp8 \
+want trt && bench trt "${TRT_TIMEOUT_S:-420}" --workloads trt \
+  --engines "${TRT_ENGINES:-bulkgen,bulkgen-fp8kv,bulkgen-fp8}" \
   --num-prompts "$TRT_PROMPTS"
 want sweep && bench trt "${TRT_TIMEOUT_S:-480}" --workloads trt --engines bulkgen \
   --num-prompts "$TRT_PROMPTS" --max-num-seqs "${SWEEP_SEQS:-256,512,1024,auto}"
@@ -193,6 +198,21 @@ if want mm32; then  # the FP8 GEMM table re-timed at 16-64 rows with the 32-row 
   for table in before after before after; do
     [ $table = after ] && table=$PWD/bulkgen/model/fp8_gemm_table.json || table=$WORK/table_before.json
     BULKGEN_FP8_GEMM_TABLE=$table bench blog 120 --workloads blog --engines bulkgen-fp8
+  done
+fi
+if want silu; then  # gate_up's GEMM with the SiLU in its epilogue (BULKGEN_FP8_SILU_GEMM=1,
+  # fp8_gemm_silu.py; built 2026-12-03 without a GPU): its GPU test, then blog FP8 off/on twice and
+  # bulk FP8 off/on (each line's "env" says which; about 4 minutes)
+  OUT=$WORK/tests TESTS=1 BENCH=0 PYTEST_ARGS="tests/test_fp8_gemm_silu.py" timeout 150 \
+    scripts/gpu_check.sh > /dev/null 2>&1
+  { tail -3 "$WORK/tests/gpu_tests.log"; grep -E "FAILED|^E " "$WORK/tests/gpu_tests.log" | head; } \
+    | tee "$OUT/silu_tests.txt"
+  bench blog 120 --workloads blog --engines bulkgen
+  for on in 0 1 0 1; do
+    BULKGEN_FP8_SILU_GEMM=$on bench blog 120 --workloads blog --engines bulkgen-fp8
+  done
+  for on in 0 1; do
+    BULKGEN_FP8_SILU_GEMM=$on bench bulk 150 --workloads bulk --engines bulkgen-fp8 --num-prompts 512
   done
 fi
 if want eager; then

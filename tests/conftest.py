@@ -179,3 +179,29 @@ def attention_compile_check() -> str:
     )
     assert done.returncode == 0, done.stderr
     return done.stdout
+
+
+@pytest.fixture
+def table(tmp_path, monkeypatch):
+    """Point the FP8 GEMM dispatch (fp8_gemm_table.py) at a table written by the test (None: no
+    table file at all). Imported here, not at the top: a test file sets TRITON_INTERPRET first."""
+    import json
+
+    from bulkgen.model import fp8_gemm_table
+
+    def clear() -> None:
+        fp8_gemm_table.measured_choices.cache_clear()
+        fp8_gemm_table.gemm_choice.cache_clear()
+        fp8_gemm_table.tile_counters_needed.cache_clear()
+
+    def write(shapes: dict | None) -> None:
+        path = tmp_path / "fp8_gemm_table.json"
+        if shapes is None:
+            path.unlink(missing_ok=True)
+        else:
+            path.write_text(json.dumps({"device": "test", "shapes": shapes}))
+        monkeypatch.setattr(fp8_gemm_table, "TABLE_FILE", path)
+        clear()
+
+    yield write
+    clear()

@@ -32,27 +32,6 @@ def _seed():
     torch.manual_seed(0)
 
 
-@pytest.fixture
-def table(tmp_path, monkeypatch):
-    """Point the dispatch at a table written by the test (None: no table file at all)."""
-
-    def write(shapes: dict | None) -> None:
-        path = tmp_path / "fp8_gemm_table.json"
-        if shapes is None:
-            path.unlink(missing_ok=True)
-        else:
-            path.write_text(json.dumps({"device": "test", "shapes": shapes}))
-        monkeypatch.setattr(fp8_gemm_table, "TABLE_FILE", path)
-        fp8_gemm_table.measured_choices.cache_clear()
-        gemm_choice.cache_clear()
-        fp8_gemm_table.tile_counters_needed.cache_clear()
-
-    yield write
-    fp8_gemm_table.measured_choices.cache_clear()
-    gemm_choice.cache_clear()
-    fp8_gemm_table.tile_counters_needed.cache_clear()
-
-
 BUCKETS = [
     {"max_m": 4, "kernel": "m16n64k128s4t"},
     {"max_m": 32, "kernel": SCALED_MM},

@@ -9,10 +9,8 @@ Triton kernel of fp8_gemm.py where the GPU measured it faster (fp8_gemm_table.py
 weight scales also hold the per-tensor scales of checkpoints exactly: fused q/k/v parts each keep
 their own scale, repeated over their rows.
 
-Only the decoder's projections (qkv, o, gate_up, down) become FP8; embeddings and lm_head stay in
-the model dtype. Everything here is shape-driven (no host reads of tensor data), so the decode
-CUDA graphs capture it.
-"""
+Only the decoder's projections (qkv, o, gate_up, down) become FP8; embeddings and lm_head stay.
+Everything here is shape-driven (no host reads of tensor data): the CUDA graphs capture it."""
 
 from __future__ import annotations
 
@@ -41,9 +39,10 @@ BF16_ARGMAX_ENV = "BULKGEN_BF16_ARGMAX"  # 1: plain greedy steps skip the float3
 INT8_V_SLOTS_INNER_ENV = "BULKGEN_INT8_V_SLOTS_INNER"  # 0: int8 values in rows (kv_layout.py)
 INT8_F16_ASM_ENV = "BULKGEN_INT8_F16_ASM"  # 0: int8 tiles widened by a cast (triton_kv.int8_to_f16)
 ATTN_FP8_PV_ENV = "BULKGEN_ATTN_FP8_PV"  # 1: an fp8 cache's prefill P @ V in e4m3 (kv_fp8.py)
+SILU_GEMM_ENV = "BULKGEN_FP8_SILU_GEMM"  # 1: gate_up's GEMM computes the SiLU (fp8_gemm_silu.py)
 KERNEL_SWITCHES = (PDL_ENV, SILU_FORM_ENV, HW_ROUNDING_ENV, PREFILL_F16_ENV, BLAS_ENV)
 KERNEL_SWITCHES += (BF16_ARGMAX_ENV, ATTN_FP8_PV_ENV, INT8_V_SLOTS_INNER_ENV, INT8_F16_ASM_ENV)
-KERNEL_SWITCHES += ("BULKGEN_FP8_GEMM_TABLE",)  # another GEMM table's path (fp8_gemm_table.py)
+KERNEL_SWITCHES += (SILU_GEMM_ENV, "BULKGEN_FP8_GEMM_TABLE")  # and another GEMM table's path
 BLAS_LIBRARIES = ("cublas", "cublaslt")
 # cuBLASLt picks its kernels by other heuristics than cuBLAS (torch's default): on the H200 at
 # 161440a (one call, bf16) blog ran 5,233 tok/s through cuBLASLt against 5,071 through cuBLAS
@@ -68,7 +67,8 @@ def blas_library(device: torch.device) -> str | None:
 def apply_switches(device: torch.device) -> None:
     """At model load, each process: the on/off switches' values checked (a bad one fails the
     load in one line, not a step mid-run) and BULKGEN_BLAS's library set (blas_library)."""
-    for name in (HW_ROUNDING_ENV, PREFILL_F16_ENV, BF16_ARGMAX_ENV, ATTN_FP8_PV_ENV):
+    on_off = (HW_ROUNDING_ENV, PREFILL_F16_ENV, BF16_ARGMAX_ENV, ATTN_FP8_PV_ENV, SILU_GEMM_ENV)
+    for name in on_off:
         switch(name, False)
     blas_library(device)
 

@@ -25,6 +25,7 @@ import triton.language as tl
 
 from bulkgen.model import pdl
 from bulkgen.model.fp8 import FP8, SILU_FORM_ENV, Fp8Activation
+from bulkgen.model.fp8_gemm_silu import gate_up_silu
 from bulkgen.model.fp8_kernels import hw_rounding, quantize_rows, quantize_value, row_scale
 from bulkgen.model.fp8_silu_split import silu_split
 from bulkgen.model.fused import NORM_TILE, residual_for, silu_and_mul, silu_times_up
@@ -260,5 +261,6 @@ def fp8_ops(base: SimpleNamespace) -> SimpleNamespace:
         rms_norm=rms_norm_fp8,
         add_rms_norm=add_rms_norm_fp8,
         silu_and_mul=silu_and_mul_fp8,
+        gate_up_silu=gate_up_silu,  # both, fused into gate_up's GEMM where enabled (llama.MLP)
         rotary=base.rotary,
     )

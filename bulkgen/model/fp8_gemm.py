@@ -62,6 +62,21 @@ def _dot(acc, a, b, DOT: tl.constexpr, FAST_ACCUM: tl.constexpr):
         return tl.dot(a.to(tl.float16), b.to(tl.float16), acc)
 
 
+@triton.jit
+def tile_product(acc, x_rows, w_rows, k, row_ok, k_ok, SWAP_AB: tl.constexpr, DOT: tl.constexpr,
+                 FAST_ACCUM: tl.constexpr):  # fmt: skip
+    """acc plus one K tile's product: the rows at x_rows times the weight rows at w_rows, over
+    the K positions k (acc [BLOCK_N, BLOCK_M] when SWAP_AB, else [BLOCK_M, BLOCK_N])."""
+    if SWAP_AB:
+        w = tl.load(w_rows[:, None] + k[None, :], mask=k_ok[None, :], other=0.0)
+        x = tl.load(x_rows[None, :] + k[:, None], mask=row_ok[None, :] & k_ok[:, None], other=0.0)
+        return _dot(acc, w, x, DOT, FAST_ACCUM)
+    else:
+        x = tl.load(x_rows[:, None] + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        w = tl.load(w_rows[None, :] + k[:, None], mask=k_ok[:, None], other=0.0)
+        return _dot(acc, x, w, DOT, FAST_ACCUM)
+
+
 # M is not specialised: a CUDA-graph bucket's row count never compiles another variant.
 @triton.jit(do_not_specialize=["M"])
 def _fp8_gemm_kernel(
@@ -121,18 +136,7 @@ def _fp8_gemm_kernel(
             k_ok = k >= 0
         else:  # zeros past K add exact zeros
             k_ok = k < K
-        if SWAP_AB:
-            w = tl.load(w_rows[:, None] + k[None, :], mask=k_ok[None, :], other=0.0)
-            x = tl.load(
-                x_rows[None, :] + k[:, None], mask=row_ok[None, :] & k_ok[:, None], other=0.0
-            )
-            acc = _dot(acc, w, x, DOT, FAST_ACCUM)
-        else:
-            x = tl.load(
-                x_rows[:, None] + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0
-            )
-            w = tl.load(w_rows[None, :] + k[:, None], mask=k_ok[:, None], other=0.0)
-            acc = _dot(acc, x, w, DOT, FAST_ACCUM)
+        acc = tile_product(acc, x_rows, w_rows, k, row_ok, k_ok, SWAP_AB, DOT, FAST_ACCUM)
     if SWAP_AB:
         acc = tl.trans(acc)
     finish_tile(acc, rows, cols, row_ok, M, N, stride_om, x_scale_ptr, w_scale_ptr, out_ptr,

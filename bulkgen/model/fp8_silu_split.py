@@ -56,20 +56,21 @@ def _silu_quantize_kernel(
     scale_ptr,
     I,
     stride_row,
+    parts,  # absmax values a row (the first launch's chunks, or fp8_gemm_silu.py's N tiles)
     BLOCK: tl.constexpr,
-    CHUNKS: tl.constexpr,  # a power of two >= the launch's chunks per row
+    CHUNKS: tl.constexpr,  # a power of two >= parts
     LIBDEVICE_EXP: tl.constexpr,
     STASH: tl.constexpr,  # read the values _silu_absmax_kernel stored instead of recomputing
     PDL: tl.constexpr,
     HW_ROUND: tl.constexpr,  # fp8_kernels.HW_ROUNDING
 ):
-    """One chunk of a row quantized by the row's scale, from the chunks' absmax (the max of
+    """One chunk of a row quantized by the row's scale, from the parts' absmax (the max of
     maxima: the row's absmax exactly, so the same scale and bits as one pass)."""
     if PDL:
         pdl_launch_dependents()
-    row, chunk, chunks = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.num_programs(1)
-    parts = tl.arange(0, CHUNKS)
-    absmax = tl.load(absmax_ptr + row * chunks + parts, mask=parts < chunks, other=0.0)
+    row, chunk = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    part = tl.arange(0, CHUNKS)
+    absmax = tl.load(absmax_ptr + row * parts + part, mask=part < parts, other=0.0)
     scale = row_scale(tl.max(absmax, axis=0))
     cols = chunk * BLOCK + tl.arange(0, BLOCK)
     if STASH:
@@ -96,6 +97,23 @@ def silu_split(
     _silu_absmax_kernel[(T, chunks)](
         gate_up, absmax, kept, I, stride, BLOCK=SPLIT_BLOCK, LIBDEVICE_EXP=exp, STASH=stash
     )
+    _quantize(gate_up, absmax, kept, q, scale, stash)
+
+
+def quantize_stashed(
+    values: torch.Tensor, absmax: torch.Tensor, q: torch.Tensor, scale: torch.Tensor
+):
+    """values [T, I] (16-bit, exact) into fp8 q [T, I] and scales [T, 1] by the rows' absmax,
+    the max of absmax [T, parts]: the stash form's second launch, for values and maxima another
+    kernel wrote (fp8_gemm_silu.py)."""
+    _quantize(values, absmax, values, q, scale, True)
+
+
+def _quantize(gate_up, absmax, kept, q, scale, stash: bool) -> None:
+    """The second launch: (rows, SPLIT_BLOCK chunks) programs quantizing kept values (stash) or
+    silu(gate) * up of gate_up computed again."""
+    T, I = q.shape
+    chunks, parts = triton.cdiv(I, SPLIT_BLOCK), absmax.shape[1]
     _silu_quantize_kernel[(T, chunks)](
         gate_up,
         absmax,
@@ -103,10 +121,11 @@ def silu_split(
         q,
         scale,
         I,
-        stride,
+        gate_up.stride(0),
+        parts,
         BLOCK=SPLIT_BLOCK,
-        CHUNKS=triton.next_power_of_2(chunks),
-        LIBDEVICE_EXP=exp,
+        CHUNKS=triton.next_power_of_2(parts),
+        LIBDEVICE_EXP=gate_up.is_cuda,
         STASH=stash,
         PDL=pdl.enabled(gate_up.device),
         HW_ROUND=hw_rounding(gate_up.device),

@@ -74,13 +74,19 @@ def silu_times_up(row_ptr, cols, I, LIBDEVICE_EXP: tl.constexpr):
     mask = cols < I
     gate = tl.load(row_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(row_ptr + I + cols, mask=mask, other=0.0).to(tl.float32)
+    return silu_mul(gate, up, row_ptr.dtype.element_ty, LIBDEVICE_EXP)
+
+
+@triton.jit
+def silu_mul(gate, up, dtype: tl.constexpr, LIBDEVICE_EXP: tl.constexpr):
+    """silu(gate) * up from float32 values of dtype, rounded to dtype as torch rounds it (in
+    float32); silu_times_up's arithmetic, and fp8_gemm_silu.py's on a GEMM's tile."""
     # torch's silu is x / (1 + expf(-x)) in float32 with an IEEE division; tl.exp and "/" are
     # approximate on the GPU, so use libdevice's expf there (the interpreter has no libdevice).
     if LIBDEVICE_EXP:
         e = libdevice.exp(-gate)
     else:
         e = tl.exp(-gate)
-    dtype = row_ptr.dtype.element_ty
     act = tl.math.div_rn(gate, 1.0 + e).to(dtype).to(tl.float32)
     return (act * up).to(dtype).to(tl.float32)
 
