@@ -63,6 +63,16 @@ def _dot(acc, a, b, DOT: tl.constexpr, FAST_ACCUM: tl.constexpr):
 
 
 @triton.jit
+def k_tile(t, ks, K, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    """K tile t's positions and which of them lie inside K (all where EVEN_K)."""
+    k = t * BLOCK_K + ks
+    if EVEN_K:
+        return k, k >= 0
+    else:  # zeros past K add exact zeros
+        return k, k < K
+
+
+@triton.jit
 def tile_product(acc, x_rows, w_rows, k, row_ok, k_ok, SWAP_AB: tl.constexpr, DOT: tl.constexpr,
                  FAST_ACCUM: tl.constexpr):  # fmt: skip
     """acc plus one K tile's product: the rows at x_rows times the weight rows at w_rows, over
@@ -131,11 +141,7 @@ def _fp8_gemm_kernel(
     else:  # acc[m, n]: rows [BLOCK_M, BLOCK_K] @ weight tile [BLOCK_K, BLOCK_N]
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for t in range(first, last):
-        k = t * BLOCK_K + ks
-        if EVEN_K:
-            k_ok = k >= 0
-        else:  # zeros past K add exact zeros
-            k_ok = k < K
+        k, k_ok = k_tile(t, ks, K, BLOCK_K, EVEN_K)
         acc = tile_product(acc, x_rows, w_rows, k, row_ok, k_ok, SWAP_AB, DOT, FAST_ACCUM)
     if SWAP_AB:
         acc = tl.trans(acc)

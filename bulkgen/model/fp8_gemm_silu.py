@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from bulkgen.model.fp8 import SILU_GEMM_ENV, Fp8Activation, Fp8Linear
-from bulkgen.model.fp8_gemm import Fp8GemmConfig, tile_product
+from bulkgen.model.fp8_gemm import Fp8GemmConfig, k_tile, tile_product
 from bulkgen.model.fused import silu_mul
 
 
@@ -69,11 +69,7 @@ def _gate_up_silu_kernel(
         gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     up = tl.zeros_like(gate)
     for t in range(0, tl.cdiv(K, BLOCK_K)):
-        k = t * BLOCK_K + ks
-        if EVEN_K:
-            k_ok = k >= 0
-        else:  # zeros past K add exact zeros
-            k_ok = k < K
+        k, k_ok = k_tile(t, ks, K, BLOCK_K, EVEN_K)
         gate = tile_product(gate, x_rows, gate_rows, k, row_ok, k_ok, SWAP_AB, DOT, FAST_ACCUM)
         up = tile_product(up, x_rows, up_rows, k, row_ok, k_ok, SWAP_AB, DOT, FAST_ACCUM)
     if SWAP_AB:
