@@ -16,8 +16,9 @@
 #   tune16: the same for a 16-bit cache (--kv-cache-dtype auto: 24 launches in the rows layout,
 #      stored under "auto"; about 2 minutes);
 #   silu: gate_up's FP8 GEMM with the SiLU in its epilogue (BULKGEN_FP8_SILU_GEMM): its GPU test,
-#      scripts/bench_silu_gemm.py (fused against unfused, 32 layers a graph, 1-128 rows), blog
-#      bf16, blog FP8 off/on twice, bulk FP8 off/on (about 5 minutes);
+#      scripts/bench_silu_gemm.py (fused against unfused, 32 layers a graph, 1-128 rows), its
+#      --tune --write-table (the table's "silu"), blog bf16, blog FP8 off/on twice, bulk FP8
+#      off/on (about 7 minutes);
 #   mm32: the FP8 GEMM table re-timed at MM_ROWS (16,32,64) and merged (--merge), then blog
 #      bf16 and FP8 with the table before and after, alternating (about 5 minutes);
 #   mm: scripts/tune_fp8_mm.py --write-table (cuBLASLt or the Triton FP8 GEMM per shape and
@@ -209,6 +210,11 @@ if want silu; then  # gate_up's GEMM with the SiLU in its epilogue (BULKGEN_FP8_
   { tail -3 "$WORK/tests/gpu_tests.log"; grep -E "FAILED|^E " "$WORK/tests/gpu_tests.log" | head; } \
     | tee "$OUT/silu_tests.txt"
   timeout 120 python3 scripts/bench_silu_gemm.py 2>&1 | grep -v -i warn | tee "$OUT/silu_gemm.jsonl"
+  # then every fused launch timed, the fastest per row count into the table's "silu" (the blog
+  # and bulk runs below take it; bring fp8_gemm_table.json back from $OUT to keep it)
+  timeout 240 python3 scripts/bench_silu_gemm.py --tune --write-table 2>&1 | grep -v -i warn \
+    | tee "$OUT/silu_tune.jsonl" | cut -c1-600
+  cp bulkgen/model/fp8_gemm_table.json "$OUT/" 2> /dev/null
   bench blog 120 --workloads blog --engines bulkgen
   for on in 0 1 0 1; do
     BULKGEN_FP8_SILU_GEMM=$on bench blog 120 --workloads blog --engines bulkgen-fp8

@@ -193,13 +193,15 @@ def table(tmp_path, monkeypatch):
         fp8_gemm_table.measured_choices.cache_clear()
         fp8_gemm_table.gemm_choice.cache_clear()
         fp8_gemm_table.tile_counters_needed.cache_clear()
+        fp8_gemm_table.measured_silu.cache_clear()
 
-    def write(shapes: dict | None) -> None:
+    def write(shapes: dict | None, silu: dict | None = None) -> None:
         path = tmp_path / "fp8_gemm_table.json"
         if shapes is None:
             path.unlink(missing_ok=True)
         else:
-            path.write_text(json.dumps({"device": "test", "shapes": shapes}))
+            table = {"device": "test", "shapes": shapes} | ({"silu": silu} if silu else {})
+            path.write_text(json.dumps(table))
         monkeypatch.setattr(fp8_gemm_table, "TABLE_FILE", path)
         clear()
 

@@ -219,3 +219,25 @@ def test_a_model_with_the_fused_silu_computes_what_it_did_without(
     )
     assert torch.equal(logits(model, ids), unfused)
     assert len(launches) == (len(model.model.layers) if on == "1" else 0)
+
+
+def test_the_fused_launch_follows_the_tables_silu_choices_where_measured(table):
+    gemm = [{"max_m": 64, "kernel": "m16n64k128s1t"}]
+    silu = [
+        {"max_m": 8, "kernel": "m16n128k128s1t"},
+        {"max_m": 16, "kernel": "unfused"},
+        {"max_m": 32, "kernel": "m32n64k128s1t"},
+    ]
+    table({"256x64": gemm, "512x64": gemm}, silu={"256x64": silu})
+    assert fused_config(256, 64, 8) == CANDIDATES["m16n128k128s1t"]  # as tuned, not halved
+    assert fused_config(256, 64, 16) is None  # the unfused pair measured faster
+    assert fused_config(256, 64, 32) == CANDIDATES["m32n64k128s1t"]
+    assert fused_config(256, 64, 33) is None  # past the tuned rows
+    assert fused_config(512, 64, 33) == CANDIDATES["m16n64k128s1t"]  # not tuned: derived
+
+
+@pytest.mark.parametrize("kernel", ["m16n64k256s2tf", "m16n64k128s1td", "nonesuch"])
+def test_a_silu_choice_the_fused_kernel_cannot_run_is_refused(table, kernel):
+    table({}, silu={"256x64": [{"max_m": 8, "kernel": kernel}]})
+    with pytest.raises(ValueError, match="bench_silu_gemm.py --tune"):
+        fused_config(256, 64, 8)

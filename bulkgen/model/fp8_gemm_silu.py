@@ -95,10 +95,14 @@ def enabled() -> bool:
 
 
 def fused_config(n: int, k: int, m: int) -> Fp8GemmConfig | None:
-    """The launch gate_up_silu takes for a gate_up weight [n, k] at m rows, from the table's
-    choice for the unfused GEMM (module docstring); None: no fused launch there."""
-    from bulkgen.model.fp8_gemm_table import gemm_choice
+    """The launch gate_up_silu takes for a gate_up weight [n, k] at m rows: as the table's
+    "silu" measured (scripts/bench_silu_gemm.py --tune) where it has the shape, else from the
+    table's choice for the unfused GEMM (module docstring); None: no fused launch there."""
+    from bulkgen.model.fp8_gemm_table import CANDIDATES, gemm_choice, measured_silu
 
+    tuned = measured_silu().get(f"{n}x{k}")
+    if tuned is not None:  # UNFUSED, or past the measured rows: None
+        return CANDIDATES.get(next((b["kernel"] for b in tuned if m <= b["max_m"]), ""))
     config = gemm_choice(n, k, m)
     if config is None or config.split_k > 1 or config.dot != "fp8":
         return None

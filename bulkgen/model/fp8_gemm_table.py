@@ -58,6 +58,29 @@ def measured_choices() -> dict[str, list[dict]]:
     return shapes
 
 
+UNFUSED = "unfused"  # the table's "silu" name for: gate_up's GEMM and the SiLU run apart
+
+
+@functools.cache
+def measured_silu() -> dict[str, list[dict]]:
+    """{"NxK": [{"max_m": int, "kernel": name or UNFUSED}, ...]}: the launches of gate_up's GEMM
+    with the SiLU in its epilogue (fp8_gemm_silu.py) that scripts/bench_silu_gemm.py --tune
+    measured fastest, from the table's "silu" ({} without)."""
+    try:
+        silu = json.loads(table_path().read_text()).get("silu", {})
+    except FileNotFoundError:
+        return {}
+    for shape, buckets in silu.items():
+        for bucket in buckets:
+            config = CANDIDATES.get(bucket["kernel"])
+            if bucket["kernel"] != UNFUSED and (config is None or config.split_k > 1 or config.tma):
+                raise ValueError(
+                    f"{table_path()} names {bucket['kernel']!r} for {shape}'s fused SiLU, not a "
+                    "pointer launch without K splits: rerun scripts/bench_silu_gemm.py --tune"
+                )
+    return silu
+
+
 @functools.cache
 def gemm_choice(n: int, k: int, m: int) -> Fp8GemmConfig | None:
     """The Triton launch measured fastest for a weight [n, k] at m rows, or None: _scaled_mm."""
