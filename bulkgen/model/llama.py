@@ -142,10 +142,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if hasattr(self.ops, "gate_up_silu"):  # FP8 ops (fp8_fused.fp8_ops): maybe one launch
-            h = self.ops.gate_up_silu(self.gate_up_proj, x)
-        else:
-            h = self.ops.silu_and_mul(self.gate_up_proj(x))
+        h = self.ops.gate_up_silu(self.gate_up_proj, x)  # FP8 ops may make it one GEMM
         return self.tp.all_reduce(self.down_proj(h))
 
 
