@@ -15,10 +15,11 @@
 #      with the prefetching ones, about 3 minutes; both layouts 60, about 5);
 #   tune16: the same for a 16-bit cache (--kv-cache-dtype auto: 24 launches in the rows layout,
 #      stored under "auto"; about 2 minutes);
-#   silu: gate_up's FP8 GEMM with the SiLU in its epilogue (BULKGEN_FP8_SILU_GEMM): its GPU test,
-#      scripts/bench_silu_gemm.py (fused against unfused, 32 layers a graph, 1-128 rows), its
-#      --tune --write-table (the table's "silu"), blog bf16, blog FP8 off/on twice, bulk FP8
-#      off/on (about 7 minutes);
+#   silu: two experiments dropping a launch a layer at few rows (BULKGEN_FP8_SILU_GEMM: the SiLU
+#      in gate_up's GEMM; BULKGEN_FP8_ATTN_ROWS: the decode merge writes o_proj's FP8 rows):
+#      their GPU tests, bench_silu_gemm.py, blog bf16, blog FP8 with neither/each/both twice,
+#      bulk FP8 with neither and both (about 6 minutes); silutune: the fused launches tuned into
+#      the table's "silu", then blog FP8 off/on (about 4 minutes);
 #   mm32: the FP8 GEMM table re-timed at MM_ROWS (16,32,64) and merged (--merge), then blog
 #      bf16 and FP8 with the table before and after, alternating (about 5 minutes);
 #   mm: scripts/tune_fp8_mm.py --write-table (cuBLASLt or the Triton FP8 GEMM per shape and
@@ -202,26 +203,36 @@ if want mm32; then  # the FP8 GEMM table re-timed at 16-64 rows with the 32-row 
     BULKGEN_FP8_GEMM_TABLE=$table bench blog 120 --workloads blog --engines bulkgen-fp8
   done
 fi
-if want silu; then  # gate_up's GEMM with the SiLU in its epilogue (BULKGEN_FP8_SILU_GEMM=1,
-  # fp8_gemm_silu.py; built 2026-12-03 without a GPU): its GPU test, then blog FP8 off/on twice and
-  # bulk FP8 off/on (each line's "env" says which; about 4 minutes)
-  OUT=$WORK/tests TESTS=1 BENCH=0 PYTEST_ARGS="tests/test_fp8_gemm_silu.py" timeout 150 \
-    scripts/gpu_check.sh > /dev/null 2>&1
+if want silu; then  # two experiments that each drop a launch a layer at few rows, built
+  # 2026-12-03 without a GPU: gate_up's GEMM with the SiLU in its epilogue (BULKGEN_FP8_SILU_GEMM,
+  # fp8_gemm_silu.py) and the split decode's merge writing o_proj's FP8 rows
+  # (BULKGEN_FP8_ATTN_ROWS, decode_merge.py): their GPU tests, the fused GEMM against the pair
+  # (bench_silu_gemm.py), then blog bf16 and blog FP8 with neither, each and both, twice, and
+  # bulk FP8 with neither and both (each line's "env" says which; about 6 minutes)
+  OUT=$WORK/tests TESTS=1 BENCH=0 PYTEST_ARGS="tests/test_fp8_gemm_silu.py tests/test_fp8_attn_rows.py" \
+    timeout 150 scripts/gpu_check.sh > /dev/null 2>&1
   { tail -3 "$WORK/tests/gpu_tests.log"; grep -E "FAILED|^E " "$WORK/tests/gpu_tests.log" | head; } \
     | tee "$OUT/silu_tests.txt"
   timeout 120 python3 scripts/bench_silu_gemm.py 2>&1 | grep -v -i warn | tee "$OUT/silu_gemm.jsonl"
-  # then every fused launch timed, the fastest per row count into the table's "silu" (the blog
-  # and bulk runs below take it; bring fp8_gemm_table.json back from $OUT to keep it)
+  bench blog 120 --workloads blog --engines bulkgen
+  for pass in 1 2; do
+    for pair in 0:0 1:0 0:1 1:1; do
+      BULKGEN_FP8_SILU_GEMM=${pair%:*} BULKGEN_FP8_ATTN_ROWS=${pair#*:} bench blog 120 \
+        --workloads blog --engines bulkgen-fp8
+    done
+  done
+  for on in 0 1; do
+    BULKGEN_FP8_SILU_GEMM=$on BULKGEN_FP8_ATTN_ROWS=$on bench bulk 150 --workloads bulk \
+      --engines bulkgen-fp8 --num-prompts 512
+  done
+fi
+if want silutune; then  # every fused gate_up + SiLU launch timed, the fastest per row count into
+  # the table's "silu" (bench_silu_gemm.py --tune --write-table; bring fp8_gemm_table.json back
+  # from $OUT to keep it), then blog FP8 with the fused SiLU off/on (about 4 minutes)
   timeout 240 python3 scripts/bench_silu_gemm.py --tune --write-table 2>&1 | grep -v -i warn \
     | tee "$OUT/silu_tune.jsonl" | cut -c1-600
   cp bulkgen/model/fp8_gemm_table.json "$OUT/" 2> /dev/null
-  bench blog 120 --workloads blog --engines bulkgen
-  for on in 0 1 0 1; do
-    BULKGEN_FP8_SILU_GEMM=$on bench blog 120 --workloads blog --engines bulkgen-fp8
-  done
-  for on in 0 1; do
-    BULKGEN_FP8_SILU_GEMM=$on bench bulk 150 --workloads bulk --engines bulkgen-fp8 --num-prompts 512
-  done
+  for on in 0 1; do BULKGEN_FP8_SILU_GEMM=$on bench blog 120 --workloads blog --engines bulkgen-fp8; done
 fi
 if want eager; then
   for opts in "" --fp8 --mixed-graphs "--fp8 --mixed-graphs"; do

@@ -40,15 +40,16 @@ INT8_V_SLOTS_INNER_ENV = "BULKGEN_INT8_V_SLOTS_INNER"  # 0: int8 values in rows 
 INT8_F16_ASM_ENV = "BULKGEN_INT8_F16_ASM"  # 0: int8 tiles widened by a cast (triton_kv.int8_to_f16)
 ATTN_FP8_PV_ENV = "BULKGEN_ATTN_FP8_PV"  # 1: an fp8 cache's prefill P @ V in e4m3 (kv_fp8.py)
 SILU_GEMM_ENV = "BULKGEN_FP8_SILU_GEMM"  # 1: gate_up's GEMM computes the SiLU (fp8_gemm_silu.py)
+ATTN_ROWS_ENV = "BULKGEN_FP8_ATTN_ROWS"  # 1: the decode merge writes o_proj's FP8 rows (llama.py)
 KERNEL_SWITCHES = (PDL_ENV, SILU_FORM_ENV, HW_ROUNDING_ENV, PREFILL_F16_ENV, BLAS_ENV)
 KERNEL_SWITCHES += (BF16_ARGMAX_ENV, ATTN_FP8_PV_ENV, INT8_V_SLOTS_INNER_ENV, INT8_F16_ASM_ENV)
-KERNEL_SWITCHES += (SILU_GEMM_ENV, "BULKGEN_FP8_GEMM_TABLE")  # and another GEMM table's path
+KERNEL_SWITCHES += (SILU_GEMM_ENV, ATTN_ROWS_ENV, "BULKGEN_FP8_GEMM_TABLE")  # and a table's path
+ON_OFF = (HW_ROUNDING_ENV, PREFILL_F16_ENV, BF16_ARGMAX_ENV, ATTN_FP8_PV_ENV, SILU_GEMM_ENV)
 BLAS_LIBRARIES = ("cublas", "cublaslt")
 # cuBLASLt picks its kernels by other heuristics than cuBLAS (torch's default): on the H200 at
-# 161440a (one call, bf16) blog ran 5,233 tok/s through cuBLASLt against 5,071 through cuBLAS
-# (decode steps 6.01 against 6.20 ms), bulk 11,220 against 11,151; through cuBLAS the decode
-# graphs of 416 and 448 rows were slower than at 480 (graph_buckets_replaced), through cuBLASLt
-# only 448's.
+# 161440a (one call, bf16) blog ran 5,233 tok/s through cuBLASLt, 5,071 through cuBLAS (decode
+# steps 6.01 vs 6.20 ms), bulk 11,220 vs 11,151; through cuBLAS the decode graphs of 416 and 448
+# rows were slower than at 480 (graph_buckets_replaced), through cuBLASLt only 448's.
 DEFAULT_BLAS = "cublaslt"
 
 
@@ -67,8 +68,7 @@ def blas_library(device: torch.device) -> str | None:
 def apply_switches(device: torch.device) -> None:
     """At model load, each process: the on/off switches' values checked (a bad one fails the
     load in one line, not a step mid-run) and BULKGEN_BLAS's library set (blas_library)."""
-    on_off = (HW_ROUNDING_ENV, PREFILL_F16_ENV, BF16_ARGMAX_ENV, ATTN_FP8_PV_ENV, SILU_GEMM_ENV)
-    for name in on_off:
+    for name in (*ON_OFF, ATTN_ROWS_ENV):
         switch(name, False)
     blas_library(device)
 

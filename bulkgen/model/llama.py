@@ -12,6 +12,7 @@ Under tensor parallelism (parallel_layers.py) cfg is one rank's narrower shape (
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 from types import SimpleNamespace
 
@@ -127,10 +128,27 @@ class Attention(nn.Module):
         k_cache, v_cache, *scales = kv
         k_scale, v_scale = scales if scales else (self.k_scale, self.v_scale)
         args = (q, k_cache, v_cache, meta, self.scale, k_scale, v_scale)
+        if out is None and self.fp8_rows():  # a decode step's output may come as FP8 rows
+            return self.backend.attend_fp8_rows(*args)
         return self.backend.attend(*args, out=out)
 
-    def project(self, o: torch.Tensor) -> torch.Tensor:
-        return self.tp.all_reduce(self.o_proj(o.reshape(-1, self.cfg.q_size)))
+    def fp8_rows(self) -> bool:
+        """Whether attention may hand o_proj its input as FP8 rows (BULKGEN_FP8_ATTN_ROWS=1, an
+        experiment): o_proj quantizes its input per row itself, and the backend can."""
+        from bulkgen.model.fp8 import ATTN_ROWS_ENV, Fp8Linear
+
+        o_proj, backend = self.o_proj, self.backend
+        if os.environ.get(ATTN_ROWS_ENV) != "1" or backend.attend_fp8_rows is None:
+            return False
+        dynamic = isinstance(o_proj, Fp8Linear) and o_proj.input_scale is None
+        return dynamic and o_proj.bias is None and o_proj.use_scaled_mm
+
+    def project(self, o) -> torch.Tensor:
+        """o_proj of the attention output [T, heads, head_dim], or of its FP8 rows."""
+        from bulkgen.model.fp8 import Fp8Activation
+
+        rows = o if isinstance(o, Fp8Activation) else o.reshape(-1, self.cfg.q_size)
+        return self.tp.all_reduce(self.o_proj(rows))
 
 
 class MLP(nn.Module):

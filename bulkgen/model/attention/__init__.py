@@ -36,6 +36,9 @@ class AttentionBackend:
     # q_out=None) -> the rotated (q, k): fused_rotary's rotary and write_kv in one launch
     # (rotary_write.py), where the model's rotary is fused_rotary's (CUDA); None: the two apart.
     rotary_write_kv: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
+    # attend's arguments (no out) -> the output, or a decode step's as FP8 rows for an FP8
+    # o_proj where the merge can write them (triton_backend.attend_fp8_rows); None: never.
+    attend_fp8_rows: Callable[..., object] | None = None
 
     def metadata(
         self,
@@ -94,7 +97,8 @@ def get_backend(name: str, device: torch.device, batch_invariant: bool = False) 
         fused = None
         if device.type == "cuda" and not batch_invariant and rotary_write.ENABLED:
             fused = rotary_write.rotary_write_kv
+        rows = None if batch_invariant else m.attend_fp8_rows
         return AttentionBackend(
-            name + suffix, True, m.write_kv, m.paged_attention, slots_inner, fused
+            name + suffix, True, m.write_kv, m.paged_attention, slots_inner, fused, rows
         )
     raise ValueError(f"attention backend {name!r} is not one of auto, torch, triton")

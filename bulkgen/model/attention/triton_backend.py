@@ -103,6 +103,25 @@ def paged_attention(
     return out if out is not None else prefill
 
 
+def attend_fp8_rows(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttnMetadata,
+    scale: float,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+):
+    """paged_attention, but a decode-only step whose contexts are split returns its output as
+    FP8 rows for an FP8 o_proj (triton_decode.paged_decode's fp8_rows: an Fp8Activation)."""
+    if not meta.decode_only:
+        return paged_attention(q, k_cache, v_cache, meta, scale, k_scale, v_scale)
+    args = (q, k_cache, v_cache, meta.seq_lens, meta.block_tables, scale)
+    return paged_decode(
+        *args, k_scale=k_scale, v_scale=v_scale, partners=meta.kv_partners, fp8_rows=True
+    )
+
+
 def prefill_part(meta: AttnMetadata, split: int) -> tuple[torch.Tensor, ...]:
     """query_start_loc, seq_lens and block_tables of the sequences after the first `split` (the
     decoding rows are the first `split` tokens: the rest start where they end). Copies, not

@@ -43,7 +43,7 @@ import torch
 import triton
 import triton.language as tl
 
-from bulkgen.model.attention.decode_merge import merge_splits
+from bulkgen.model.attention.decode_merge import merge_splits, merge_splits_to_fp8
 from bulkgen.model.attention.decode_tile import decode_tile
 from bulkgen.model.attention.decode_tiling import DecodeLaunch, decode_launch, num_kv_splits
 from bulkgen.model.attention.kv_fp8 import is_fp8
@@ -204,12 +204,15 @@ def paged_decode(
     v_scale: float | torch.Tensor = 1.0,
     out: torch.Tensor | None = None,
     partners: torch.Tensor | None = None,
-) -> torch.Tensor:
+    fp8_rows: bool = False,
+):
     """Attention of one query row per sequence, q [B, Hq, D], over its cached context.
 
     num_splits and launch override the tuned choices (for benchmarks); k_scale/v_scale
     dequantize an fp8 cache (floats) or an int8 one (scale tensors); out: where to write;
-    partners: an fp8 cache's first-block partners (kv_pairs.py)."""
+    partners: an fp8 cache's first-block partners (kv_pairs.py). fp8_rows: where the context
+    is split, the merge writes FP8 rows [B, Hq * D] for an FP8 o_proj instead (an Fp8Activation,
+    decode_merge.merge_splits_to_fp8); unsplit, the output as always."""
     batch, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     check_cache(k_cache, v_cache, head_dim)
@@ -273,6 +276,10 @@ def paged_decode(
         **({"num_stages": launch.num_stages} if launch.num_stages else {}),
         **pairs_registers(pairs, launch.num_warps, q.device),
     )
+    if num_splits > 1 and fp8_rows:
+        from bulkgen.model.fp8 import Fp8Activation
+
+        return Fp8Activation(*merge_splits_to_fp8(part_out, part_lse, q.dtype))
     if num_splits > 1:
         merge_splits(part_out, part_lse, out)
     return out
