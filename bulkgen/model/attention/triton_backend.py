@@ -15,6 +15,8 @@ Neither reads host lists nor syncs with the device.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from bulkgen.model.attention.metadata import AttnMetadata
@@ -42,9 +44,11 @@ def paged_attention(
     k_scale: float = 1.0,
     v_scale: float = 1.0,
     out: torch.Tensor | None = None,
+    fp8_rows: bool = False,
 ) -> torch.Tensor:
     """Causal attention of q [T, Hq, D] over each sequence's cached context; returns [T, Hq, D]
-    (written into `out` when given: the static buffer of engine/mixed_graphs.py's pieces).
+    (written into `out` when given: the static buffer of engine/mixed_graphs.py's pieces), or
+    with fp8_rows a split decode step's FP8 rows (attend_fp8_rows below).
 
     The cache must already hold this step's keys and values (write_kv runs first); k_scale and
     v_scale dequantize an fp8 cache, meta.kv_partners its paired first blocks (kv_pairs.py).
@@ -62,6 +66,7 @@ def paged_attention(
             v_scale=v_scale,
             out=out,
             partners=meta.kv_partners,
+            fp8_rows=fp8_rows,
         )
     split = meta.num_decode_prefix
     if SPLIT_MIXED_MIN_ROWS is None or split < SPLIT_MIXED_MIN_ROWS:
@@ -103,23 +108,9 @@ def paged_attention(
     return out if out is not None else prefill
 
 
-def attend_fp8_rows(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    meta: AttnMetadata,
-    scale: float,
-    k_scale: float = 1.0,
-    v_scale: float = 1.0,
-):
-    """paged_attention, but a decode-only step whose contexts are split returns its output as
-    FP8 rows for an FP8 o_proj (triton_decode.paged_decode's fp8_rows: an Fp8Activation)."""
-    if not meta.decode_only:
-        return paged_attention(q, k_cache, v_cache, meta, scale, k_scale, v_scale)
-    args = (q, k_cache, v_cache, meta.seq_lens, meta.block_tables, scale)
-    return paged_decode(
-        *args, k_scale=k_scale, v_scale=v_scale, partners=meta.kv_partners, fp8_rows=True
-    )
+# The backend's attend_fp8_rows: a decode-only step whose contexts are split returns its output
+# as FP8 rows for an FP8 o_proj (triton_decode.paged_decode's fp8_rows: an Fp8Activation).
+attend_fp8_rows = functools.partial(paged_attention, fp8_rows=True)
 
 
 def prefill_part(meta: AttnMetadata, split: int) -> tuple[torch.Tensor, ...]:
