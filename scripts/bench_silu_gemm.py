@@ -31,7 +31,7 @@ from bench_commit import git_commit
 from bulkgen.model.fp8 import Fp8Activation, quantize_rows_reference, quantize_weight
 from bulkgen.model.fp8_fused import silu_and_mul_fp8
 from bulkgen.model.fp8_gemm import fp8_gemm
-from bulkgen.model.fp8_gemm_silu import fused_config, gate_up_silu_rows
+from bulkgen.model.fp8_gemm_silu import fused_config, fused_rows
 from bulkgen.model.fp8_gemm_table import (
     TABLE_FILE,
     UNFUSED,
@@ -39,7 +39,6 @@ from bulkgen.model.fp8_gemm_table import (
     fp8_matmul,
     tile_counters_needed,
 )
-from bulkgen.model.fp8_silu_split import quantize_stashed
 
 N, K, LAYERS = 28672, 4096, 32
 
@@ -50,11 +49,7 @@ def unfused(x: Fp8Activation, weight, counters) -> Fp8Activation:
 
 
 def fused(x: Fp8Activation, weight, config) -> Fp8Activation:
-    h, absmax = gate_up_silu_rows(x, *weight, config, fast_accum=True)
-    q = torch.empty(h.shape, dtype=x.q.dtype, device=h.device)
-    out = Fp8Activation(q, torch.empty((h.shape[0], 1), device=h.device))
-    quantize_stashed(h, absmax, out.q, out.scale)
-    return out
+    return fused_rows(x, *weight, config, fast_accum=True)
 
 
 def same_bits(x: Fp8Activation, weight, config) -> bool:

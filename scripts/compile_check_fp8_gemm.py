@@ -172,12 +172,10 @@ def silu_ptx(cfg: Fp8GemmConfig) -> str:
 
 def check_silu(names: list[str]) -> None:
     """--silu NAME...: the fused launch fp8_gemm_silu.fused_config derives from each candidate."""
-    import dataclasses
+    from bulkgen.model.fp8_gemm_silu import fused_launch
 
     for name in names:
-        cfg = CANDIDATES[name]
-        block_n = cfg.block_n // 2 if cfg.block_n >= 128 else cfg.block_n
-        cfg = dataclasses.replace(cfg, block_n=block_n, tma=False, fixup=False)
+        cfg = fused_launch(CANDIDATES[name])
         ptx = silu_ptx(cfg)
         fused = f"m{cfg.block_m}n{cfg.block_n}k{cfg.block_k}s1" + "t" * cfg.swap_ab
         local = len(re.findall(r"\bld\.local\b", ptx))

@@ -35,7 +35,13 @@ from bench_fp8_mm import LAYERS, projections
 
 from bulkgen.model.fp8 import quantize_rows_reference, quantize_weight
 from bulkgen.model.fp8_gemm import CANDIDATES, fp8_gemm, tile_counters_for
-from bulkgen.model.fp8_gemm_table import SCALED_MM, TABLE_FILE, merged_shapes, table_from_timings
+from bulkgen.model.fp8_gemm_table import (
+    SCALED_MM,
+    TABLE_FILE,
+    fastest,
+    merged_shapes,
+    table_from_timings,
+)
 
 ROWS = (1, 8, 16, 32, 64, 128, 256, 512, 1024)
 STREAM_BYTES = 256 * 2**20  # weight bytes a graph walks through: five times the H200's L2
@@ -130,30 +136,22 @@ def tune_projection(
     return by_m
 
 
-def commit() -> str:
-    """The commit the files ran at (bench_commit.git_commit: GIT_COMMIT where set, else HEAD, or
-    HEAD-dirty-tree-TREE where the files are not HEAD's, as on a device copy with an older .git:
-    its tune run at 001add3 recorded 5dd88c8, the .git's HEAD)."""
-    return git_commit()
-
-
 def write_table(timings: dict[str, dict[int, dict[str, float]]], base: dict | None = None) -> None:
     """TABLE_FILE from these timings; with base (the table as it was before this run, for
     --merge): base with these (shape, M) choices replaced (merged_shapes), this run recorded
     under "updates" beside the first measurement's commit."""
-    today, shapes = datetime.date.today().isoformat(), table_from_timings(timings)
+    today = datetime.date.today().isoformat()
     how = "scripts/tune_fp8_mm.py --write-table (median of CUDA-graph replays)"
     if base is not None:
         if base.get("fast_accum") != FAST_ACCUM:
             raise SystemExit(f"{TABLE_FILE} was timed with fast_accum {base.get('fast_accum')}")
-        winners = {s: {m: min(us, key=us.get) for m, us in t.items()} for s, t in timings.items()}
-        update = {"commit": commit(), "measured": today, "how": how + " --merge"}
+        update = {"commit": git_commit(), "measured": today, "how": how + " --merge"}
         update["rows"] = {s: sorted(t) for s, t in timings.items()}
-        table = base | {"shapes": merged_shapes(base["shapes"], winners)}
+        table = base | {"shapes": merged_shapes(base["shapes"], fastest(timings))}
         table["updates"] = base.get("updates", []) + [update]
     else:
-        table = {"device": torch.cuda.get_device_name(), "commit": commit(), "measured": today}
-        table |= {"how": how, "fast_accum": FAST_ACCUM, "shapes": shapes}
+        table = {"device": torch.cuda.get_device_name(), "commit": git_commit(), "measured": today}
+        table |= {"how": how, "fast_accum": FAST_ACCUM, "shapes": table_from_timings(timings)}
     TABLE_FILE.write_text(json.dumps(table, indent=1) + "\n")
 
 

@@ -70,7 +70,7 @@ def tuner(monkeypatch, tmp_path):
     base = {"device": "H", "commit": "abc", "measured": "d", "fast_accum": True, "shapes": OLD}
     path.write_text(json.dumps(base))
     monkeypatch.setattr(tune_fp8_mm, "TABLE_FILE", path)
-    monkeypatch.setattr(tune_fp8_mm, "commit", lambda: "new1234")
+    monkeypatch.setattr(tune_fp8_mm, "git_commit", lambda: "new1234")
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "test GPU")
 
     def tune_projection(name, n, k, rows, dev):  # made-up seconds: the m32 launch wins at 32

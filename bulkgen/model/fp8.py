@@ -44,7 +44,6 @@ ATTN_ROWS_ENV = "BULKGEN_FP8_ATTN_ROWS"  # 1: the decode merge writes o_proj's F
 KERNEL_SWITCHES = (PDL_ENV, SILU_FORM_ENV, HW_ROUNDING_ENV, PREFILL_F16_ENV, BLAS_ENV)
 KERNEL_SWITCHES += (BF16_ARGMAX_ENV, ATTN_FP8_PV_ENV, INT8_V_SLOTS_INNER_ENV, INT8_F16_ASM_ENV)
 KERNEL_SWITCHES += (SILU_GEMM_ENV, ATTN_ROWS_ENV, "BULKGEN_FP8_GEMM_TABLE")  # and a table's path
-ON_OFF = (HW_ROUNDING_ENV, PREFILL_F16_ENV, BF16_ARGMAX_ENV, ATTN_FP8_PV_ENV, SILU_GEMM_ENV)
 BLAS_LIBRARIES = ("cublas", "cublaslt")
 # cuBLASLt picks its kernels by other heuristics than cuBLAS (torch's default): on the H200 at
 # 161440a (one call, bf16) blog ran 5,233 tok/s through cuBLASLt, 5,071 through cuBLAS (decode
@@ -68,7 +67,8 @@ def blas_library(device: torch.device) -> str | None:
 def apply_switches(device: torch.device) -> None:
     """At model load, each process: the on/off switches' values checked (a bad one fails the
     load in one line, not a step mid-run) and BULKGEN_BLAS's library set (blas_library)."""
-    for name in (*ON_OFF, ATTN_ROWS_ENV):
+    on_off = (HW_ROUNDING_ENV, PREFILL_F16_ENV, BF16_ARGMAX_ENV, ATTN_FP8_PV_ENV)
+    for name in (*on_off, SILU_GEMM_ENV, ATTN_ROWS_ENV):
         switch(name, False)
     blas_library(device)
 

@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from bulkgen.model.fp8 import SILU_GEMM_ENV, Fp8Activation, Fp8Linear
+from bulkgen.model.fp8 import FP8, SILU_GEMM_ENV, Fp8Activation, Fp8Linear
 from bulkgen.model.fp8_gemm import Fp8GemmConfig, k_tile, tile_product
 from bulkgen.model.fused import silu_mul
 
@@ -106,6 +106,12 @@ def fused_config(n: int, k: int, m: int) -> Fp8GemmConfig | None:
     config = gemm_choice(n, k, m)
     if config is None or config.split_k > 1 or config.dot != "fp8":
         return None
+    return fused_launch(config)
+
+
+def fused_launch(config: Fp8GemmConfig) -> Fp8GemmConfig:
+    """The fused launch of gate_up's unfused one: through pointers, its N tile halved from 128
+    up (each program then reads the same weight bytes per K step: gate and up rows)."""
     block_n = config.block_n // 2 if config.block_n >= 128 else config.block_n
     return dataclasses.replace(config, block_n=block_n, tma=False, fixup=False)
 
@@ -153,7 +159,6 @@ def gate_up_silu(linear: torch.nn.Module, x) -> Fp8Activation:
     give a launch (an Fp8Linear with dynamic scales, no bias, its input rows already in FP8),
     else those two ops as they are."""
     from bulkgen.model.fp8_fused import silu_and_mul_fp8
-    from bulkgen.model.fp8_silu_split import quantize_stashed
 
     config = None
     if enabled() and isinstance(linear, Fp8Linear) and isinstance(x, Fp8Activation):
@@ -161,11 +166,21 @@ def gate_up_silu(linear: torch.nn.Module, x) -> Fp8Activation:
             config = fused_config(linear.out_features, linear.in_features, x.q.shape[0])
     if config is None:
         return silu_and_mul_fp8(linear(x))
-    h, absmax = gate_up_silu_rows(
-        x, linear.weight, linear.weight_scale, config, linear.fast_accum, linear.out_dtype
-    )
+    args = (linear.weight, linear.weight_scale, config, linear.fast_accum, linear.out_dtype)
+    return fused_rows(x, *args)
+
+
+def fused_rows(
+    x: Fp8Activation, weight: torch.Tensor, w_scale: torch.Tensor, config: Fp8GemmConfig,
+    fast_accum: bool = False, out_dtype: torch.dtype = torch.bfloat16,
+) -> Fp8Activation:  # fmt: skip
+    """down's FP8 input rows from gate_up's: gate_up_silu_rows, then the stash form's quantizer
+    (fp8_silu_split.quantize_stashed) over its values and maxima."""
+    from bulkgen.model.fp8_silu_split import quantize_stashed
+
+    h, absmax = gate_up_silu_rows(x, weight, w_scale, config, fast_accum, out_dtype)
     out = Fp8Activation(
-        torch.empty(h.shape, dtype=linear.weight.dtype, device=h.device),
+        torch.empty(h.shape, dtype=FP8, device=h.device),
         torch.empty((h.shape[0], 1), dtype=torch.float32, device=h.device),
     )
     if h.shape[0]:

@@ -140,10 +140,12 @@ def fp8_matmul(
 def table_from_timings(timings: dict[str, dict[int, dict[str, float]]]) -> dict[str, list]:
     """{"NxK": {M: {kernel: seconds}}} -> the table's "shapes": the fastest kernel at each
     measured M, neighbouring Ms with the same winner merged into one bucket."""
-    return {
-        shape: buckets_from_winners({m: min(us, key=us.get) for m, us in by_m.items()})
-        for shape, by_m in timings.items()
-    }
+    return {shape: buckets_from_winners(by_m) for shape, by_m in fastest(timings).items()}
+
+
+def fastest(timings: dict[str, dict[int, dict[str, float]]]) -> dict[str, dict[int, str]]:
+    """{"NxK": {M: {kernel: seconds}}} -> {"NxK": {M: the fastest kernel}}."""
+    return {s: {m: min(us, key=us.get) for m, us in by_m.items()} for s, by_m in timings.items()}
 
 
 def buckets_from_winners(winners: dict[int, str]) -> list[dict]:

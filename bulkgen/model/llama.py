@@ -22,6 +22,7 @@ from torch import nn
 from bulkgen.model.attention import AttentionBackend
 from bulkgen.model.attention.metadata import AttnMetadata
 from bulkgen.model.config import ModelConfig
+from bulkgen.model.fp8 import ATTN_ROWS_ENV, Fp8Activation, Fp8Linear
 from bulkgen.model.parallel_layers import TensorParallel, VocabParallelEmbedding
 
 
@@ -135,18 +136,14 @@ class Attention(nn.Module):
     def fp8_rows(self) -> bool:
         """Whether attention may hand o_proj its input as FP8 rows (BULKGEN_FP8_ATTN_ROWS=1, an
         experiment): o_proj quantizes its input per row itself, and the backend can."""
-        from bulkgen.model.fp8 import ATTN_ROWS_ENV, Fp8Linear
-
         o_proj, backend = self.o_proj, self.backend
         if os.environ.get(ATTN_ROWS_ENV) != "1" or backend.attend_fp8_rows is None:
             return False
         dynamic = isinstance(o_proj, Fp8Linear) and o_proj.input_scale is None
         return dynamic and o_proj.bias is None and o_proj.use_scaled_mm
 
-    def project(self, o) -> torch.Tensor:
+    def project(self, o: torch.Tensor | Fp8Activation) -> torch.Tensor:
         """o_proj of the attention output [T, heads, head_dim], or of its FP8 rows."""
-        from bulkgen.model.fp8 import Fp8Activation
-
         rows = o if isinstance(o, Fp8Activation) else o.reshape(-1, self.cfg.q_size)
         return self.tp.all_reduce(self.o_proj(rows))
 

@@ -14,6 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
+from bulkgen.model.fp8 import FP8
 from bulkgen.model.fp8_kernels import hw_rounding, quantize_value, row_scale
 
 
@@ -105,8 +106,6 @@ def merge_splits_to_fp8(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(FP8 rows [B, Hq * D], their scales [B, 1]) of what merge_splits would write in dtype,
     quantized per row as fp8_kernels.quantize_rows does."""
-    from bulkgen.model.fp8 import FP8
-
     batch, num_q_heads, num_splits, head_dim = part_out.shape
     q = torch.empty((batch, num_q_heads * head_dim), dtype=FP8, device=part_out.device)
     scale = torch.empty((batch, 1), dtype=torch.float32, device=part_out.device)

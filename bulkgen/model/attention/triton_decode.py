@@ -56,6 +56,7 @@ from bulkgen.model.attention.triton_kv import (
     output_for,
 )
 from bulkgen.model.attention.triton_kv_pairs import first_partner, pairs_registers
+from bulkgen.model.fp8 import Fp8Activation
 
 LOG2E = 1.4426950408889634
 
@@ -205,7 +206,7 @@ def paged_decode(
     out: torch.Tensor | None = None,
     partners: torch.Tensor | None = None,
     fp8_rows: bool = False,
-):
+) -> torch.Tensor | Fp8Activation:
     """Attention of one query row per sequence, q [B, Hq, D], over its cached context.
 
     num_splits and launch override the tuned choices (for benchmarks); k_scale/v_scale
@@ -277,8 +278,6 @@ def paged_decode(
         **pairs_registers(pairs, launch.num_warps, q.device),
     )
     if num_splits > 1 and fp8_rows:
-        from bulkgen.model.fp8 import Fp8Activation
-
         return Fp8Activation(*merge_splits_to_fp8(part_out, part_lse, q.dtype))
     if num_splits > 1:
         merge_splits(part_out, part_lse, out)
