@@ -1,6 +1,7 @@
 """The split decode's merge writing o_proj's input as FP8 rows (decode_merge.merge_splits_to_fp8,
-BULKGEN_FP8_ATTN_ROWS=1) gives the rows and scales that merge_splits then quantize_rows give, and
-the model hands them to o_proj only where it quantizes its input per row itself.
+on unless BULKGEN_FP8_ATTN_ROWS=0) gives the rows and scales that merge_splits then
+quantize_rows give, and the model hands them to o_proj only where it quantizes its input per row
+itself.
 
 Without CUDA the kernels run under the Triton interpreter (TRITON_INTERPRET is set before triton
 is imported, hence the import order).
@@ -79,7 +80,7 @@ def test_a_step_with_prefill_attends_as_always():
     assert torch.equal(attend_fp8_rows(q, k, v, meta, 0.125), paged_attention(q, k, v, meta, 0.125))
 
 
-@pytest.mark.parametrize("on", ["0", "1"])
+@pytest.mark.parametrize("on", ["0", "1", None])  # None: unset, the default (on)
 def test_the_model_hands_o_proj_fp8_rows_only_when_switched_on(tiny_model_dir, monkeypatch, on):
     """The tiny FP8 model (torch attention on the CPU) with a backend whose attend_fp8_rows
     returns the output's rows quantized: the same logits, and o_proj given FP8 rows when on."""
@@ -98,9 +99,12 @@ def test_the_model_hands_o_proj_fp8_rows_only_when_switched_on(tiny_model_dir, m
 
     for layer in model.model.layers:
         layer.self_attn.backend = dataclasses.replace(base, attend_fp8_rows=rows)
-    monkeypatch.setenv(ATTN_ROWS_ENV, on)
+    if on is None:
+        monkeypatch.delenv(ATTN_ROWS_ENV, raising=False)
+    else:
+        monkeypatch.setenv(ATTN_ROWS_ENV, on)
     assert torch.equal(logits(model, ids), before)
-    assert len(handed) == (len(model.model.layers) if on == "1" else 0)
+    assert len(handed) == (len(model.model.layers) if on != "0" else 0)
 
 
 @needs_fp8_gpu

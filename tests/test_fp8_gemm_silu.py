@@ -1,6 +1,6 @@
-"""gate_up's FP8 GEMM with the SiLU in its epilogue (fp8_gemm_silu.py, BULKGEN_FP8_SILU_GEMM=1)
-gives down the same FP8 rows and scales as the GEMM followed by silu_and_mul_fp8, runs only where
-the table chose a launch it can take, and compiles for sm_90.
+"""gate_up's FP8 GEMM with the SiLU in its epilogue (fp8_gemm_silu.py, on unless
+BULKGEN_FP8_SILU_GEMM=0) gives down the same FP8 rows and scales as the GEMM followed by
+silu_and_mul_fp8, runs only where the table chose a launch it can take, and compiles for sm_90.
 
 Without CUDA the kernels run under the Triton interpreter (TRITON_INTERPRET is set before triton
 is imported, hence the import order).
@@ -95,15 +95,23 @@ def test_the_fused_launch_follows_the_tables_choice_for_gate_up(table):
     assert fused_config(256, 64, 65) is None  # past the table
 
 
+def set_switch(monkeypatch, value: str | None) -> None:
+    if value is None:
+        monkeypatch.delenv(SILU_GEMM_ENV, raising=False)
+    else:
+        monkeypatch.setenv(SILU_GEMM_ENV, value)
+
+
 def fp8_gate_up(i: int, k: int, bias: bool = False) -> Fp8Linear:
     linear = torch.nn.Linear(k, 2 * i, bias=bias, device=DEVICE, dtype=torch.bfloat16)
     return Fp8Linear.from_linear(linear)
 
 
-@pytest.mark.parametrize("on", [False, True])
-def test_gate_up_silu_fuses_only_when_on_with_the_same_rows(table, monkeypatch, on):
+@pytest.mark.parametrize("switch", ["0", "1", None])  # None: unset, the default (on)
+def test_gate_up_silu_fuses_only_when_on_with_the_same_rows(table, monkeypatch, switch):
     table({"128x64": [{"max_m": 8, "kernel": "m16n64k128s1t"}]})
-    monkeypatch.setenv(SILU_GEMM_ENV, "1" if on else "0")
+    set_switch(monkeypatch, switch)
+    on = switch != "0"
     launches = []
     real = fp8_gemm_silu.gate_up_silu_rows
     monkeypatch.setattr(
@@ -194,12 +202,12 @@ def test_gpu_fused_rows_match_the_unfused_ops_on_the_8b_gate_up(m):
     assert torch.equal(replayed.q.view(torch.uint8), ref.q.view(torch.uint8))
 
 
-@pytest.mark.parametrize("on", ["0", "1"])
+@pytest.mark.parametrize("switch", ["0", "1", None])
 def test_a_model_with_the_fused_silu_computes_what_it_did_without(
     tiny_model_dir,
     table,
     monkeypatch,
-    on,
+    switch,
 ):
     from fp8_checkpoints import load, logits
 
@@ -210,15 +218,16 @@ def test_a_model_with_the_fused_silu_computes_what_it_did_without(
     shape = f"{gate_up.out_features}x{gate_up.in_features}"
     table({shape: [{"max_m": 64, "kernel": "m16n64k128s1t"}]})
     ids = list(range(5, 30))
+    monkeypatch.setenv(SILU_GEMM_ENV, "0")
     unfused = logits(model, ids)
-    monkeypatch.setenv(SILU_GEMM_ENV, on)
+    set_switch(monkeypatch, switch)
     launches = []
     real = fp8_gemm_silu.gate_up_silu_rows
     monkeypatch.setattr(
         fp8_gemm_silu, "gate_up_silu_rows", lambda *a, **kw: launches.append(1) or real(*a, **kw)
     )
     assert torch.equal(logits(model, ids), unfused)
-    assert len(launches) == (len(model.model.layers) if on == "1" else 0)
+    assert len(launches) == (len(model.model.layers) if switch != "0" else 0)
 
 
 def test_the_fused_launch_follows_the_tables_silu_choices_where_measured(table):

@@ -1,5 +1,6 @@
 """gate_up's FP8 GEMM with silu(gate) * up in its epilogue, for the few rows a decode step of
-blog's kind runs (an experiment: off unless BULKGEN_FP8_SILU_GEMM=1; not yet timed on a GPU).
+blog's kind runs (on unless BULKGEN_FP8_SILU_GEMM=0; on the H200 at 881429d blog FP8 ran 1.1%
+faster with it, README's FP8 weights section).
 
 The MLP's FP8 path runs gate_up (fp8_gemm.py or cuBLASLt, bf16 [T, 2I] out), then the SiLU's
 stash form (fp8_silu_split.py): a launch computing silu(gate) * up, its 16-bit values and each
@@ -21,13 +22,12 @@ and then the unfused ops run.
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import torch
 import triton
 import triton.language as tl
 
-from bulkgen.model.fp8 import FP8, SILU_GEMM_ENV, Fp8Activation, Fp8Linear
+from bulkgen.model.fp8 import FP8, SILU_GEMM_ENV, Fp8Activation, Fp8Linear, switch
 from bulkgen.model.fp8_gemm import Fp8GemmConfig, k_tile, tile_product
 from bulkgen.model.fused import silu_mul
 
@@ -90,8 +90,8 @@ def _gate_up_silu_kernel(
 
 
 def enabled() -> bool:
-    """BULKGEN_FP8_SILU_GEMM=1 (fp8.apply_switches checks its value at model load)."""
-    return os.environ.get(SILU_GEMM_ENV) == "1"
+    """Unless BULKGEN_FP8_SILU_GEMM=0 (fp8.apply_switches checks its value at model load)."""
+    return switch(SILU_GEMM_ENV, True)
 
 
 def fused_config(n: int, k: int, m: int) -> Fp8GemmConfig | None:

@@ -12,7 +12,6 @@ Under tensor parallelism (parallel_layers.py) cfg is one rank's narrower shape (
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Sequence
 from types import SimpleNamespace
 
@@ -22,7 +21,7 @@ from torch import nn
 from bulkgen.model.attention import AttentionBackend
 from bulkgen.model.attention.metadata import AttnMetadata
 from bulkgen.model.config import ModelConfig
-from bulkgen.model.fp8 import ATTN_ROWS_ENV, Fp8Activation, Fp8Linear
+from bulkgen.model.fp8 import ATTN_ROWS_ENV, Fp8Activation, Fp8Linear, switch
 from bulkgen.model.parallel_layers import TensorParallel, VocabParallelEmbedding
 
 
@@ -134,10 +133,10 @@ class Attention(nn.Module):
         return self.backend.attend(*args, out=out)
 
     def fp8_rows(self) -> bool:
-        """Whether attention may hand o_proj its input as FP8 rows (BULKGEN_FP8_ATTN_ROWS=1, an
-        experiment): o_proj quantizes its input per row itself, and the backend can."""
+        """Whether attention may hand o_proj its input as FP8 rows (unless BULKGEN_FP8_ATTN_ROWS=0):
+        o_proj quantizes its input per row itself, and the backend can."""
         o_proj, backend = self.o_proj, self.backend
-        if os.environ.get(ATTN_ROWS_ENV) != "1" or backend.attend_fp8_rows is None:
+        if backend.attend_fp8_rows is None or not switch(ATTN_ROWS_ENV, True):
             return False
         dynamic = isinstance(o_proj, Fp8Linear) and o_proj.input_scale is None
         return dynamic and o_proj.bias is None and o_proj.use_scaled_mm

@@ -4,7 +4,7 @@ out = sum_s 2^(lse_s - M) * out_s / sum_s 2^(lse_s - M), M = max_s lse_s. A spli
 of a short sequence holds lse = -inf and weighs nothing.
 
 merge_splits_to_fp8 merges all of a sequence's heads in one program and writes o_proj's input
-as FP8 rows with their scales (an experiment, off unless BULKGEN_FP8_ATTN_ROWS=1): the value of
+as FP8 rows with their scales (unless BULKGEN_FP8_ATTN_ROWS=0): the value of
 every head rounded to the model's dtype as merge_splits writes it, then quantized as
 fp8_kernels.quantize_rows quantizes that row, so the FP8 projection's own quantizer launch goes."""
 
