@@ -230,7 +230,7 @@ fi
 if want defaults; then  # the two launch-saving kernels on by default (since they won step silu at
   # 881429d): the FP8 GPU tests with them, blog and bulk bf16, FP8 as shipped and FP8 with both
   # off (about 8 minutes on a fresh machine)
-  gpu_tests defaults 200 tests/test_gpu_fp8.py tests/test_fp8_fast_accum.py tests/test_kv_fp8.py \
+  gpu_tests defaults 150 tests/test_gpu_fp8.py tests/test_fp8_fast_accum.py tests/test_kv_fp8.py \
     tests/test_fp8_gemm_silu.py tests/test_fp8_attn_rows.py
   for workload in blog bulk; do
     args=(--workloads $workload --num-prompts 512)  # blog takes its own 32
