@@ -20,7 +20,7 @@
 #      their GPU tests, bench_silu_gemm.py, blog bf16, blog FP8 with neither/each/both twice,
 #      bulk FP8 with neither and both (about 6 minutes); silutune: the fused launches tuned into
 #      the table's "silu", then blog FP8 off/on (about 4 minutes); defaults: with both on by
-#      default, the FP8 GPU tests, blog and bulk bf16, FP8 and FP8 with both off (8 minutes);
+#      default, the FP8 GPU tests, blog bf16 and FP8, bulk FP8 and FP8 with both off (5 minutes);
 #   mm32: the FP8 GEMM table re-timed at MM_ROWS (16,32,64) and merged (--merge), then blog
 #      bf16 and FP8 with the table before and after, alternating (about 5 minutes);
 #   mm: scripts/tune_fp8_mm.py --write-table (cuBLASLt or the Triton FP8 GEMM per shape and
@@ -228,18 +228,18 @@ if want silu; then  # two experiments that each drop a launch a layer at few row
   done
 fi
 if want defaults; then  # the two launch-saving kernels on by default (since they won step silu at
-  # 881429d): the FP8 GPU tests with them, blog and bulk bf16, FP8 as shipped and FP8 with both
-  # off (about 8 minutes on a fresh machine)
-  gpu_tests defaults 150 tests/test_gpu_fp8.py tests/test_fp8_fast_accum.py tests/test_kv_fp8.py \
+  # 881429d): the FP8 GPU tests with them, blog bf16 and FP8, bulk FP8 as shipped and with both
+  # off (about 5 minutes on a fresh machine; DEFAULTS_FULL=1 adds blog FP8 off and bulk bf16)
+  gpu_tests defaults 120 tests/test_gpu_fp8.py tests/test_fp8_fast_accum.py tests/test_kv_fp8.py \
     tests/test_fp8_gemm_silu.py tests/test_fp8_attn_rows.py
-  for workload in blog bulk; do
-    args=(--workloads $workload --num-prompts 512)  # blog takes its own 32
-    [ $workload = blog ] && args=(--workloads blog)
-    bench $workload 150 "${args[@]}" --engines bulkgen
-    bench $workload 150 "${args[@]}" --engines bulkgen-fp8
-    BULKGEN_FP8_SILU_GEMM=0 BULKGEN_FP8_ATTN_ROWS=0 bench $workload 150 "${args[@]}" \
-      --engines bulkgen-fp8
-  done
+  bench blog 120 --workloads blog --engines bulkgen
+  bench blog 120 --workloads blog --engines bulkgen-fp8
+  [ "${DEFAULTS_FULL:-0}" = 1 ] && BULKGEN_FP8_SILU_GEMM=0 BULKGEN_FP8_ATTN_ROWS=0 \
+    bench blog 120 --workloads blog --engines bulkgen-fp8
+  [ "${DEFAULTS_FULL:-0}" = 1 ] && bench bulk 150 --workloads bulk --engines bulkgen --num-prompts 512
+  bench bulk 150 --workloads bulk --engines bulkgen-fp8 --num-prompts 512
+  BULKGEN_FP8_SILU_GEMM=0 BULKGEN_FP8_ATTN_ROWS=0 bench bulk 150 --workloads bulk \
+    --engines bulkgen-fp8 --num-prompts 512
 fi
 if want silutune; then  # every fused gate_up + SiLU launch timed, the fastest per row count into
   # the table's "silu" (bench_silu_gemm.py --tune --write-table; bring fp8_gemm_table.json back
