@@ -6,10 +6,23 @@ import os
 from pathlib import Path
 
 import pytest
-import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# pytest-xdist workers share the cores: each takes its part (before torch loads OpenMP, and for
+# the runs the tests start), not torch's default of every core, whose threads wait for each other
+# at every op while the other workers hold the cores (the thrashing test of test_admission.py:
+# 1.8 s alone, 88 s beside another worker at 881429d). OMP_NUM_THREADS, when set, wins.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    from bulkgen.cpu import available_cores  # imports no torch
+
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, available_cores() // _WORKERS)))
+
+import torch  # noqa: E402
+
+if _WORKERS > 1:
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 CORPUS = [
     "The quick brown fox jumps over the lazy dog.",
