@@ -163,8 +163,11 @@ gpu_tests() {  # gpu_tests <step> <limit> <pytest args...>
   shift 2
   OUT=$WORK/tests TESTS=1 BENCH=0 PYTEST_ARGS="--maxfail=10 $*" timeout "$limit" scripts/gpu_check.sh \
     > /dev/null 2>&1
-  { tail -3 "$WORK/tests/gpu_tests.log"; grep -E "FAILED|^E " "$WORK/tests/gpu_tests.log" | head -40; } \
-    | tee "$OUT/$step.txt"
+  local rc=$?
+  { tail -3 "$WORK/tests/gpu_tests.log"; grep -E "FAILED|^E " "$WORK/tests/gpu_tests.log" | head -40
+    # a killed pytest prints no summary: say so, or its dots read as a finished run
+    [ $rc = 124 ] && echo "TIMED OUT after ${limit} s: the tests after the last result did not run"
+  } | tee "$OUT/$step.txt"
 }
 want tests && gpu_tests tests 330 $ENGINE_TESTS
 if want kernels; then
