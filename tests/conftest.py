@@ -24,6 +24,39 @@ import torch  # noqa: E402
 if _WORKERS > 1:
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
+# The files that take longest on a 2-core CPU, first, the Triton interpreter's alternating with
+# those that start processes: pytest-xdist (--dist loadfile) hands out whole files, by default those
+# with the most tests first, so one of these handed out last kept a worker busy long after the
+# other had finished (test_parallel_ray.py's 3 tests, 110 s, at 881429d). The others keep their
+# order.
+SLOWEST_FILES = (
+    "test_kv_layout.py",
+    "test_parallel_ray.py",
+    "test_kv_int8_kernels.py",
+    "test_tensor_parallel.py",
+    "test_invariant_attention.py",
+    "test_resume.py",
+    "test_triton_sampler.py",
+    "test_parallel.py",
+    "test_decode_prefetch.py",
+    "test_parallel_kills.py",
+    "test_mixed_split.py",
+    "test_exits.py",
+    "test_fp8_gemm.py",
+    "test_kv_fp8_kernels.py",
+)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if hasattr(config.option, "loadscopereorder"):  # pytest-xdist >= 3.8: hand out in this order
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    first = {name: i for i, name in enumerate(SLOWEST_FILES)}
+    items.sort(key=lambda item: first.get(item.path.name, len(first)))  # stable: files stay whole
+
+
 CORPUS = [
     "The quick brown fox jumps over the lazy dog.",
     "Continuous batching keeps the GPU busy while requests come and go.",
@@ -176,9 +209,22 @@ def rowwise_interpreted_dots(monkeypatch):
 
 
 @pytest.fixture(scope="session")
-def attention_compile_check() -> str:
+def attention_compile_check(tmp_path_factory) -> str:
     """The output of scripts/compile_check_attention.py (every attention kernel compiled for
-    sm_90 without a GPU), run once for the tests that read it."""
+    sm_90 without a GPU), run once for the tests that read it: once a run, its pytest-xdist
+    workers sharing it (each ran it, about 6 s, at 881429d)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return _attention_compile_check()
+    from filelock import FileLock
+
+    shared = tmp_path_factory.getbasetemp().parent / "attention_compile_check.txt"  # this run's
+    with FileLock(f"{shared}.lock"):
+        if not shared.exists():
+            shared.write_text(_attention_compile_check())
+        return shared.read_text()
+
+
+def _attention_compile_check() -> str:
     import subprocess
     import sys
 

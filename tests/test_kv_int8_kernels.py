@@ -30,6 +30,7 @@ from bulkgen.model.attention import (  # noqa: E402
     triton_invariant,
 )
 from bulkgen.model.attention.kv_int8 import INT8_DTYPE, quantize  # noqa: E402
+from bulkgen.model.attention.kv_layout import v_slots_inner  # noqa: E402
 from bulkgen.model.attention.triton_decode import paged_decode  # noqa: E402
 
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 1e-2}
@@ -267,20 +268,30 @@ def test_an_int8_cache_takes_its_own_measured_launches_else_fp8s(monkeypatch):
 @pytest.mark.skipif(
     torch.cuda.is_available(), reason="on CUDA: test_kv_int8.py's engine tests (rounding differs)"
 )
-@pytest.mark.parametrize("batch_invariant", [False, True])
+# Values slots inner in 64-token blocks (the layout measured for fp8, which an int8 cache takes:
+# kv_layout.values_slots_inner) and in rows in 16-token blocks; the invariant kernels read rows.
+@pytest.mark.parametrize(
+    "batch_invariant, slots_inner", [(False, True), (False, False), (True, False)]
+)
 def test_engine_through_the_triton_kernels_generates_what_the_torch_backend_does(
-    tiny_model_dir, batch_invariant
+    tiny_model_dir, monkeypatch, batch_invariant, slots_inner
 ):
     """Writes, decode and prefill over an int8 cache inside whole engine steps (chunked prefill,
-    batches of mixed lengths): the same greedy tokens as the torch reference backend."""
+    batches of mixed lengths), in either layout of its values: the same greedy tokens as the
+    torch reference backend (so the same in both layouts)."""
     from test_engine import PROMPTS, encode_all
 
+    monkeypatch.setattr(decode_tiling, "fp8_v_slots_inner", lambda: slots_inner)
     ids = encode_all(tiny_model_dir, PROMPTS)
     kw = dict(dtype="float32", kv_cache_dtype="int8", num_blocks=64, max_num_seqs=8)
     kw |= dict(max_batch_tokens=32, batch_invariant=batch_invariant)
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     triton_llm = LLM(str(tiny_model_dir), device="cpu", attention="triton", **kw)
-    assert triton_llm.engine.runner.attention.name.startswith("triton")
-    got = triton_llm.generate(ids, params)
+    engine = triton_llm.engine
+    assert engine.runner.attention.name.startswith("triton")
+    assert engine.cfg.block_size == (64 if slots_inner else 16)
+    assert v_slots_inner(engine.runner.kv[0][1]) == slots_inner
+    got = [o.token_ids for o in triton_llm.generate(ids, params)]
     ref = LLM(str(tiny_model_dir), device="cpu", attention="torch", **kw).generate(ids, params)
-    assert [o.token_ids for o in got] == [o.token_ids for o in ref]
+    assert got == [o.token_ids for o in ref]
+    assert len({tuple(t) for t in got}) > 1  # not one degenerate answer for all

@@ -220,9 +220,9 @@ def test_block_size_must_be_a_power_of_two(bad):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on CUDA: test_kv_fp8.py's engine tests")
-@pytest.mark.parametrize("cache, pairs", [("fp8", False), ("fp8", True), ("int8", False)])
+@pytest.mark.parametrize("pairs", [False, True])
 def test_engine_with_the_gpus_8_bit_cache_generates_what_rows_in_16_token_blocks_do(
-    tiny_model_dir, allow_fp8, monkeypatch, cache, pairs
+    tiny_model_dir, allow_fp8, monkeypatch, pairs
 ):
     """The GPU's default fp8 configuration run whole through the Triton kernels (interpreter):
     values slots inner in 64-token blocks, chunked prefill and mixed batches, give the same
@@ -231,13 +231,14 @@ def test_engine_with_the_gpus_8_bit_cache_generates_what_rows_in_16_token_blocks
     carries into the next power of two, 0.4914 to 0.25 and 7.98 to 4.0, so its fp8 caches hold
     other values than torch's; the GPU test in test_kv_fp8.py compares with the CPU.) With
     paired first blocks (kv_pairs.py) both run 64-token blocks: the pair covers one block. An
-    int8 cache takes the layout measured for fp8 (kv_layout.values_slots_inner)."""
+    int8 cache, which takes the layout measured for fp8 (kv_layout.values_slots_inner), is run
+    in both layouts against the torch backend in test_kv_int8_kernels.py."""
     from test_engine import PROMPTS, encode_all
 
     from bulkgen import LLM, SamplingParams
 
     ids = encode_all(tiny_model_dir, PROMPTS)
-    kw = dict(dtype="float32", kv_cache_dtype=cache, max_num_seqs=8, max_batch_tokens=32)
+    kw = dict(dtype="float32", kv_cache_dtype="fp8", max_num_seqs=8, max_batch_tokens=32)
     kw |= dict(fp8_kv_pair_first_block=pairs, block_size=64 if pairs else None)
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     outs = {}
