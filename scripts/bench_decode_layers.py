@@ -3,7 +3,10 @@ its own K/V cache) back to back in one CUDA graph, at blog's 32 rows and context
 4,096 tokens, bf16 and fp8 caches, the engine's launch (decode_tilings.json); no L2 clear
 between replays (the caches, 32 distinct ones, outgrow the L2 from 512 tokens up).
 
-    PYTHONPATH=. python scripts/bench_decode_layers.py [--rows 32]
+    PYTHONPATH=. python scripts/bench_decode_layers.py [--rows 32] [--caches bf16,fp8,fp8mma]
+
+fp8mma: the fp8 cache on e4m3 products (decode_mma.py, BULKGEN_FP8_DECODE_MMA=1 while it runs);
+fp8 then runs with that switch 0.
 
 One JSON line per (cache, context): microseconds per launch and the K/V bytes read per second,
 then a summary per cache: the least-squares line us = fixed + per_token * context over the
@@ -16,6 +19,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 
 import torch
 from bench_attention import HEAD_DIM, NUM_KV_HEADS, paged_inputs, steps_us
@@ -25,9 +29,12 @@ from bulkgen.model.attention.decode_tiling import decode_launch, fp8_v_slots_inn
 from bulkgen.model.attention.kv_fp8 import FP8_DTYPE
 from bulkgen.model.attention.kv_layout import block_size_for, to_slots_inner
 from bulkgen.model.attention.triton_decode import paged_decode
+from bulkgen.model.fp8 import DECODE_MMA_ENV
 
 LAYERS = 32
 CONTEXTS = (128, 256, 512, 1024, 2048, 4096)
+# A cache's name: its dtype and whether its decode runs on e4m3 products (decode_mma.py).
+CACHES = {"bf16": (torch.bfloat16, "0"), "fp8": (FP8_DTYPE, "0"), "fp8mma": (FP8_DTYPE, "1")}
 
 
 def layers_us(rows: int, context: int, kv_dtype) -> float:
@@ -52,9 +59,11 @@ def layers_us(rows: int, context: int, kv_dtype) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=32)
+    parser.add_argument("--caches", default="bf16,fp8", help=f"of {', '.join(CACHES)}")
     args = parser.parse_args()
-    for kv_dtype in (torch.bfloat16, FP8_DTYPE):
-        name = "fp8" if kv_dtype == FP8_DTYPE else "bf16"
+    for name in args.caches.split(","):
+        kv_dtype, mma = CACHES[name]
+        os.environ[DECODE_MMA_ENV] = mma  # read as each launch is captured
         points = []
         for context in CONTEXTS:
             us = layers_us(args.rows, context, kv_dtype)

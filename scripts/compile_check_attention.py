@@ -119,6 +119,8 @@ def decode_source(
     v_slots_inner: bool = False,
     prefetch_blocks: bool = False,
     pairs: bool = False,
+    mma: bool = False,
+    block_n: int | None = None,
 ) -> ASTSource:
     v_signature, v_constants = _v_strides(v_slots_inner)
     signature = {
@@ -136,7 +138,7 @@ def decode_source(
         **v_signature,
         **_scalars(
             "GROUP GROUP_PAD HEAD_DIM BLOCK_SIZE BLOCK_N DOT_PRECISION KV_FP8 KV_INT8 DOT_F16 "
-            "V_IN_REGISTERS V_SLOTS_INNER PREFETCH_BLOCKS PAIRS INT8_ASM",
+            "V_IN_REGISTERS V_SLOTS_INNER PREFETCH_BLOCKS PAIRS INT8_ASM MMA_FP8 ROUND_MMA",
             "constexpr",
         ),
     }
@@ -146,7 +148,7 @@ def decode_source(
         "GROUP_PAD": 16,
         "HEAD_DIM": HEAD_DIM,
         "BLOCK_SIZE": BLOCK_SIZE,
-        "BLOCK_N": triton_decode.decode_launch(HEAD_DIM, eight_bit).block_n,
+        "BLOCK_N": block_n or triton_decode.decode_launch(HEAD_DIM, eight_bit).block_n,
         "DOT_PRECISION": "tf32",
         "KV_FP8": cache == "fp8",
         "KV_INT8": cache == "int8",
@@ -156,6 +158,8 @@ def decode_source(
         "PREFETCH_BLOCKS": prefetch_blocks,
         "PAIRS": pairs,
         "INT8_ASM": cache == "int8",  # as on a GPU (triton_kv.int8_asm)
+        "MMA_FP8": mma,
+        "ROUND_MMA": False,  # the GPU's cast rounds
         **v_constants,
     }
     attrs = _aligned(signature)

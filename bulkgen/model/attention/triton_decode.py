@@ -44,6 +44,7 @@ import triton
 import triton.language as tl
 
 from bulkgen.model.attention.decode_merge import merge_splits, merge_splits_to_fp8
+from bulkgen.model.attention.decode_mma import attend_mma, mma_fp8
 from bulkgen.model.attention.decode_tile import decode_tile
 from bulkgen.model.attention.decode_tiling import DecodeLaunch, decode_launch, num_kv_splits
 from bulkgen.model.attention.kv_fp8 import is_fp8
@@ -57,6 +58,7 @@ from bulkgen.model.attention.triton_kv import (
 )
 from bulkgen.model.attention.triton_kv_pairs import first_partner, pairs_registers
 from bulkgen.model.fp8 import Fp8Activation
+from bulkgen.model.fp8_kernels import hw_rounding
 
 LOG2E = 1.4426950408889634
 
@@ -102,6 +104,8 @@ def _decode_split_kernel(
     PREFETCH_BLOCKS: tl.constexpr,
     PAIRS: tl.constexpr,  # add the partner's low parts to the first block's positions
     INT8_ASM: tl.constexpr,  # int8 tiles widened through PTX (triton_kv.int8_to_f16)
+    MMA_FP8: tl.constexpr,  # an fp8 cache's products in e4m3 (decode_mma.py)
+    ROUND_MMA: tl.constexpr,  # its e4m3 roundings done in float32 first (the interpreter)
 ):
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -118,7 +122,7 @@ def _decode_split_kernel(
         mask=head_mask[:, None],
         other=0.0,
     )
-    if DOT_F16:  # scores come out scaled; fp16 keeps 3 more mantissa bits than bf16
+    if DOT_F16 and not MMA_FP8:  # scores come out scaled; fp16 keeps 3 bits more than bf16
         q = (q.to(tl.float32) * qk_scale).to(tl.float16)
 
     seq_len = tl.load(seq_lens_ptr + b)
@@ -130,46 +134,55 @@ def _decode_split_kernel(
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
     block_table_row = block_tables_ptr + b.to(tl.int64) * stride_bt
-    main_lo, lo_block = lo, lo  # lo_block: read only by the first block's tiles
-    if PAIRS:  # the first block's tiles apart, with its partner's low parts (kv_pairs.py)
-        lo_block = first_partner(partners_ptr, block_table_row)
-        # A multiple of BLOCK_N, as lo is, said to the compiler: the main loop's loads stay
-        # vector (a bound through min(hi, ...) took sm_90's kernel from 122 registers to 237).
-        main_lo = tl.multiple_of(tl.maximum(lo, tl.cdiv(BLOCK_SIZE, BLOCK_N) * BLOCK_N), BLOCK_N)
-        # Narrow tiles, not software-pipelined: a whole tile and its low parts would take the
-        # registers and shared memory of the kernel's every loop (240 registers and 104 KB
-        # against 122 and 40 KB for sm_90 at 128-token tiles: half the CTAs a SM).
-        LOW_N: tl.constexpr = BLOCK_N if BLOCK_N < 32 else 32
-        for start in tl.range(lo, tl.minimum(main_lo, hi), LOW_N, num_stages=1):
-            pos = start + tl.arange(0, LOW_N)
-            blocks = kv_tile_blocks(block_table_row, pos, hi, BLOCK_SIZE)
+    if MMA_FP8:  # e4m3 products on the cache's bytes (decode_mma.py)
+        acc, l_i, m_i = attend_mma(
+            q, lo, hi, block_table_row, k_cache_ptr, v_cache_ptr, kv_head, qk_scale,
+            stride_cache_block, stride_cache_slot, stride_cache_head, stride_v_block,
+            stride_v_slot, stride_v_head, stride_v_dim, GROUP_PAD, HEAD_DIM, BLOCK_SIZE, BLOCK_N,
+            PREFETCH_BLOCKS, ROUND_MMA,
+        )  # fmt: skip
+    else:
+        main_lo, lo_block = lo, lo  # lo_block: read only by the first block's tiles
+        if PAIRS:  # the first block's tiles apart, with its partner's low parts (kv_pairs.py)
+            lo_block = first_partner(partners_ptr, block_table_row)
+            # A multiple of BLOCK_N, as lo is, said to the compiler: the main loop's loads stay
+            # vector (a bound through min(hi, ...) took sm_90's kernel from 122 registers to 237).
+            first_main = tl.cdiv(BLOCK_SIZE, BLOCK_N) * BLOCK_N
+            main_lo = tl.multiple_of(tl.maximum(lo, first_main), BLOCK_N)
+            # Narrow tiles, not software-pipelined: a whole tile and its low parts would take the
+            # registers and shared memory of the kernel's every loop (240 registers and 104 KB
+            # against 122 and 40 KB for sm_90 at 128-token tiles: half the CTAs a SM).
+            LOW_N: tl.constexpr = BLOCK_N if BLOCK_N < 32 else 32
+            for start in tl.range(lo, tl.minimum(main_lo, hi), LOW_N, num_stages=1):
+                pos = start + tl.arange(0, LOW_N)
+                blocks = kv_tile_blocks(block_table_row, pos, hi, BLOCK_SIZE)
+                acc, l_i, m_i = decode_tile(
+                    acc, l_i, m_i, pos, blocks, lo_block, q, hi, k_cache_ptr, v_cache_ptr, kv_head,
+                    qk_scale, k_scales_ptr, v_scales_ptr, stride_scale_block, stride_scale_slot,
+                    stride_cache_block, stride_cache_slot, stride_cache_head, stride_v_block,
+                    stride_v_slot, stride_v_head, stride_v_dim, HEAD_DIM, BLOCK_SIZE, LOW_N,
+                    DOT_PRECISION, KV_FP8, KV_INT8, DOT_F16, V_IN_REGISTERS, V_SLOTS_INNER, True,
+                    INT8_ASM,
+                )  # fmt: skip
+        if PREFETCH_BLOCKS:  # the first tile's block ids; each iteration loads the next tile's
+            next_blocks = kv_tile_blocks(
+                block_table_row, main_lo + tl.arange(0, BLOCK_N), hi, BLOCK_SIZE
+            )
+        for start in range(main_lo, hi, BLOCK_N):
+            pos = start + tl.arange(0, BLOCK_N)
+            if PREFETCH_BLOCKS:
+                blocks = next_blocks
+                next_blocks = kv_tile_blocks(block_table_row, pos + BLOCK_N, hi, BLOCK_SIZE)
+            else:
+                blocks = kv_tile_blocks(block_table_row, pos, hi, BLOCK_SIZE)
             acc, l_i, m_i = decode_tile(
                 acc, l_i, m_i, pos, blocks, lo_block, q, hi, k_cache_ptr, v_cache_ptr, kv_head,
                 qk_scale, k_scales_ptr, v_scales_ptr, stride_scale_block, stride_scale_slot,
                 stride_cache_block, stride_cache_slot, stride_cache_head, stride_v_block,
-                stride_v_slot, stride_v_head, stride_v_dim, HEAD_DIM, BLOCK_SIZE, LOW_N,
-                DOT_PRECISION, KV_FP8, KV_INT8, DOT_F16, V_IN_REGISTERS, V_SLOTS_INNER, True,
+                stride_v_slot, stride_v_head, stride_v_dim, HEAD_DIM, BLOCK_SIZE, BLOCK_N,
+                DOT_PRECISION, KV_FP8, KV_INT8, DOT_F16, V_IN_REGISTERS, V_SLOTS_INNER, False,
                 INT8_ASM,
             )  # fmt: skip
-    if PREFETCH_BLOCKS:  # the first tile's block ids; each iteration loads the next tile's
-        next_blocks = kv_tile_blocks(
-            block_table_row, main_lo + tl.arange(0, BLOCK_N), hi, BLOCK_SIZE
-        )
-    for start in range(main_lo, hi, BLOCK_N):
-        pos = start + tl.arange(0, BLOCK_N)
-        if PREFETCH_BLOCKS:
-            blocks = next_blocks
-            next_blocks = kv_tile_blocks(block_table_row, pos + BLOCK_N, hi, BLOCK_SIZE)
-        else:
-            blocks = kv_tile_blocks(block_table_row, pos, hi, BLOCK_SIZE)
-        acc, l_i, m_i = decode_tile(
-            acc, l_i, m_i, pos, blocks, lo_block, q, hi, k_cache_ptr, v_cache_ptr, kv_head,
-            qk_scale, k_scales_ptr, v_scales_ptr, stride_scale_block, stride_scale_slot,
-            stride_cache_block, stride_cache_slot, stride_cache_head, stride_v_block,
-            stride_v_slot, stride_v_head, stride_v_dim, HEAD_DIM, BLOCK_SIZE, BLOCK_N,
-            DOT_PRECISION, KV_FP8, KV_INT8, DOT_F16, V_IN_REGISTERS, V_SLOTS_INNER, False,
-            INT8_ASM,
-        )  # fmt: skip
 
     # An empty split (or a padding row with seq_len 0) has l_i == 0: write out = 0, lse = -inf.
     has_work = l_i > 0
@@ -233,6 +246,7 @@ def paged_decode(
     q = q if q.stride(-1) == 1 else q.contiguous()
     out = output_for(out, q)
     pairs = partners is not None and fp8
+    mma = mma_fp8(q, v_cache, block_n, pairs)
     if batch == 0:
         return out
     # Allocated per call: inside a CUDA graph they come from the graph's private pool.
@@ -273,6 +287,8 @@ def paged_decode(
         PREFETCH_BLOCKS=launch.prefetch_blocks,
         PAIRS=pairs,
         INT8_ASM=int8 and int8_asm(q.device),
+        MMA_FP8=mma,
+        ROUND_MMA=mma and not hw_rounding(q.device),
         num_warps=launch.num_warps,
         **({"num_stages": launch.num_stages} if launch.num_stages else {}),
         **pairs_registers(pairs, launch.num_warps, q.device),
