@@ -17,7 +17,9 @@ computes for t) attends to keys 0..t read back from the cache, as
   --tile keys (--tile 0: the row's final max), rounded as e4m3(p * c) / c for c = 256 or 448,
   against the stored e4m3 values; earlier tiles' sums are rescaled by exp2(m_old - m_new) in
   float32, as the kernel rescales its accumulator;
-- the row sum l from the float32 p (FA3) or, in "l from fp8 P", from the rounded p.
+- the row sum l from the float32 p (FA3) or, in "l from fp8 P", from the rounded p;
+- "Q hi/lo" (decode_mma.py): q times the scores' scale held as two e4m3 parts per row, y / r =
+  hi + lo / 16 with r a power of two putting the row's largest |y| in [128, 256).
 Products accumulate in float32: an FP8 MMA's narrower accumulator (reported for Hopper) is
 not modelled.
 "fp8 KV" runs this emulation with no rounding and "fp8 KV (study's SDPA)" the backend's own
@@ -56,6 +58,7 @@ class Arithmetic:
     """Where the emulated kernel rounds to e4m3; all off is float32 attention."""
 
     fp8_q: bool = False
+    q_split: bool = False  # q * scale as hi + lo / 16 e4m3 parts (decode_mma.py's query)
     p_scale: float | None = None  # P stored as e4m3(p * p_scale); None: P stays float32
     l_from_fp8_p: bool = False
     tile: int = 128  # keys between running-max updates; 0: one tile (the row's final max)
@@ -78,6 +81,13 @@ def attend_one(
         amax = q.abs().amax(-1, keepdim=True)
         q_scale = torch.where(amax > 0, amax / TOP, torch.ones_like(amax))
         q = e4m3(q / q_scale)
+    if arith.q_split:  # the scores' scale goes into the parts, as the kernel's qk_scale does
+        y = q * (scale * LOG2E)
+        exponent = torch.frexp(y.abs().amax(-1, keepdim=True))[1] - 1 - 7
+        row = torch.exp2(exponent.clamp(-126, 126).float())  # |y| / row in [128, 256)
+        hi = e4m3(y / row)
+        q = (hi + e4m3((y / row - hi) * 16) / 16) * row
+        q_scale = q_scale / (scale * LOG2E)
     # [Hkv, G, Tq, D] @ [Hkv, 1, D, S]: scores in log2 units, as the kernel's exp2 takes them.
     qg = q.view(q_len, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
     s = qg @ k.float().permute(1, 2, 0)[:, None]
@@ -130,6 +140,8 @@ def schemes(tile: int) -> list[tuple[str, str, Arithmetic | None]]:
     q = dataclasses.replace(a, fp8_q=True)
     p256, p448 = (dataclasses.replace(a, p_scale=c) for c in (256.0, 448.0))
     l8 = {"l_from_fp8_p": True}
+    split = dataclasses.replace(a, q_split=True)
+    split_p = dataclasses.replace(split, p_scale=256.0)
     return [
         ("fp8 KV (study's SDPA)", "fp8_kv", None),
         ("fp8 KV", "fp8_kv", a),
@@ -140,6 +152,10 @@ def schemes(tile: int) -> list[tuple[str, str, Arithmetic | None]]:
         ("fp8 KV + fp8 P (x448), l from fp8 P", "fp8_kv", dataclasses.replace(p448, **l8)),
         ("fp8 KV + fp8 Q + fp8 P (x256)", "fp8_kv", dataclasses.replace(q, p_scale=256.0)),
         ("fp8 KV + fp8 Q + fp8 P (x448)", "fp8_kv", dataclasses.replace(q, p_scale=448.0)),
+        # decode_mma.py's arithmetic: the query in two e4m3 parts, P x256 in e4m3.
+        ("Q hi/lo: fp8 KV + Q parts", "fp8_kv", split),
+        ("Q hi/lo: fp8 KV + Q parts + fp8 P (x256)", "fp8_kv", split_p),
+        ("Q hi/lo: bf16 KV + Q parts", "bf16", split),
         # The arithmetic alone, over a bf16 cache: no e4m3 cache roundings to flip.
         ("bf16 KV", "bf16", a),
         ("bf16 KV + fp8 Q", "bf16", q),

@@ -21,6 +21,9 @@
 #      bulk FP8 with neither and both (about 6 minutes); silutune: the fused launches tuned into
 #      the table's "silu", then blog FP8 off/on (about 4 minutes); defaults: with both on by
 #      default, the FP8 GPU tests, blog bf16 and FP8, bulk FP8 and FP8 with both off (5 minutes);
+#   mma: the fp8 cache's decode on e4m3 products (BULKGEN_FP8_DECODE_MMA): its GPU tests, the
+#      decode kernel at 32 rows off/on, blog bf16 and FP8 off/on twice (about 8 minutes);
+#      mmabulk: bulk and trt FP8 off/on;
 #   mm32: the FP8 GEMM table re-timed at MM_ROWS (16,32,64) and merged (--merge), then blog
 #      bf16 and FP8 with the table before and after, alternating (about 5 minutes);
 #   mm: scripts/tune_fp8_mm.py --write-table (cuBLASLt or the Triton FP8 GEMM per shape and
@@ -243,6 +246,30 @@ if want defaults; then  # the two launch-saving kernels on by default (since the
   bench bulk 150 --workloads bulk --engines bulkgen-fp8 --num-prompts 512
   BULKGEN_FP8_SILU_GEMM=0 BULKGEN_FP8_ATTN_ROWS=0 bench bulk 150 --workloads bulk \
     --engines bulkgen-fp8 --num-prompts 512
+fi
+if want mma; then  # the fp8 cache's decode on e4m3 products (BULKGEN_FP8_DECODE_MMA,
+  # decode_mma.py; built 2026-12-03 without a GPU): its GPU test, the engine's FP8 GPU tests with
+  # it on, the decode kernel as a step runs it (32 rows, off/on), blog bf16 and FP8 off/on twice
+  # (each line's "env" says which; about 8 minutes on a fresh machine)
+  gpu_tests mma_tests 150 tests/test_decode_mma.py
+  BULKGEN_FP8_DECODE_MMA=1 gpu_tests mma_engine 120 tests/test_gpu_fp8.py tests/test_kv_fp8.py
+  timeout 100 python3 scripts/bench_decode_layers.py --caches fp8,fp8mma 2>&1 | grep -v -i warn \
+    | tee "$OUT/layers_mma.jsonl"
+  bench blog 100 --workloads blog --engines bulkgen
+  for pass in 1 2; do
+    for on in 0 1; do
+      BULKGEN_FP8_DECODE_MMA=$on bench blog 90 --workloads blog --engines bulkgen-fp8
+    done
+  done
+fi
+if want mmabulk; then  # the same in bulk (512 prompts) and trt FP8 (TRT_PROMPTS), off/on
+  for on in 0 1; do
+    BULKGEN_FP8_DECODE_MMA=$on bench bulk 150 --workloads bulk --engines bulkgen-fp8 --num-prompts 512
+  done
+  for on in 0 1; do
+    BULKGEN_FP8_DECODE_MMA=$on bench trt "${TRT_TIMEOUT_S:-200}" --workloads trt \
+      --engines bulkgen-fp8 --num-prompts "$TRT_PROMPTS"
+  done
 fi
 if want silutune; then  # every fused gate_up + SiLU launch timed, the fastest per row count into
   # the table's "silu" (bench_silu_gemm.py --tune --write-table; bring fp8_gemm_table.json back
