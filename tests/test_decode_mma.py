@@ -149,6 +149,8 @@ def test_the_e4m3_loop_runs_only_where_it_applies(monkeypatch):
     assert decode_mma.mma_fp8(q.half(), inner, 128, pairs=False)
     assert not decode_mma.mma_fp8(q, rows, 64, pairs=False)  # V must be K-major: slots inner
     assert not decode_mma.mma_fp8(q, inner, 32, pairs=False)  # wgmma's M is 64 tokens
+    narrow = slots_inner_copy(torch.zeros(4, 64, 2, 16, dtype=FP8_DTYPE))
+    assert not decode_mma.mma_fp8(q[..., :16], narrow, 64, pairs=False)  # e4m3 products' K: 32
     assert not decode_mma.mma_fp8(q, inner, 64, pairs=True)
     assert not decode_mma.mma_fp8(q.float(), inner, 64, pairs=False)
     bf16 = slots_inner_copy(torch.zeros(4, 64, 2, 32, dtype=torch.bfloat16))

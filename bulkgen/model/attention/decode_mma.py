@@ -38,6 +38,7 @@ from bulkgen.model.fp8_kernels import _round_e4m3
 # Off until timed on a GPU; BULKGEN_FP8_DECODE_MMA (1/0) switches it for A/B runs.
 DECODE_MMA = False
 MIN_BLOCK_N = 64  # wgmma's M: a warp group's 64 rows (tokens here)
+MIN_HEAD_DIM = 32  # an e4m3 product's K (the scores reduce over head_dim)
 
 _P_SCALE = tl.constexpr(P_SCALE)
 _LO_SCALE = tl.constexpr(16.0)  # the low part's factor: |y - hi| is at most 8 where |y| < 256
@@ -45,9 +46,10 @@ _LO_SCALE = tl.constexpr(16.0)  # the low part's factor: |y - hi| is at most 8 w
 
 def mma_fp8(q: torch.Tensor, v_cache: torch.Tensor, block_n: int, pairs: bool) -> bool:
     """Whether a decode launch runs on e4m3 products (DECODE_MMA): an fp8 cache with values slots
-    inner, a 16-bit query, tiles of at least MIN_BLOCK_N tokens and no paired first blocks."""
+    inner, a 16-bit query, tiles of at least MIN_BLOCK_N tokens, head_dim at least MIN_HEAD_DIM
+    (the tiny test model's 16 failed to compile on the H200) and no paired first blocks."""
     eligible = is_fp8(v_cache) and v_slots_inner(v_cache) and q.dtype != torch.float32
-    eligible = eligible and block_n >= MIN_BLOCK_N and not pairs
+    eligible = eligible and block_n >= MIN_BLOCK_N and q.shape[-1] >= MIN_HEAD_DIM and not pairs
     return eligible and switch(DECODE_MMA_ENV, DECODE_MMA)
 
 
