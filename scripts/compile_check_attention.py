@@ -51,7 +51,7 @@ SCALES = {
 }
 # The fp8 cache's alone: P @ V in e4m3, and its paired first blocks (kv_pairs.py), in the engine's
 # layout (values slots inner).
-FP8_ONLY = ("prefill-pvfp8", "write_kv-pairs", "decode-pairs", "prefill-pairs")
+FP8_ONLY = ("prefill-pvfp8", "write_kv-pairs", "decode-pairs", "prefill-pairs", "decode-mma")
 # The kernels compiled for each cache but these: block ids loaded ahead (triton_decode.py) run
 # over 8-bit caches only (fp8's and int8's measured launches).
 SKIPPED = {"bf16": (*FP8_ONLY, "decode-prefetch"), "fp8": (), "int8": FP8_ONLY}
@@ -245,6 +245,10 @@ SOURCES = {
     "invariant": invariant_source,
     "write_kv-pairs": functools.partial(write_kv_source, v_slots_inner=True, pairs=True),
     "decode-pairs": functools.partial(decode_source, v_slots_inner=True, pairs=True),
+    # decode_mma.py (BULKGEN_FP8_DECODE_MMA) at the engine's 32-row launch: 64-token tiles
+    "decode-mma": functools.partial(
+        decode_source, v_slots_inner=True, prefetch_blocks=True, mma=True, block_n=64
+    ),
     "prefill-pairs": functools.partial(prefill_source, v_slots_inner=True, pairs=True),
 }
 

@@ -200,6 +200,7 @@ def test_kernels_compile_for_sm90_with_the_fp8_casts_only_in_the_fp8_variants(
     slots_inner = ("write_kv-vslots", "decode-vslots", "prefill-vslots")
     expected = {f"{k} {c}" for k in kernels for c in CACHES + ("int8",)}
     experiments = {"decode-prefetch fp8", "decode-prefetch int8", "prefill-pvfp8 fp8"}
+    experiments |= {"decode-mma fp8"}  # decode_mma.py
     experiments |= {f"{k}-pairs fp8" for k in ("write_kv", "decode", "prefill")}  # kv_pairs.py
     slots_inner_caches = (*CACHES, "int8")
     assert (
@@ -217,6 +218,7 @@ def test_kernels_compile_for_sm90_with_the_fp8_casts_only_in_the_fp8_variants(
         "prefill-pvfp8 fp8",
         "decode-pairs fp8",
         "prefill-pairs fp8",
+        "decode-mma fp8",
     ):
         assert byte_reads[variant] == 0, byte_reads
     for variant in ("decode-vreg", "decode-vslots", "prefill-vslots", "decode-prefetch"):
