@@ -10,23 +10,26 @@ import tempfile
 
 
 def git_commit() -> str:
-    """GIT_COMMIT when set (a device call passes the commit it runs), else HEAD's short hash when
-    the files git does not ignore are HEAD's, else HEAD's hash, "-dirty-tree-" and the first 10
-    hex of those files' git tree. A device copy of the tree can hold an older .git than its files
+    """GIT_COMMIT when set (a device call passes the commit it runs), else HEAD's short hash; as
+    it is when the files git does not ignore are that commit's or this .git lacks the commit,
+    else with "-dirty-tree-" and the first 10 hex of those files' git tree (2026-12-03: a
+    GIT_COMMIT typed as $(git rev-parse ...) was looked up on the device and named its stale
+    HEAD, a4b494a, for a5fef9e's files). A device copy of the tree can hold an older .git than its files
     (seen 2026-12-02: HEAD read c5e5448 where the files were 2958d54's; 2026-12-03 a GIT_COMMIT
     taken from that .git named d3151d6 for b7b0d2d's files): the tree is then the one of the
     local commit whose checkout was sent (`git log --format='%h %T' | grep TREE` finds it)."""
-    if os.environ.get("GIT_COMMIT"):
-        return os.environ["GIT_COMMIT"]
+    named = os.environ.get("GIT_COMMIT")
     try:
-        commit = rev_parse("--short", "HEAD")
-        head_tree = rev_parse("HEAD^{tree}")
+        commit = named or rev_parse("--short", "HEAD")
+        commit_tree = rev_parse("--verify", "--quiet", f"{commit}^{{tree}}")
     except OSError:
-        return "unknown"
+        return named or "unknown"
+    if named and not commit_tree:
+        return named  # a commit this .git does not have yet: the files cannot be checked
     if not commit:
         return "unknown"
     tree = files_tree()
-    return commit if tree == head_tree else f"{commit}-dirty-tree-{tree[:10]}"
+    return commit if tree == commit_tree else f"{commit}-dirty-tree-{tree[:10]}"
 
 
 def rev_parse(*args: str) -> str:

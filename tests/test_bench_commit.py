@@ -1,7 +1,7 @@
 """What commit a bench line names (scripts/bench_commit.git_commit): GIT_COMMIT when a device
-call passes it, else HEAD when the files git does not ignore are HEAD's, else HEAD marked
-"-dirty" with the tree of the files (a device copy can carry an older .git than its files: the
-tree is then the one of the commit whose checkout they are)."""
+call passes it, else HEAD; marked "-dirty" with the tree of the files git does not ignore where
+the repository has that commit and they are not its files (a device copy can carry an older
+.git than its files: the tree is then the one of the commit whose checkout they are)."""
 
 from __future__ import annotations
 
@@ -33,8 +33,12 @@ def test_head_plain_dirty_when_the_files_differ_and_the_variable_wins(tmp_path, 
     (tmp_path / "notes.txt").unlink()
     (tmp_path / "kernel.py").write_text("a = 2\n")
     assert git_commit().startswith(head + "-dirty-tree-")
-    monkeypatch.setenv("GIT_COMMIT", "abc1234")
+    monkeypatch.setenv("GIT_COMMIT", "abc1234")  # a commit this .git does not have
     assert git_commit() == "abc1234"
+    monkeypatch.setenv("GIT_COMMIT", head)  # one it has, whose files these are not
+    assert git_commit().startswith(head + "-dirty-tree-")
+    (tmp_path / "kernel.py").write_text("a = 1\n")
+    assert git_commit() == head
 
 
 def test_a_stale_git_names_the_tree_of_the_commit_whose_files_ran(tmp_path, monkeypatch):
