@@ -12,12 +12,12 @@ import tempfile
 def git_commit() -> str:
     """GIT_COMMIT when set (a device call passes the commit it runs), else HEAD's short hash; as
     it is when the files git does not ignore are that commit's or this .git lacks the commit,
-    else with "-dirty-tree-" and the first 10 hex of those files' git tree (2026-12-03: a
-    GIT_COMMIT typed as $(git rev-parse ...) was looked up on the device and named its stale
-    HEAD, a4b494a, for a5fef9e's files). A device copy of the tree can hold an older .git than its files
-    (seen 2026-12-02: HEAD read c5e5448 where the files were 2958d54's; 2026-12-03 a GIT_COMMIT
-    taken from that .git named d3151d6 for b7b0d2d's files): the tree is then the one of the
-    local commit whose checkout was sent (`git log --format='%h %T' | grep TREE` finds it)."""
+    else with "-dirty-tree-" and the first 10 hex of those files' git tree. A device copy of the
+    tree can hold an older .git than its files (seen 2026-12-02: HEAD read c5e5448 where the
+    files were 2958d54's; 2026-12-03 a GIT_COMMIT taken from that .git named d3151d6 for
+    b7b0d2d's files, and one typed as $(git rev-parse ...), looked up there, a4b494a for
+    a5fef9e's): the tree is then the one of the local commit whose checkout was sent (`git log
+    --format='%h %T' | grep TREE` finds it)."""
     named = os.environ.get("GIT_COMMIT")
     try:
         commit = named or rev_parse("--short", "HEAD")
