@@ -249,10 +249,10 @@ if want defaults; then  # the two launch-saving kernels on by default (since the
     --engines bulkgen-fp8 --num-prompts 512
 fi
 if want mma; then  # the fp8 cache's decode on e4m3 products (BULKGEN_FP8_DECODE_MMA,
-  # decode_mma.py; built 2026-12-03 without a GPU): its GPU test, the engine's FP8 GPU tests with
-  # it on, the decode kernel as a step runs it (32 rows, off/on), blog bf16 and FP8 off/on twice
-  # (each line's "env" says which; about 8 minutes on a fresh machine)
-  gpu_tests mma_tests 180 tests/test_decode_mma.py  # its engine test: the tiny Qwen3 in graphs
+  # decode_mma.py; run 2026-12-03 at a5fef9e, 7 minutes on a fresh machine): its GPU tests (the
+  # kernel at the 8B shape, the engine on the tiny Qwen3 in graphs), the decode kernel as a step
+  # runs it (32 rows, off/on), blog bf16 and FP8 off/on twice (each line's "env" says which)
+  gpu_tests mma_tests 180 tests/test_decode_mma.py
   timeout 100 python3 scripts/bench_decode_layers.py --caches fp8,fp8mma 2>&1 | grep -v -i warn \
     | tee "$OUT/layers_mma.jsonl"
   bench blog 100 --workloads blog --engines bulkgen
