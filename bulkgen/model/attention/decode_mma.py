@@ -13,11 +13,15 @@ values slots inner: both K-major):
   two e4m3 parts per row, y = q * qk_scale / scale_row = hi + lo / 16 with scale_row a power of
   two that puts the row's largest |y| in [128, 256): two products, then (hi + lo / 16) * scale.
   The parts keep about 8 bits of each entry, a bf16 query's precision (one e4m3 part alone,
-  scripts/accuracy_attn_fp8.py: KL 0.0117 against 0.0090 over the fp8 cache; the study's
-  "Q hi/lo" rows measure this split);
+  scripts/accuracy_attn_fp8.py: KL 0.0117 against 0.0090 over the fp8 cache);
 - out^T [D, GROUP_PAD] = V8^T [D, BLOCK_N] @ P8^T, the softmax weights p (<= 1) times P_SCALE
-  rounded to e4m3 (kv_fp8.P_SCALE, as the prefill kernel's FP8_PV: no measurable cost in the
-  study), the row sums l from the float32 p, and the output divided by P_SCALE (exact).
+  rounded to e4m3 (kv_fp8.P_SCALE, as the prefill kernel's FP8_PV), the row sums l from the
+  float32 p, and the output divided by P_SCALE (exact).
+
+Off by default: on the H200 at a5fef9e (README, FP8 weights) the launch read 4.47 TB/s per added
+token against 4.26 at 32 rows, blog FP8 ran 0.2-0.4% faster, bulk 0.3% and trt 0.9% slower; and
+accuracy_attn_fp8.py's "Q hi/lo" rows (CPU, 1,852 positions) give the query's parts no cost
+(top-1 0.9606 against 0.9617) but the e4m3 weights with them 0.9465 (mean KL unchanged, 0.0092).
 
 ROUND: the e4m3 roundings done in float32 first (fp8_kernels._round_e4m3): the interpreter's
 cast truncates, the GPU's rounds to nearest even (then the rounding is left to it).
@@ -35,7 +39,7 @@ from bulkgen.model.attention.triton_kv import kv_tile_blocks, kv_tile_offsets
 from bulkgen.model.fp8 import DECODE_MMA_ENV, switch
 from bulkgen.model.fp8_kernels import _round_e4m3
 
-# Off until timed on a GPU; BULKGEN_FP8_DECODE_MMA (1/0) switches it for A/B runs.
+# Off (see above); BULKGEN_FP8_DECODE_MMA (1/0) switches it for A/B runs.
 DECODE_MMA = False
 MIN_BLOCK_N = 64  # wgmma's M: a warp group's 64 rows (tokens here)
 MIN_HEAD_DIM = 32  # an e4m3 product's K (the scores reduce over head_dim)
