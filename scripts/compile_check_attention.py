@@ -52,9 +52,28 @@ SCALES = {
 # The fp8 cache's alone: P @ V in e4m3, and its paired first blocks (kv_pairs.py), in the engine's
 # layout (values slots inner).
 FP8_ONLY = ("prefill-pvfp8", "write_kv-pairs", "decode-pairs", "prefill-pairs", "decode-mma")
+FP8_ONLY += ("decode-rotary",)
 # The kernels compiled for each cache but these: block ids loaded ahead (triton_decode.py) run
 # over 8-bit caches only (fp8's and int8's measured launches).
-SKIPPED = {"bf16": (*FP8_ONLY, "decode-prefetch"), "fp8": (), "int8": FP8_ONLY}
+SKIPPED = {
+    "bf16": (*FP8_ONLY, "decode-prefetch"),
+    "fp8": ("decode-rotary-rows",),
+    "int8": (*FP8_ONLY, "decode-rotary-rows"),  # an int8 cache's rotary stays apart
+}
+
+
+# The decode kernel's ROTATE arguments (decode_rotary.py): passed to every launch.
+ROTATE_ARGS = {
+    "k_new_ptr": "*bf16",
+    "v_new_ptr": "*bf16",
+    **dict.fromkeys(("stride_knt", "stride_knh", "stride_vnt", "stride_vnh"), "i32"),
+    "positions_ptr": "*i64",
+    "cos_ptr": "*fp32",
+    "sin_ptr": "*fp32",
+    **dict.fromkeys(("stride_cos", "stride_sin"), "i32"),
+    "slot_ptr": "*i64",
+    **dict.fromkeys(("k_inv_scale", "v_inv_scale"), "fp32"),
+}
 
 
 def _scalars(names: str, kind: str) -> dict[str, str]:
@@ -121,6 +140,7 @@ def decode_source(
     pairs: bool = False,
     mma: bool = False,
     block_n: int | None = None,
+    rotate: bool = False,
 ) -> ASTSource:
     v_signature, v_constants = _v_strides(v_slots_inner)
     signature = {
@@ -136,9 +156,11 @@ def decode_source(
             "i32",
         ),
         **v_signature,
+        **ROTATE_ARGS,
         **_scalars(
             "GROUP GROUP_PAD HEAD_DIM BLOCK_SIZE BLOCK_N DOT_PRECISION KV_FP8 KV_INT8 DOT_F16 "
-            "V_IN_REGISTERS V_SLOTS_INNER PREFETCH_BLOCKS PAIRS INT8_ASM MMA_FP8 ROUND_MMA",
+            "V_IN_REGISTERS V_SLOTS_INNER PREFETCH_BLOCKS PAIRS INT8_ASM MMA_FP8 ROUND_MMA "
+            "ROTATE ROUND_PTX",
             "constexpr",
         ),
     }
@@ -160,6 +182,8 @@ def decode_source(
         "INT8_ASM": cache == "int8",  # as on a GPU (triton_kv.int8_asm)
         "MMA_FP8": mma,
         "ROUND_MMA": False,  # the GPU's cast rounds
+        "ROTATE": rotate,
+        "ROUND_PTX": rotate,  # as on a GPU (decode_rotary.round_in_ptx)
         **v_constants,
     }
     attrs = _aligned(signature)
@@ -250,6 +274,12 @@ SOURCES = {
         decode_source, v_slots_inner=True, prefetch_blocks=True, mma=True, block_n=64
     ),
     "prefill-pairs": functools.partial(prefill_source, v_slots_inner=True, pairs=True),
+    # decode_rotary.py: the rotary and the new token's write in the launch (the fp8 cache's
+    # engine layout with block ids loaded ahead; a 16-bit cache's rows)
+    "decode-rotary": functools.partial(
+        decode_source, v_slots_inner=True, prefetch_blocks=True, rotate=True
+    ),
+    "decode-rotary-rows": functools.partial(decode_source, rotate=True),
 }
 
 

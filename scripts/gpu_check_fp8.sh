@@ -21,6 +21,8 @@
 #      bulk FP8 with neither and both (about 6 minutes); silutune: the fused launches tuned into
 #      the table's "silu", then blog FP8 off/on (about 4 minutes); defaults: with both on by
 #      default, the FP8 GPU tests, blog bf16 and FP8, bulk FP8 and FP8 with both off (5 minutes);
+#   rotary: a decode step's rotary and KV write in the decode launch (BULKGEN_DECODE_ROTARY): its
+#      GPU tests, blog bf16 and FP8 off/on twice (about 9 minutes); rotarybulk: bulk the same;
 #   mma: the fp8 cache's decode on e4m3 products (BULKGEN_FP8_DECODE_MMA): its GPU tests, the
 #      decode kernel at 32 rows off/on, blog bf16 and FP8 off/on twice (about 8 minutes);
 #      mmabulk: bulk and trt FP8 off/on;
@@ -260,6 +262,23 @@ if want mma; then  # the fp8 cache's decode on e4m3 products (BULKGEN_FP8_DECODE
     for on in 0 1; do
       BULKGEN_FP8_DECODE_MMA=$on bench blog 90 --workloads blog --engines bulkgen-fp8
     done
+  done
+fi
+if want rotary; then  # a decode step's rotary and KV write in the decode launch (decode_rotary.py,
+  # BULKGEN_DECODE_ROTARY): its GPU tests (the kernel at the 8B shape against rotary_write then
+  # decode, bit for bit; the engine's tokens on/off in graphs), then blog bf16 and FP8 off/on,
+  # alternating, twice (each line's "env" says which; about 9 minutes on a fresh machine)
+  gpu_tests rotary_tests 240 tests/test_decode_rotary.py tests/test_rotary_write.py
+  for pass in 1 2; do
+    for on in 0 1; do
+      BULKGEN_DECODE_ROTARY=$on bench blog 100 --workloads blog --engines bulkgen,bulkgen-fp8
+    done
+  done
+fi
+if want rotarybulk; then  # the same in bulk (512 prompts): bf16 and FP8, off then on
+  for on in 0 1; do
+    BULKGEN_DECODE_ROTARY=$on bench bulk 200 --workloads bulk --engines bulkgen,bulkgen-fp8 \
+      --num-prompts 512
   done
 fi
 if want mmabulk; then  # the same in bulk (512 prompts) and trt FP8 (TRT_PROMPTS), off/on

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from bulkgen.model.attention import AttentionBackend
+from bulkgen.model.attention.decode_rotary import Unrotated, defers
 from bulkgen.model.attention.metadata import AttnMetadata
 from bulkgen.model.config import ModelConfig
 from bulkgen.model.fp8 import ATTN_ROWS_ENV, Fp8Activation, Fp8Linear, switch
@@ -110,6 +111,8 @@ class Attention(nn.Module):
         cache = (k_cache, v_cache, meta.slot_mapping, k_scale, v_scale)
         # An fp8 cache's first-block partners (attention/kv_pairs.py), where there are any.
         pairs = {} if meta.kv_partners is None else {"partners": meta.kv_partners}
+        if self.defers_rotary(meta, q_out, k_cache, scales):  # the decode launch does both
+            return Unrotated(q, k, v, positions, rotary.cos, rotary.sin, meta.slot_mapping)
         if self.backend.rotary_write_kv is not None:  # one launch, the same bits
             args = (q, k, v, positions, rotary.cos, rotary.sin, *cache)
             return self.backend.rotary_write_kv(*args, q_out=q_out, **pairs)[0]
@@ -117,20 +120,32 @@ class Attention(nn.Module):
         self.backend.write_kv(k, v, *cache, **pairs)
         return q if q_out is None else q_out.copy_(q)
 
+    def defers_rotary(self, meta: AttnMetadata, q_out, k_cache: torch.Tensor, scales) -> bool:
+        """Whether qkv_cache leaves the rotary and the cache write to attend's decode launch
+        (decode_rotary.py): a decode-only step of a backend that can, outside mixed_graphs'
+        pieces (q_out), with a cache it can write (not int8, no paired first blocks)."""
+        if not self.backend.decode_rotary or not meta.decode_only or q_out is not None:
+            return False
+        return defers(k_cache, bool(scales), meta.kv_partners is not None)
+
     def attend(
         self,
-        q: torch.Tensor,
+        q: torch.Tensor | Unrotated,
         meta: AttnMetadata,
         kv: tuple[torch.Tensor, ...],
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Attention of the queries over the cache: [T, heads, head_dim] (in out when given)."""
+        """Attention of the queries over the cache: [T, heads, head_dim] (in out when given);
+        queries qkv_cache left unrotated are rotated, and their keys and values written, by
+        the decode launch."""
         k_cache, v_cache, *scales = kv
         k_scale, v_scale = scales if scales else (self.k_scale, self.v_scale)
+        rotate = {"rotate": q} if isinstance(q, Unrotated) else {}
+        q = q.q if rotate else q
         args = (q, k_cache, v_cache, meta, self.scale, k_scale, v_scale)
         if out is None and self.fp8_rows():  # a decode step's output may come as FP8 rows
-            return self.backend.attend_fp8_rows(*args)
-        return self.backend.attend(*args, out=out)
+            return self.backend.attend_fp8_rows(*args, **rotate)
+        return self.backend.attend(*args, out=out, **rotate)
 
     def fp8_rows(self) -> bool:
         """Whether attention may hand o_proj its input as FP8 rows (unless BULKGEN_FP8_ATTN_ROWS=0):

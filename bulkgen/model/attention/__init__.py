@@ -39,6 +39,10 @@ class AttentionBackend:
     # attend's arguments (no out) -> the output, or a decode step's as FP8 rows for an FP8
     # o_proj where the merge can write them (triton_backend.attend_fp8_rows); None: never.
     attend_fp8_rows: Callable[..., object] | None = None
+    # attend (and attend_fp8_rows) take rotate=decode_rotary.Unrotated in decode-only steps: the
+    # decode launch then does rotary_write_kv's work too (decode_rotary.py). Where the model's
+    # rotary is fused_rotary's (CUDA), as for rotary_write_kv.
+    decode_rotary: bool = False
 
     def metadata(
         self,
@@ -99,6 +103,7 @@ def get_backend(name: str, device: torch.device, batch_invariant: bool = False) 
             fused = rotary_write.rotary_write_kv
         rows = None if batch_invariant else m.attend_fp8_rows
         return AttentionBackend(
-            name + suffix, True, m.write_kv, m.paged_attention, slots_inner, fused, rows
-        )
+            name + suffix, True, m.write_kv, m.paged_attention, slots_inner, fused, rows,
+            decode_rotary=fused is not None,
+        )  # fmt: skip
     raise ValueError(f"attention backend {name!r} is not one of auto, torch, triton")

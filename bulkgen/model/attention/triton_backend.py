@@ -19,6 +19,7 @@ import functools
 
 import torch
 
+from bulkgen.model.attention.decode_rotary import Unrotated
 from bulkgen.model.attention.metadata import AttnMetadata
 from bulkgen.model.attention.triton_decode import paged_decode
 from bulkgen.model.attention.triton_kv_write import write_kv
@@ -45,6 +46,7 @@ def paged_attention(
     v_scale: float = 1.0,
     out: torch.Tensor | None = None,
     fp8_rows: bool = False,
+    rotate: Unrotated | None = None,
 ) -> torch.Tensor:
     """Causal attention of q [T, Hq, D] over each sequence's cached context; returns [T, Hq, D]
     (written into `out` when given: the static buffer of engine/mixed_graphs.py's pieces), or
@@ -52,7 +54,10 @@ def paged_attention(
 
     The cache must already hold this step's keys and values (write_kv runs first); k_scale and
     v_scale dequantize an fp8 cache, meta.kv_partners its paired first blocks (kv_pairs.py).
+    rotate (decode-only steps): q is unrotated and the decode launch rotates it and writes the
+    step's keys and values instead (decode_rotary.py).
     """
+    assert rotate is None or meta.decode_only
     if meta.decode_only:
         # Never meta.max_seq_len here: the launch must not change between graph replays.
         return paged_decode(
@@ -67,6 +72,7 @@ def paged_attention(
             out=out,
             partners=meta.kv_partners,
             fp8_rows=fp8_rows,
+            rotate=rotate,
         )
     split = meta.num_decode_prefix
     if SPLIT_MIXED_MIN_ROWS is None or split < SPLIT_MIXED_MIN_ROWS:

@@ -45,10 +45,12 @@ import triton.language as tl
 
 from bulkgen.model.attention.decode_merge import merge_splits, merge_splits_to_fp8
 from bulkgen.model.attention.decode_mma import attend_mma, mma_fp8
+from bulkgen.model.attention.decode_rotary import Unrotated, rotation_args, round_in_ptx
 from bulkgen.model.attention.decode_tile import decode_tile
 from bulkgen.model.attention.decode_tiling import DecodeLaunch, decode_launch, num_kv_splits
 from bulkgen.model.attention.kv_fp8 import is_fp8
 from bulkgen.model.attention.kv_layout import v_slots_inner
+from bulkgen.model.attention.triton_decode_rotary import rotate, write_at_its_split
 from bulkgen.model.attention.triton_kv import (
     check_cache,
     int8_asm,
@@ -90,6 +92,20 @@ def _decode_split_kernel(
     stride_v_slot,
     stride_v_head,
     stride_v_dim,
+    k_new_ptr,  # ROTATE's (decode_rotary.py): the step's unrotated keys and values [B, Hkv, D]
+    v_new_ptr,
+    stride_knt,
+    stride_knh,
+    stride_vnt,
+    stride_vnh,
+    positions_ptr,
+    cos_ptr,
+    sin_ptr,
+    stride_cos,
+    stride_sin,
+    slot_ptr,
+    k_inv_scale,
+    v_inv_scale,
     GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -106,6 +122,8 @@ def _decode_split_kernel(
     INT8_ASM: tl.constexpr,  # int8 tiles widened through PTX (triton_kv.int8_to_f16)
     MMA_FP8: tl.constexpr,  # an fp8 cache's products in e4m3 (decode_mma.py)
     ROUND_MMA: tl.constexpr,  # its e4m3 roundings done in float32 first (the interpreter)
+    ROTATE: tl.constexpr,  # q unrotated; rotate it, and rotate and write the step's k and v
+    ROUND_PTX: tl.constexpr,  # ROTATE's roundings through PTX (decode_rotary.round_to)
 ):
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -117,11 +135,16 @@ def _decode_split_kernel(
     heads = kv_head * GROUP + g
     head_mask = g < GROUP
     dims = tl.arange(0, HEAD_DIM)
-    q = tl.load(
-        q_ptr + b * stride_qt + heads[:, None] * stride_qh + dims[None, :],
-        mask=head_mask[:, None],
-        other=0.0,
-    )
+    q_rows = q_ptr + b * stride_qt + heads[:, None] * stride_qh
+    if ROTATE:
+        dtype = q_ptr.dtype.element_ty
+        position = tl.load(positions_ptr + b).to(tl.int64)  # the new token's
+        q = rotate(
+            q_rows, head_mask[:, None], position, cos_ptr, sin_ptr, stride_cos, stride_sin, dtype,
+            HEAD_DIM, ROUND_PTX,
+        ).to(dtype)  # fmt: skip
+    else:
+        q = tl.load(q_rows + dims[None, :], mask=head_mask[:, None], other=0.0)
     if DOT_F16 and not MMA_FP8:  # scores come out scaled; fp16 keeps 3 bits more than bf16
         q = (q.to(tl.float32) * qk_scale).to(tl.float16)
 
@@ -129,6 +152,14 @@ def _decode_split_kernel(
     tiles_per_split = tl.cdiv(tl.cdiv(seq_len, BLOCK_N), num_splits)
     lo = split * tiles_per_split * BLOCK_N
     hi = tl.minimum(lo + tiles_per_split * BLOCK_N, seq_len)
+    if ROTATE:  # the split holding the last position writes the new token before reading it
+        write_at_its_split(
+            b, kv_head, split, seq_len, tiles_per_split, position, slot_ptr, k_new_ptr, v_new_ptr,
+            stride_knt, stride_knh, stride_vnt, stride_vnh, cos_ptr, sin_ptr, stride_cos,
+            stride_sin, k_cache_ptr, v_cache_ptr, k_inv_scale, v_inv_scale, stride_cache_block,
+            stride_cache_slot, stride_cache_head, stride_v_block, stride_v_slot, stride_v_head,
+            stride_v_dim, q_ptr.dtype.element_ty, HEAD_DIM, BLOCK_SIZE, BLOCK_N, KV_FP8, ROUND_PTX,
+        )  # fmt: skip
 
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
@@ -219,6 +250,7 @@ def paged_decode(
     out: torch.Tensor | None = None,
     partners: torch.Tensor | None = None,
     fp8_rows: bool = False,
+    rotate: Unrotated | None = None,
 ) -> torch.Tensor | Fp8Activation:
     """Attention of one query row per sequence, q [B, Hq, D], over its cached context.
 
@@ -226,7 +258,9 @@ def paged_decode(
     dequantize an fp8 cache (floats) or an int8 one (scale tensors); out: where to write;
     partners: an fp8 cache's first-block partners (kv_pairs.py). fp8_rows: where the context
     is split, the merge writes FP8 rows [B, Hq * D] for an FP8 o_proj instead (an Fp8Activation,
-    decode_merge.merge_splits_to_fp8); unsplit, the output as always."""
+    decode_merge.merge_splits_to_fp8); unsplit, the output as always. rotate: q is unrotated,
+    and the launch rotates it and writes the step's keys and values (decode_rotary.py; an fp8,
+    16-bit or float32 cache without partners)."""
     batch, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     check_cache(k_cache, v_cache, head_dim)
@@ -246,6 +280,7 @@ def paged_decode(
     q = q if q.stride(-1) == 1 else q.contiguous()
     out = output_for(out, q)
     pairs = partners is not None and fp8
+    assert rotate is None or not (int8 or pairs), "decode_rotary.defers: neither"
     mma = mma_fp8(q, v_cache, block_n, pairs)
     if batch == 0:
         return out
@@ -273,6 +308,7 @@ def paged_decode(
         k_cache.stride(1),
         k_cache.stride(2),
         *v_cache.stride(),
+        *rotation_args(rotate, q, k_scale, v_scale),
         GROUP=group,
         GROUP_PAD=max(16, triton.next_power_of_2(group)),  # tl.dot needs at least 16 rows
         HEAD_DIM=head_dim,
@@ -289,6 +325,8 @@ def paged_decode(
         INT8_ASM=int8 and int8_asm(q.device),
         MMA_FP8=mma,
         ROUND_MMA=mma and not hw_rounding(q.device),
+        ROTATE=rotate is not None,
+        ROUND_PTX=rotate is not None and round_in_ptx(q.device),
         num_warps=launch.num_warps,
         **({"num_stages": launch.num_stages} if launch.num_stages else {}),
         **pairs_registers(pairs, launch.num_warps, q.device),

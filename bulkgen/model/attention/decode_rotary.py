@@ -1,0 +1,73 @@
+"""A decode step's rotary embedding and KV write inside the decode launch (triton_decode.py's
+ROTATE; the Triton backend on CUDA, decode-only steps).
+
+A decode-only step otherwise runs two launches a layer between the qkv projection and attention's
+merge: rotary_write.py's (rotate q and k, write k and v to the cache) and the decode kernel. With
+ROTATE the decode kernel takes the projection's unrotated q, k and v (an Unrotated, built by
+llama.Attention.qkv_cache instead of launching rotary_write): every program rotates its GROUP
+query heads as it loads them, and the one program whose split holds the sequence's last position
+rotates its kv head's key, writes key and value to the new token's slot (fp8 scaled and
+saturated as write_kv does), and waits at a barrier before its loop reads that slot back. One
+launch a layer fewer, the same bits: the roundings are fused_rotary._rotate_heads' (cos, sin,
+each product and each sum rounded to the model's dtype), done in PTX on the GPU (round_to)
+because the compiler folds a float32 -> bf16 -> float32 cast pair away where FP fusion is on,
+as it is for the decode kernel.
+
+Not taken (rotary_write runs as before): steps with prefill (mixed_graphs.py's pieces write q into
+a static buffer), an int8 cache (its per-row scales), paired first blocks (kv_pairs.py), the
+batch-invariant backend, or DECODE_ROTARY off (BULKGEN_DECODE_ROTARY=0). The kernel's parts:
+triton_decode_rotary.py (this module imports no Triton: llama.py builds Unrotated on any device).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import NamedTuple
+
+import torch
+
+from bulkgen.model.fp8 import DECODE_ROTARY_ENV, switch
+
+DECODE_ROTARY = True  # BULKGEN_DECODE_ROTARY (1/0) switches it for A/B runs
+
+
+class Unrotated(NamedTuple):
+    """A decode step's queries before the rotary embedding, with what the decode launch needs to
+    rotate them and to rotate and write the step's keys and values: q [B, Hq, D], k and v
+    [B, Hkv, D] (views of the projection's rows), positions [B], the float32 cos/sin tables
+    [positions, D / 2] and the slots [B] (< 0: a padding row, nothing written)."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    positions: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+    slot_mapping: torch.Tensor
+
+
+def defers(k_cache: torch.Tensor, int8: bool, pairs: bool) -> bool:
+    """Whether a decode-only step's rotary and write go into its decode launch: a 16-bit, float32
+    or fp8 cache without paired first blocks, unless BULKGEN_DECODE_ROTARY=0."""
+    if int8 or pairs or k_cache.dtype == torch.int8:
+        return False
+    return switch(DECODE_ROTARY_ENV, DECODE_ROTARY)
+
+
+def round_in_ptx(device: torch.device) -> bool:
+    """round_to's PTX form: on CUDA, compiled (the interpreter's casts round as torch does)."""
+    return device.type == "cuda" and os.environ.get("TRITON_INTERPRET") != "1"
+
+
+def rotation_args(rotate: Unrotated | None, q: torch.Tensor, k_scale, v_scale) -> tuple:
+    """The decode kernel's ROTATE arguments (k_new_ptr ... v_inv_scale), placeholders without."""
+    if rotate is None:
+        return (q, q, 0, 0, 0, 0, q, q, q, 0, 0, q, 1.0, 1.0)
+    k, v, cos, sin = rotate.k, rotate.v, rotate.cos, rotate.sin
+    assert k.stride(-1) == v.stride(-1) == 1 and cos.shape[-1] * 2 == q.shape[-1]
+    assert k.shape == v.shape and rotate.positions.shape == rotate.slot_mapping.shape
+    return (
+        k, v, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        rotate.positions, cos, sin, cos.stride(0), sin.stride(0), rotate.slot_mapping,
+        1.0 / k_scale, 1.0 / v_scale,
+    )  # fmt: skip
