@@ -275,6 +275,7 @@ if want rotary; then  # a decode step's rotary and KV write in the decode launch
     done
   done
 fi
+want rotarytests && gpu_tests rotary_tests 240 tests/test_decode_rotary.py
 if want rotarybulk; then  # the same in bulk (512 prompts): bf16 and FP8, off then on
   for on in 0 1; do
     BULKGEN_DECODE_ROTARY=$on bench bulk 200 --workloads bulk --engines bulkgen,bulkgen-fp8 \
