@@ -9,9 +9,12 @@ query heads as it loads them, and the one program whose split holds the sequence
 rotates its kv head's key, writes key and value to the new token's slot (fp8 scaled and
 saturated as write_kv does), and waits at a barrier before its loop reads that slot back. One
 launch a layer fewer, the same bits: the roundings are fused_rotary._rotate_heads' (cos, sin,
-each product and each sum rounded to the model's dtype), done in PTX on the GPU (round_to)
-because the compiler folds a float32 -> bf16 -> float32 cast pair away where FP fusion is on,
-as it is for the decode kernel.
+each product and each sum rounded to the model's dtype), each rounding a cvt in PTX on the GPU
+(round_to): rotary_write's launch keeps them by turning FP fusion off (the compiler fused a
+product into an FMA past its bf16 rounding), which the decode kernel's own arithmetic keeps on.
+Measured on the H200 (8fcdda6, one call, blog, off/on alternating twice): FP8 decode steps 3.957
+/ 3.956 ms against 4.031, bf16 5.943 / 5.941 against 5.981 / 5.980; its GPU tests (the launch
+at the 8B shape against rotary_write then decode, bit for bit; the engine's tokens) passed.
 
 Not taken (rotary_write runs as before): decode steps of more than MAX_ROWS rows, steps with
 prefill (mixed_graphs.py's pieces write q into a static buffer), an int8 cache (its per-row
@@ -32,8 +35,8 @@ from bulkgen.model.fp8 import DECODE_ROTARY_ENV, switch
 DECODE_ROTARY = True  # BULKGEN_DECODE_ROTARY (1/0) switches it for A/B runs
 # Up to this many rows a step (on the H200 at 8fcdda6, one call: blog's 32 rows ran 1.9% faster
 # in FP8 and 0.7% in bf16, decode steps 3.957 against 4.031 ms and 5.942 against 5.981; bulk's
-# 512 ran 1.4% slower in FP8, 12.861 against 12.687 ms, and flat in bf16, where every program
-# of the unsplit launch writes before it reads and rotary_write's launch was cheap beside it).
+# 512 ran 1.4% slower in FP8, 12.861 against 12.687 ms, and flat in bf16; not profiled, but
+# there every program of the unsplit launch writes before it reads).
 MAX_ROWS = 64
 
 
