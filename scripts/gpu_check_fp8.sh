@@ -23,6 +23,8 @@
 #      default, the FP8 GPU tests, blog bf16 and FP8, bulk FP8 and FP8 with both off (5 minutes);
 #   rotary: a decode step's rotary and KV write in the decode launch (BULKGEN_DECODE_ROTARY): its
 #      GPU tests, blog bf16 and FP8 off/on twice (about 9 minutes); rotarybulk: bulk the same;
+#      rotarytests: its GPU tests alone; rotarylayers: scripts/bench_decode_rotary.py (the launch
+#      against rotary_write then decode at 1-512 rows, 32 layers a graph; not yet run);
 #   mma: the fp8 cache's decode on e4m3 products (BULKGEN_FP8_DECODE_MMA): its GPU tests, the
 #      decode kernel at 32 rows off/on, blog bf16 and FP8 off/on twice (about 8 minutes);
 #      mmabulk: bulk and trt FP8 off/on;
@@ -276,6 +278,10 @@ if want rotary; then  # a decode step's rotary and KV write in the decode launch
   done
 fi
 want rotarytests && gpu_tests rotary_tests 240 tests/test_decode_rotary.py
+if want rotarylayers; then  # the one launch against rotary_write + decode by rows, 32 layers a graph
+  timeout 200 python3 scripts/bench_decode_rotary.py 2>&1 | grep -v -i warn \
+    | tee "$OUT/rotary_layers.jsonl"
+fi
 if want rotarybulk; then  # the same in bulk (512 prompts): bf16 and FP8, off then on
   for on in 0 1; do
     BULKGEN_DECODE_ROTARY=$on bench bulk 200 --workloads bulk --engines bulkgen,bulkgen-fp8 \
