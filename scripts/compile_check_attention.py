@@ -36,7 +36,12 @@ from ptx_counts import (
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from bulkgen.model.attention import triton_decode, triton_kv_write, triton_prefill
+from bulkgen.model.attention import (
+    triton_decode,
+    triton_decode_kernel,
+    triton_kv_write,
+    triton_prefill,
+)
 
 TARGET = GPUTarget("cuda", 90, 32)
 # The Llama-3-8B shape: head_dim 128, 16-token blocks, 4 query heads per kv-head.
@@ -188,7 +193,7 @@ def decode_source(
     }
     attrs = _aligned(signature)
     return ASTSource(
-        triton_decode._decode_split_kernel, signature, constexprs=constexprs, attrs=attrs
+        triton_decode_kernel._decode_split_kernel, signature, constexprs=constexprs, attrs=attrs
     )
 
 
