@@ -1,4 +1,4 @@
-"""A decode step's rotary embedding and KV write inside the decode launch (triton_decode.py's
+"""A decode step's rotary embedding and KV write inside the decode launch (triton_decode_kernel.py's
 ROTATE; the Triton backend on CUDA, decode-only steps).
 
 A decode-only step otherwise runs two launches a layer between the qkv projection and attention's

@@ -1,5 +1,5 @@
 """The decode launch's rotary and KV write (decode_rotary.py: why and when), as Triton functions
-that triton_decode._decode_split_kernel calls under ROTATE."""
+that triton_decode_kernel._decode_split_kernel calls under ROTATE."""
 
 from __future__ import annotations
 
