@@ -80,7 +80,9 @@ def same(a, b) -> bool:
 
 CACHES = [
     (FP8_DTYPE, torch.bfloat16, True),
+    (FP8_DTYPE, torch.float16, True),
     (FP8_DTYPE, torch.float32, False),
+    (torch.float16, torch.float16, False),
     (torch.bfloat16, torch.bfloat16, False),
     (torch.float32, torch.float32, False),
 ]
@@ -117,6 +119,47 @@ def test_it_takes_few_rows_unless_switched_off_and_never_int8_or_pairs(monkeypat
     monkeypatch.setenv(DECODE_ROTARY_ENV, "2")
     with pytest.raises(ValueError, match="must be 1 or 0"):
         decode_rotary.defers(cache, int8=False, pairs=False, rows=1)
+
+
+COMPILE = """
+import triton
+from triton.compiler import ASTSource
+from compile_check_attention import TARGET, decode_source
+
+for cache, q in (("fp8", "bf16"), ("fp8", "fp16"), ("bf16", "bf16")):
+    src = decode_source(cache, v_slots_inner=cache == "fp8", prefetch_blocks=cache == "fp8",
+                        rotate=True)
+    names = list(src.signature)
+    signature = dict(src.signature)
+    for name in ("q_ptr", "out_ptr", "k_new_ptr", "v_new_ptr"):
+        signature[name] = "*" + q
+    constexprs = {names[k[0]] if isinstance(k, tuple) else k: v for k, v in src.constants.items()}
+    source = ASTSource(src.fn, signature, constexprs=constexprs, attrs=src.attrs)
+    ptx = triton.compile(source, target=TARGET, options={"num_warps": 4}).asm["ptx"]
+    cvt = "cvt.rn.f16.f32" if q == "fp16" else "cvt.rn.bf16.f32"
+    print(cache, q, ptx.count(cvt), ptx.count("bar.sync"), ptx.count("ld.local"))
+"""
+
+
+def test_it_compiles_for_sm_90_with_its_roundings_in_ptx():
+    """Compiled for Hopper (a process without TRITON_INTERPRET; the engine's fp8 launch and a
+    16-bit one): every rotary rounding a cvt to the query's dtype (bf16 or fp16; round_to's
+    PTX, so that no cast pair is folded), a barrier, nothing spilled to local memory."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(root), str(root / "scripts")])
+    done = subprocess.run([sys.executable, "-c", COMPILE], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = re.findall(r"^(\w+) (\w+) (\d+) (\d+) (\d+)$", done.stdout, re.M)
+    assert len(rows) == 3, done.stdout
+    for _, _, casts, barriers, spills in rows:
+        # q's 16 padded rows x 128 and k's 128 values, 3 roundings each, over 128 threads
+        assert int(casts) >= 48 and int(barriers) >= 1 and int(spills) == 0, rows
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on CUDA: the GPU engine test below")
