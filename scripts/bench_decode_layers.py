@@ -29,7 +29,7 @@ from bulkgen.model.attention.decode_tiling import decode_launch, fp8_v_slots_inn
 from bulkgen.model.attention.kv_fp8 import FP8_DTYPE
 from bulkgen.model.attention.kv_layout import block_size_for, to_slots_inner
 from bulkgen.model.attention.triton_decode import paged_decode
-from bulkgen.model.fp8 import DECODE_MMA_ENV
+from bulkgen.model.switches import DECODE_MMA_ENV
 
 LAYERS = 32
 CONTEXTS = (128, 256, 512, 1024, 2048, 4096)

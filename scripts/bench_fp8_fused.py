@@ -27,9 +27,9 @@ import torch
 from bench_attention import steps_us
 
 from bulkgen.model import fused
-from bulkgen.model.fp8 import HW_ROUNDING_ENV
 from bulkgen.model.fp8_fused import silu_and_mul_fp8
 from bulkgen.model.fp8_kernels import quantize_rows
+from bulkgen.model.switches import HW_ROUNDING_ENV
 
 WIDTH, HIDDEN = 14336, 4096
 FORMS = {

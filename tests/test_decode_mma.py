@@ -28,7 +28,7 @@ from bulkgen.model.attention import (  # noqa: E402
 )
 from bulkgen.model.attention.kv_fp8 import FP8_DTYPE  # noqa: E402
 from bulkgen.model.attention.triton_decode import LOG2E, paged_decode  # noqa: E402
-from bulkgen.model.fp8 import DECODE_MMA_ENV  # noqa: E402
+from bulkgen.model.switches import DECODE_MMA_ENV  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("nan_buffers")
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

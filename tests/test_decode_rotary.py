@@ -23,7 +23,7 @@ from bulkgen.model.attention.decode_rotary import Unrotated  # noqa: E402
 from bulkgen.model.attention.kv_fp8 import FP8_DTYPE  # noqa: E402
 from bulkgen.model.attention.rotary_write import rotary_write_kv  # noqa: E402
 from bulkgen.model.attention.triton_decode import paged_decode  # noqa: E402
-from bulkgen.model.fp8 import DECODE_ROTARY_ENV  # noqa: E402
+from bulkgen.model.switches import DECODE_ROTARY_ENV  # noqa: E402
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

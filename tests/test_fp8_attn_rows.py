@@ -25,8 +25,9 @@ from test_triton_kernels import DEVICE, metadata, paged_kv  # noqa: E402
 from bulkgen.model.attention.decode_merge import merge_splits, merge_splits_to_fp8  # noqa: E402
 from bulkgen.model.attention.triton_backend import attend_fp8_rows  # noqa: E402
 from bulkgen.model.attention.triton_decode import paged_decode  # noqa: E402
-from bulkgen.model.fp8 import ATTN_ROWS_ENV, Fp8Activation, fuse_input_quantization  # noqa: E402
+from bulkgen.model.fp8 import Fp8Activation, fuse_input_quantization  # noqa: E402
 from bulkgen.model.fp8_kernels import quantize_rows  # noqa: E402
+from bulkgen.model.switches import ATTN_ROWS_ENV  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

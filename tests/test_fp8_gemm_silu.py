@@ -21,13 +21,7 @@ from test_fp8 import DEVICE, needs_fp8_gpu  # noqa: E402
 from test_fp8_gemm import operands  # noqa: E402
 
 from bulkgen.model import fp8_gemm_silu  # noqa: E402
-from bulkgen.model.fp8 import (  # noqa: E402
-    SILU_GEMM_ENV,
-    Fp8Activation,
-    Fp8Linear,
-    apply_switches,
-    fuse_input_quantization,  # noqa: E402
-)
+from bulkgen.model.fp8 import Fp8Activation, Fp8Linear, fuse_input_quantization  # noqa: E402
 from bulkgen.model.fp8_fused import silu_and_mul_fp8  # noqa: E402
 from bulkgen.model.fp8_gemm import CANDIDATES, fp8_gemm  # noqa: E402
 from bulkgen.model.fp8_gemm_silu import (  # noqa: E402
@@ -38,6 +32,7 @@ from bulkgen.model.fp8_gemm_silu import (  # noqa: E402
 )
 from bulkgen.model.fp8_gemm_table import SCALED_MM  # noqa: E402
 from bulkgen.model.fused import silu_and_mul  # noqa: E402
+from bulkgen.model.switches import SILU_GEMM_ENV, apply_switches  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""The experimental switches of fp8.KERNEL_SWITCHES, read from the environment: what a run's
+"""The experimental switches of switches.KERNEL_SWITCHES, read from the environment: what a run's
 stats name, a bad value's error, and the 16-bit greedy argmax (CPU)."""
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def test_stats_name_the_experimental_switches_set_in_the_environment(tiny_model_
 
 def test_a_blas_library_that_is_not_one_fails_at_load(tiny_model_dir, monkeypatch):
     from bulkgen import LLM
-    from bulkgen.model.fp8 import blas_library
+    from bulkgen.model.switches import blas_library
 
     monkeypatch.setenv("BULKGEN_BLAS", "mkl")
     with pytest.raises(ValueError, match="BULKGEN_BLAS must be one of cublas, cublaslt"):

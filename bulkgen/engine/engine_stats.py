@@ -7,7 +7,7 @@ import os
 from typing import TYPE_CHECKING
 
 from bulkgen.engine.monitor import step_time_stats
-from bulkgen.model.fp8 import KERNEL_SWITCHES
+from bulkgen.model.switches import KERNEL_SWITCHES
 
 if TYPE_CHECKING:
     from bulkgen.engine.engine import Engine
@@ -55,7 +55,7 @@ def engine_stats(engine: Engine) -> dict:
 
 
 def env_overrides() -> dict[str, str]:
-    """The experimental switches set in the environment (fp8.KERNEL_SWITCHES: BULKGEN_FP8_PDL,
+    """The experimental switches set in the environment (switches.KERNEL_SWITCHES: BULKGEN_FP8_PDL,
     BULKGEN_SILU_FORM, BULKGEN_FP8_HW_ROUNDING, BULKGEN_PREFILL_F16, BULKGEN_BLAS,
     BULKGEN_BF16_ARGMAX, BULKGEN_ATTN_FP8_PV): a run's stats say which kernels it ran ({} when
     none is set). Only those: other BULKGEN_* variables (the cache folder, the CPU-thread

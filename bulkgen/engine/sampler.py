@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from bulkgen.config import SamplingParams
-from bulkgen.model.fp8 import BF16_ARGMAX_ENV, switch
+from bulkgen.model.switches import BF16_ARGMAX_ENV, switch
 
 _MASK32 = 0xFFFFFFFF
 # Plain greedy steps skip a [rows, vocab] float32 copy of their logits (0.146 ms at 400 rows of

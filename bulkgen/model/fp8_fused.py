@@ -24,12 +24,13 @@ import triton
 import triton.language as tl
 
 from bulkgen.model import pdl
-from bulkgen.model.fp8 import FP8, SILU_FORM_ENV, Fp8Activation
+from bulkgen.model.fp8 import FP8, Fp8Activation
 from bulkgen.model.fp8_gemm_silu import gate_up_silu
 from bulkgen.model.fp8_kernels import hw_rounding, quantize_rows, quantize_value, row_scale
 from bulkgen.model.fp8_silu_split import silu_split
 from bulkgen.model.fused import NORM_TILE, residual_for, silu_and_mul, silu_times_up
 from bulkgen.model.pdl import pdl_launch_dependents
+from bulkgen.model.switches import SILU_FORM_ENV
 
 SILU_BLOCK = 2048  # elements of a row per loop iteration (two passes)
 # silu_and_mul_fp8 reads a row in one pass up to this many rows (its docstring): on the H200 at

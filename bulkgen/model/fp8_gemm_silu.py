@@ -27,9 +27,10 @@ import torch
 import triton
 import triton.language as tl
 
-from bulkgen.model.fp8 import FP8, SILU_GEMM_ENV, Fp8Activation, Fp8Linear, switch
+from bulkgen.model.fp8 import FP8, Fp8Activation, Fp8Linear
 from bulkgen.model.fp8_gemm import Fp8GemmConfig, k_tile, tile_product
 from bulkgen.model.fused import silu_mul
+from bulkgen.model.switches import SILU_GEMM_ENV, switch
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -90,7 +91,7 @@ def _gate_up_silu_kernel(
 
 
 def enabled() -> bool:
-    """Unless BULKGEN_FP8_SILU_GEMM=0 (fp8.apply_switches checks its value at model load)."""
+    """Unless BULKGEN_FP8_SILU_GEMM=0 (switches.apply_switches checks its value at model load)."""
     return switch(SILU_GEMM_ENV, True)
 
 

@@ -26,7 +26,7 @@ from bulkgen.model.fp8_gemm import CANDIDATES, Fp8GemmConfig, fp8_gemm, output_t
 SCALED_MM = "scaled_mm"  # the table's name for torch._scaled_mm
 TABLE_FILE = Path(__file__).with_name("fp8_gemm_table.json")
 # Another table read instead of TABLE_FILE, for A/B runs of two tables in one call (a missing
-# file is an error, not "no table"); stats.json's env_overrides names it (fp8.KERNEL_SWITCHES).
+# file is an error, not "no table"); stats.json's env_overrides names it (switches.KERNEL_SWITCHES).
 TABLE_ENV = "BULKGEN_FP8_GEMM_TABLE"
 
 

@@ -18,8 +18,9 @@ import triton
 import triton.language as tl
 
 from bulkgen.model import pdl
-from bulkgen.model.fp8 import FP8, FP8_MAX, HW_ROUNDING_ENV, MIN_ABSMAX, switch
+from bulkgen.model.fp8 import FP8, FP8_MAX, MIN_ABSMAX
 from bulkgen.model.pdl import pdl_launch_dependents
+from bulkgen.model.switches import HW_ROUNDING_ENV, switch
 
 BLOCK = 2048  # elements of a row per loop iteration (two passes)
 # quantize_rows reads a row in one pass up to this many rows: on the H200 at o_proj's 4,096-wide

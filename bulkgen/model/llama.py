@@ -22,8 +22,9 @@ from bulkgen.model.attention import AttentionBackend
 from bulkgen.model.attention.decode_rotary import Unrotated, defers
 from bulkgen.model.attention.metadata import AttnMetadata
 from bulkgen.model.config import ModelConfig
-from bulkgen.model.fp8 import ATTN_ROWS_ENV, Fp8Activation, Fp8Linear, switch
+from bulkgen.model.fp8 import Fp8Activation, Fp8Linear
 from bulkgen.model.parallel_layers import TensorParallel, VocabParallelEmbedding
+from bulkgen.model.switches import ATTN_ROWS_ENV, switch
 
 
 class RMSNorm(nn.Module):

@@ -18,7 +18,6 @@ from bulkgen.model.attention.kv_fp8 import load_kv_scale
 from bulkgen.model.config import ModelConfig
 from bulkgen.model.fp8 import (
     Fp8Linear,
-    apply_switches,
     fuse_input_quantization,
     quantize_model,
     replace_modules,
@@ -37,6 +36,7 @@ from bulkgen.model.invariant import make_batch_invariant
 from bulkgen.model.llama import LlamaForCausalLM
 from bulkgen.model.ops import get_ops
 from bulkgen.model.parallel_layers import TensorParallel, WeightShard, local_config
+from bulkgen.model.switches import apply_switches
 
 # Hugging Face projections that we store fused: HF name part -> (our name part, shard index).
 _FUSED = {

@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from bulkgen.model.fp8 import PDL_ENV
+from bulkgen.model.switches import PDL_ENV
 
 ENV = PDL_ENV
 PREFETCH_TILES = 2  # K tiles of its weight rows a GEMM program prefetches before its wait

@@ -36,8 +36,8 @@ import triton.language as tl
 from bulkgen.model.attention.kv_fp8 import P_SCALE, is_fp8
 from bulkgen.model.attention.kv_layout import v_slots_inner
 from bulkgen.model.attention.triton_kv import kv_tile_blocks, kv_tile_offsets
-from bulkgen.model.fp8 import DECODE_MMA_ENV, switch
 from bulkgen.model.fp8_kernels import _round_e4m3
+from bulkgen.model.switches import DECODE_MMA_ENV, switch
 
 # Off (see above); BULKGEN_FP8_DECODE_MMA (1/0) switches it for A/B runs.
 DECODE_MMA = False

@@ -30,7 +30,7 @@ from typing import NamedTuple
 
 import torch
 
-from bulkgen.model.fp8 import DECODE_ROTARY_ENV, switch
+from bulkgen.model.switches import DECODE_ROTARY_ENV, switch
 
 DECODE_ROTARY = True  # BULKGEN_DECODE_ROTARY (1/0) switches it for A/B runs
 # Up to this many rows a step (on the H200 at 8fcdda6, one call: blog's 32 rows ran 1.9% faster

@@ -26,7 +26,7 @@ import re
 import torch
 
 from bulkgen.model.attention.kv_layout import v_slots_inner
-from bulkgen.model.fp8 import ATTN_FP8_PV_ENV, switch
+from bulkgen.model.switches import ATTN_FP8_PV_ENV, switch
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max

@@ -34,7 +34,7 @@ from typing import NamedTuple
 import torch
 
 from bulkgen.model.attention.kv_int8 import INT8_DTYPE, allocate_kv_scales
-from bulkgen.model.fp8 import INT8_V_SLOTS_INNER_ENV, switch
+from bulkgen.model.switches import INT8_V_SLOTS_INNER_ENV, switch
 
 # scripts/exp_decode_swap.py --block-sizes on the H200 (8B shape, fp8 values slots inner, the
 # tuned launch): 256 rows x 2K 0.355 / 0.308 / 0.288 ms at 16 / 32 / 64-token blocks, 512 x 2K

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from bulkgen.model.attention.kv_int8 import is_int8
-from bulkgen.model.fp8 import INT8_F16_ASM_ENV, switch
+from bulkgen.model.switches import INT8_F16_ASM_ENV, switch
 
 
 def int8_asm(device: torch.device) -> bool:

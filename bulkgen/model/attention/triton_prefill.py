@@ -53,8 +53,8 @@ from bulkgen.model.attention.triton_kv import (
     output_for,
 )
 from bulkgen.model.attention.triton_kv_pairs import first_partner
-from bulkgen.model.fp8 import PREFILL_F16_ENV, switch
 from bulkgen.model.fp8_kernels import hw_rounding
+from bulkgen.model.switches import PREFILL_F16_ENV, switch
 
 __all__ = ["invariant_tiles", "paged_prefill", "prefill_tiles"]
 
