@@ -36,12 +36,8 @@ from ptx_counts import (
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from bulkgen.model.attention import (
-    triton_decode,
-    triton_decode_kernel,
-    triton_kv_write,
-    triton_prefill,
-)
+from bulkgen.model.attention import triton_decode, triton_kv_write, triton_prefill
+from bulkgen.model.attention.triton_decode_kernel import _decode_split_kernel
 
 TARGET = GPUTarget("cuda", 90, 32)
 # The Llama-3-8B shape: head_dim 128, 16-token blocks, 4 query heads per kv-head.
@@ -57,28 +53,10 @@ SCALES = {
 # The fp8 cache's alone: P @ V in e4m3, and its paired first blocks (kv_pairs.py), in the engine's
 # layout (values slots inner).
 FP8_ONLY = ("prefill-pvfp8", "write_kv-pairs", "decode-pairs", "prefill-pairs", "decode-mma")
-FP8_ONLY += ("decode-rotary",)
 # The kernels compiled for each cache but these: block ids loaded ahead (triton_decode.py) run
 # over 8-bit caches only (fp8's and int8's measured launches).
-SKIPPED = {
-    "bf16": (*FP8_ONLY, "decode-prefetch"),
-    "fp8": ("decode-rotary-rows",),
-    "int8": (*FP8_ONLY, "decode-rotary-rows"),  # an int8 cache's rotary stays apart
-}
-
-
-# The decode kernel's ROTATE arguments (decode_rotary.py): passed to every launch.
-ROTATE_ARGS = {
-    "k_new_ptr": "*bf16",
-    "v_new_ptr": "*bf16",
-    **dict.fromkeys(("stride_knt", "stride_knh", "stride_vnt", "stride_vnh"), "i32"),
-    "positions_ptr": "*i64",
-    "cos_ptr": "*fp32",
-    "sin_ptr": "*fp32",
-    **dict.fromkeys(("stride_cos", "stride_sin"), "i32"),
-    "slot_ptr": "*i64",
-    **dict.fromkeys(("k_inv_scale", "v_inv_scale"), "fp32"),
-}
+# An int8 cache's rotary stays apart (decode_rotary.py).
+SKIPPED = {"bf16": (*FP8_ONLY, "decode-prefetch"), "fp8": (), "int8": (*FP8_ONLY, "decode-rotary")}
 
 
 def _scalars(names: str, kind: str) -> dict[str, str]:
@@ -161,7 +139,14 @@ def decode_source(
             "i32",
         ),
         **v_signature,
-        **ROTATE_ARGS,
+        # ROTATE's (decode_rotary.py), in the kernel's order: passed to every launch
+        **_scalars("k_new_ptr v_new_ptr", "*bf16"),
+        **_scalars("stride_knt stride_knh stride_vnt stride_vnh", "i32"),
+        **_scalars("positions_ptr", "*i64"),
+        **_scalars("cos_ptr sin_ptr", "*fp32"),
+        **_scalars("stride_cos stride_sin", "i32"),
+        **_scalars("slot_ptr", "*i64"),
+        **_scalars("k_inv_scale v_inv_scale", "fp32"),
         **_scalars(
             "GROUP GROUP_PAD HEAD_DIM BLOCK_SIZE BLOCK_N DOT_PRECISION KV_FP8 KV_INT8 DOT_F16 "
             "V_IN_REGISTERS V_SLOTS_INNER PREFETCH_BLOCKS PAIRS INT8_ASM MMA_FP8 ROUND_MMA "
@@ -192,14 +177,19 @@ def decode_source(
         **v_constants,
     }
     attrs = _aligned(signature)
-    return ASTSource(
-        triton_decode_kernel._decode_split_kernel, signature, constexprs=constexprs, attrs=attrs
-    )
+    return ASTSource(_decode_split_kernel, signature, constexprs=constexprs, attrs=attrs)
 
 
 def decode_prefetch_source(cache: str) -> ASTSource:
     """The engine's 8-bit layout (values slots inner) with each tile's block ids loaded ahead."""
     return decode_source(cache, v_slots_inner=True, prefetch_blocks=True)
+
+
+def decode_rotary_source(cache: str) -> ASTSource:
+    """The rotary and the new token's write in the launch (decode_rotary.py), in the cache's
+    engine layout: an fp8 cache's values slots inner with block ids loaded ahead, bf16's rows."""
+    eight_bit = cache != "bf16"
+    return decode_source(cache, v_slots_inner=eight_bit, prefetch_blocks=eight_bit, rotate=True)
 
 
 def prefill_source(
@@ -279,12 +269,7 @@ SOURCES = {
         decode_source, v_slots_inner=True, prefetch_blocks=True, mma=True, block_n=64
     ),
     "prefill-pairs": functools.partial(prefill_source, v_slots_inner=True, pairs=True),
-    # decode_rotary.py: the rotary and the new token's write in the launch (the fp8 cache's
-    # engine layout with block ids loaded ahead; a 16-bit cache's rows)
-    "decode-rotary": functools.partial(
-        decode_source, v_slots_inner=True, prefetch_blocks=True, rotate=True
-    ),
-    "decode-rotary-rows": functools.partial(decode_source, rotate=True),
+    "decode-rotary": decode_rotary_source,
 }
 
 

@@ -124,11 +124,10 @@ def test_it_takes_few_rows_unless_switched_off_and_never_int8_or_pairs(monkeypat
 COMPILE = """
 import triton
 from triton.compiler import ASTSource
-from compile_check_attention import TARGET, decode_source
+from compile_check_attention import TARGET, decode_rotary_source
 
 for cache, q in (("fp8", "bf16"), ("fp8", "fp16"), ("bf16", "bf16")):
-    src = decode_source(cache, v_slots_inner=cache == "fp8", prefetch_blocks=cache == "fp8",
-                        rotate=True)
+    src = decode_rotary_source(cache)
     names = list(src.signature)
     signature = dict(src.signature)
     for name in ("q_ptr", "out_ptr", "k_new_ptr", "v_new_ptr"):

@@ -201,7 +201,7 @@ def test_kernels_compile_for_sm90_with_the_fp8_casts_only_in_the_fp8_variants(
     expected = {f"{k} {c}" for k in kernels for c in CACHES + ("int8",)}
     experiments = {"decode-prefetch fp8", "decode-prefetch int8", "prefill-pvfp8 fp8"}
     experiments |= {"decode-mma fp8"}  # decode_mma.py
-    experiments |= {"decode-rotary fp8", "decode-rotary-rows bf16"}  # decode_rotary.py
+    experiments |= {"decode-rotary fp8", "decode-rotary bf16"}  # decode_rotary.py
     experiments |= {f"{k}-pairs fp8" for k in ("write_kv", "decode", "prefill")}  # kv_pairs.py
     slots_inner_caches = (*CACHES, "int8")
     assert (
