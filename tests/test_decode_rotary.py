@@ -110,15 +110,15 @@ def test_fp8_rows_of_a_split_step_are_the_same():
 
 def test_it_takes_few_rows_unless_switched_off_and_never_int8_or_pairs(monkeypatch):
     cache, rows = torch.empty(1, 4, 2, 32, dtype=FP8_DTYPE), decode_rotary.MAX_ROWS
-    assert decode_rotary.defers(cache, int8=False, pairs=False, rows=rows)
-    assert not decode_rotary.defers(cache, int8=False, pairs=False, rows=rows + 1)
-    assert not decode_rotary.defers(cache, int8=False, pairs=True, rows=1)
-    assert not decode_rotary.defers(torch.empty(1, 4, 2, 32, dtype=torch.int8), True, False, 1)
+    assert decode_rotary.defers(cache, pairs=False, rows=rows)
+    assert not decode_rotary.defers(cache, pairs=False, rows=rows + 1)
+    assert not decode_rotary.defers(cache, pairs=True, rows=1)
+    assert not decode_rotary.defers(torch.empty(1, 4, 2, 32, dtype=torch.int8), False, 1)
     monkeypatch.setenv(DECODE_ROTARY_ENV, "0")
-    assert not decode_rotary.defers(cache, int8=False, pairs=False, rows=1)
+    assert not decode_rotary.defers(cache, pairs=False, rows=1)
     monkeypatch.setenv(DECODE_ROTARY_ENV, "2")
     with pytest.raises(ValueError, match="must be 1 or 0"):
-        decode_rotary.defers(cache, int8=False, pairs=False, rows=1)
+        decode_rotary.defers(cache, pairs=False, rows=1)
 
 
 COMPILE = """

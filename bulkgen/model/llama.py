@@ -112,7 +112,7 @@ class Attention(nn.Module):
         cache = (k_cache, v_cache, meta.slot_mapping, k_scale, v_scale)
         # An fp8 cache's first-block partners (attention/kv_pairs.py), where there are any.
         pairs = {} if meta.kv_partners is None else {"partners": meta.kv_partners}
-        if self.defers_rotary(meta, q, q_out, k_cache, scales):  # the decode launch does both
+        if self.defers_rotary(meta, q, q_out, k_cache):  # the decode launch does both
             return Unrotated(q, k, v, positions, rotary.cos, rotary.sin, meta.slot_mapping)
         if self.backend.rotary_write_kv is not None:  # one launch, the same bits
             args = (q, k, v, positions, rotary.cos, rotary.sin, *cache)
@@ -121,13 +121,13 @@ class Attention(nn.Module):
         self.backend.write_kv(k, v, *cache, **pairs)
         return q if q_out is None else q_out.copy_(q)
 
-    def defers_rotary(self, meta: AttnMetadata, q, q_out, k_cache: torch.Tensor, scales) -> bool:
+    def defers_rotary(self, meta: AttnMetadata, q, q_out, k_cache: torch.Tensor) -> bool:
         """Whether qkv_cache leaves the rotary and the cache write to attend's decode launch
         (decode_rotary.py): a decode-only step of a backend that can, outside mixed_graphs'
         pieces (q_out), of few rows, with a cache it can write (not int8, no paired blocks)."""
         if not self.backend.decode_rotary or not meta.decode_only or q_out is not None:
             return False
-        return defers(k_cache, bool(scales), meta.kv_partners is not None, q.shape[0])
+        return defers(k_cache, meta.kv_partners is not None, q.shape[0])
 
     def attend(
         self,

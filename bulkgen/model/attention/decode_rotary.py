@@ -55,11 +55,11 @@ class Unrotated(NamedTuple):
     slot_mapping: torch.Tensor
 
 
-def defers(k_cache: torch.Tensor, int8: bool, pairs: bool, rows: int) -> bool:
+def defers(k_cache: torch.Tensor, pairs: bool, rows: int) -> bool:
     """Whether a decode-only step's rotary and write go into its decode launch: a 16-bit, float32
     or fp8 cache without paired first blocks, up to MAX_ROWS rows (a CUDA graph's batch: its
     shape, fixed at capture), unless BULKGEN_DECODE_ROTARY=0."""
-    if int8 or pairs or k_cache.dtype == torch.int8 or rows > MAX_ROWS:
+    if pairs or k_cache.dtype == torch.int8 or rows > MAX_ROWS:
         return False
     return switch(DECODE_ROTARY_ENV, DECODE_ROTARY)
 
