@@ -61,6 +61,8 @@ STATS_KEYS = (
     "max_num_seqs_chosen_max",
     "max_num_seqs_ceiling",
     "max_running_seqs",
+    "kv_blocks",
+    "kv_sizing_gb",  # what the cache's sizing set aside (engine/kv_sizing.py)
     "graph_max_batch",
     "graph_buckets_replaced",
     "mixed_graph_steps",

@@ -28,6 +28,8 @@
 #   mma: the fp8 cache's decode on e4m3 products (BULKGEN_FP8_DECODE_MMA): its GPU tests, the
 #      decode kernel at 32 rows off/on, blog bf16 and FP8 off/on twice (about 8 minutes);
 #      mmabulk: bulk and trt FP8 off/on;
+#   sizing: the GPU tests of the KV cache's sizing and test_gpu_engine.py (then e.g. "sweep" with
+#      SWEEP_SEQS=512,auto: issue 16's auto against 512 with the graph pools measured alone);
 #   mm32: the FP8 GEMM table re-timed at MM_ROWS (16,32,64) and merged (--merge), then blog
 #      bf16 and FP8 with the table before and after, alternating (about 5 minutes);
 #   mm: scripts/tune_fp8_mm.py --write-table (cuBLASLt or the Triton FP8 GEMM per shape and
@@ -178,6 +180,8 @@ gpu_tests() {  # gpu_tests <step> <limit> <pytest args...>
   } | tee "$OUT/$step.txt"
 }
 want tests && gpu_tests tests 420 $ENGINE_TESTS
+# the KV cache's sizing (graph pools measured without logits, kv_sizing.py) and the engine on CUDA
+want sizing && gpu_tests sizing 240 tests/test_kv_sizing.py tests/test_gpu_engine.py
 if want kernels; then
   gpu_tests kernels 420 $(for f in $ENGINE_TESTS tests/test_gpu_batch_invariant.py \
     tests/test_invariant_matmul.py; do echo "--ignore=$f"; done) tests

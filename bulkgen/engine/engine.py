@@ -32,7 +32,7 @@ from bulkgen.engine.gc_policy import freeze_startup_objects, release_dead_engine
 from bulkgen.engine.gpu_gaps import StepGaps
 from bulkgen.engine.grammar import GrammarCompiler, load_tokenizer
 from bulkgen.engine.host_times import HostTimes
-from bulkgen.engine.kv_sizing import auto_num_blocks
+from bulkgen.engine.kv_sizing import size_kv_cache
 from bulkgen.engine.mixed_graphs import resolve_mixed_graphs
 from bulkgen.engine.model_files import model_dir, read_eos_ids, resolve_device
 from bulkgen.engine.monitor import GpuMonitor
@@ -123,9 +123,8 @@ class Engine:
         # The monitor measures copy bandwidth with buffers of its own, before the cache is made.
         cuda0 = self.device.type == "cuda" and self.tp.rank == 0
         self.monitor = self._monitor(model, mcfg) if cuda0 else None
-        num_blocks = cfg.num_blocks or auto_num_blocks(
-            model, mcfg, cfg, self.device, self.kv_dtype, self.max_model_len, self.tp
-        )
+        self.kv_sizing = size_kv_cache(model, cfg, self.device, self.kv_dtype, self.max_model_len)
+        num_blocks = self.kv_sizing.blocks
         self.runner = ModelRunner(model, mcfg, cfg, self.device, num_blocks, self.max_model_len)
         # Every rank runs the same warm-up plans and captures the same graphs: their collectives
         # meet. Only then does rank 0 send its steps to the others.

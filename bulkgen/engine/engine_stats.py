@@ -19,6 +19,7 @@ def engine_stats(engine: Engine) -> dict:
         "preemptions": engine.scheduler.num_preemptions,
         "recomputed_tokens": engine.scheduler.num_recomputed,
         "kv_blocks": engine.scheduler.blocks.num_blocks,
+        **engine.kv_sizing.stats,  # what was set aside before the cache (CUDA)
         "block_size": engine.cfg.block_size,
         "startup_s": round(engine.startup_s, 3),
         "device": str(engine.device),

@@ -1,34 +1,74 @@
 """How many KV-cache blocks a device holds: the memory left once the model, the largest steps'
-activations and the decode graphs' pool have theirs (measured on CUDA with a warm-up pass of the
-widest steps), or a fixed budget on the CPU. The same count on every tensor-parallel rank."""
+activations and the CUDA graphs' pools have theirs (measured on CUDA with a warm-up pass of the
+widest steps), or a fixed budget on the CPU. The same count on every tensor-parallel rank.
+
+What is set aside, and why each is measured the way it is:
+- activations: the peak of the warm-up plans run eagerly (warmup.py), the longest prefill and
+  the widest sampling step with every filter on, logits and sampler temporaries included. Every
+  step's logits and sampling run outside the graphs, from this memory.
+- the decode graphs' pool: what the widest decode forward allocates up to the last hidden state,
+  the part graphs.py captures. Its logits are not in the pool (they are activations' above):
+  counted here too, a 1,024-row ceiling set aside 0.79 GB more than the graphs keep at the 8B
+  shape's 128K vocabulary (bf16 logits and their float32 widening), 0.39 GB more than 512 rows',
+  so `--max-num-seqs auto` held fewer blocks than 512 for no use (issue 16).
+- the mixed graphs' pool (mixed_graphs.py, on by default on one GPU): one piece's intermediates
+  at a time, at most what a forward of max_batch_tokens allocates, again without logits.
+- 2 GiB for cuBLAS workspaces, the step buffers and the penalty state.
+The cache then takes `kv_memory` of what is left.
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 from bulkgen.config import EngineConfig
+from bulkgen.engine.plan import Plan
 from bulkgen.engine.runner import ModelRunner, kv_bytes_per_block
-from bulkgen.engine.warmup import warmup_blocks, warmup_plans, widest_decode
-from bulkgen.model.config import ModelConfig
-from bulkgen.model.parallel_layers import TensorParallel
+from bulkgen.engine.warmup import fullest_step, warmup_blocks, warmup_plans, widest_decode
+from bulkgen.model.llama import LlamaForCausalLM
 
 CPU_KV_BUDGET = 2 << 30  # bytes of KV cache on the CPU when num_blocks is not given
+HEADROOM = 2 << 30  # cuBLAS workspaces, the step buffers, the penalty state
 
 
-def auto_num_blocks(
-    model,
-    mcfg: ModelConfig,
+@dataclass(frozen=True)
+class KvSizing:
+    """The cache's blocks and, when measured (CUDA, num_blocks not given), the bytes set aside
+    before it (stats.json's kv_sizing_gb)."""
+
+    blocks: int
+    free: int = 0  # device memory free once the model is loaded
+    activations: int = 0
+    decode_graphs: int = 0
+    mixed_graphs: int = 0
+    headroom: int = 0
+
+    @property
+    def stats(self) -> dict:
+        if not self.free:
+            return {"kv_sizing_gb": None}
+        fields = ("free", "activations", "decode_graphs", "mixed_graphs", "headroom")
+        return {"kv_sizing_gb": {f: round(getattr(self, f) / 1e9, 3) for f in fields}}
+
+
+def size_kv_cache(
+    model: LlamaForCausalLM,
     cfg: EngineConfig,
     device: torch.device,
     kv_dtype: torch.dtype,
     max_model_len: int,
-    tp: TensorParallel,
-) -> int:
-    """KV blocks that fit: on CUDA, measured after a warm-up pass of the largest steps."""
+) -> KvSizing:
+    """cfg.num_blocks if given, else the blocks that fit (on CUDA, measured after a warm-up pass
+    of the largest steps); model.cfg is this rank's shape."""
+    mcfg = model.cfg
+    if cfg.num_blocks:
+        return KvSizing(cfg.num_blocks)
     per_block = kv_bytes_per_block(mcfg, cfg.block_size, kv_dtype)
     if device.type != "cuda":
         want = cfg.seq_rows * max_model_len
-        return max(1, min(CPU_KV_BUDGET // per_block, -(-want // cfg.block_size)))
+        return KvSizing(max(1, min(CPU_KV_BUDGET // per_block, -(-want // cfg.block_size))))
     plans = warmup_plans(cfg, max_model_len)
     probe = ModelRunner(
         model,
@@ -44,29 +84,29 @@ def auto_num_blocks(
     torch.cuda.reset_peak_memory_stats(device)
     probe.warm_up(plans)
     activations = torch.cuda.max_memory_allocated(device) - before
-    graphs = cfg.cuda_graphs and model.attention.graph_safe
-    graph_pool = _graph_pool_bytes(probe, cfg, device) if graphs else 0
+    decode = mixed = 0
+    if cfg.cuda_graphs and model.attention.graph_safe:
+        decode = forward_bytes(probe, widest_decode(cfg, sample=False), device)
     if cfg.mixed_graphs and cfg.cuda_graphs:
-        graph_pool += activations  # mixed_graphs.py's pool: a piece's intermediates at most
+        mixed = forward_bytes(probe, fullest_step(cfg, max_model_len, sample=False), device)
     del probe
     torch.cuda.empty_cache()
     free, _ = torch.cuda.mem_get_info(device)
-    # Headroom: the warm-up's peak again (prefill steps allocate as they run), the decode
-    # graphs' pool (at most what the widest decode forward allocates, its logits included:
-    # the graphs keep their pool for the whole run, smaller graphs reuse the widest one's),
-    # plus 2 GiB for cuBLAS workspaces, the step buffers and the penalty state.
-    budget = int((free - activations - graph_pool - (2 << 30)) * cfg.kv_memory)
+    budget = int((free - activations - decode - mixed - HEADROOM) * cfg.kv_memory)
     if budget < per_block:
         raise ValueError("no device memory left for the KV cache: lower --max-batch-tokens")
-    return tp.min(budget // per_block, device)  # the same cache on every rank
+    blocks = model.tp.min(budget // per_block, device)  # the same cache on every rank
+    return KvSizing(blocks, free, activations, decode, mixed, HEADROOM)
 
 
-def _graph_pool_bytes(probe: ModelRunner, cfg: EngineConfig, device: torch.device) -> int:
-    """Bytes the widest decode forward allocates (eagerly, as its graph's capture would)."""
+def forward_bytes(probe: ModelRunner, plan: Plan, device: torch.device) -> int:
+    """Bytes a step's forward allocates at its peak, eagerly, as a graph's capture of it would
+    (the plan samples no row: no logits)."""
+    assert not plan.sampled, "a sampled row's logits are not the graph pool's"
     torch.cuda.synchronize(device)
     torch.cuda.reset_peak_memory_stats(device)
     before = torch.cuda.memory_allocated(device)
-    forward = probe.forward(widest_decode(cfg))
+    forward = probe.forward(plan)
     torch.cuda.synchronize(device)
     peak = torch.cuda.max_memory_allocated(device) - before
     probe.sample(forward).wait()

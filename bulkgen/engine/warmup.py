@@ -70,9 +70,18 @@ def warm_logits(model: torch.nn.Module, rows: int, stream: torch.cuda.Stream) ->
     stream.synchronize()
 
 
-def widest_decode(cfg: EngineConfig, num_blocks: int | None = None) -> Plan:
-    """A decode step of the most rows a decode graph is captured for."""
-    return _plan([1] * cfg.graph_rows, cfg.block_size, num_blocks)
+def widest_decode(cfg: EngineConfig, num_blocks: int | None = None, sample: bool = True) -> Plan:
+    """A decode step of the most rows a decode graph is captured for (`sample` False: no row
+    samples, so its forward stops at the hidden state, as the graph does)."""
+    return _plan([1] * cfg.graph_rows, cfg.block_size, num_blocks, sample)
+
+
+def fullest_step(cfg: EngineConfig, max_model_len: int, sample: bool = True) -> Plan:
+    """A step of max_batch_tokens tokens, the largest a mixed graph is captured for: prompts of
+    at most max_model_len - 1 tokens each."""
+    longest = max(1, max_model_len - 1)
+    full, rest = divmod(cfg.max_batch_tokens, longest)
+    return _plan([longest] * full + [rest] * (rest > 0), cfg.block_size, sample=sample)
 
 
 def warmup_blocks(cfg: EngineConfig, max_model_len: int) -> int:
@@ -82,7 +91,9 @@ def warmup_blocks(cfg: EngineConfig, max_model_len: int) -> int:
     )
 
 
-def _plan(lengths: list[int], block_size: int, num_blocks: int | None = None) -> Plan:
+def _plan(
+    lengths: list[int], block_size: int, num_blocks: int | None = None, sample: bool = True
+) -> Plan:
     plan, next_block = Plan(), 0
     for i, n in enumerate(lengths):
         req = Request(f"warmup-{i}", [1] * n, _FILTERED, seed=i, table_row=i)
@@ -91,5 +102,5 @@ def _plan(lengths: list[int], block_size: int, num_blocks: int | None = None) ->
         if num_blocks is not None:
             req.block_ids = [b % num_blocks for b in req.block_ids]
         next_block += count
-        plan.seqs.append(ScheduledSeq(req, start=0, num_tokens=n, sample=True, from_prev=False))
+        plan.seqs.append(ScheduledSeq(req, start=0, num_tokens=n, sample=sample, from_prev=False))
     return plan

@@ -1,0 +1,108 @@
+"""What the KV cache's sizing sets aside (engine/kv_sizing.py): the graphs' pools are measured on
+forwards that compute no logits, since the graphs capture none and every step's logits come out
+of the activations already counted; stats.json says what was set aside."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bulkgen import LLM
+from bulkgen.config import EngineConfig
+from bulkgen.engine import kv_sizing
+from bulkgen.engine.kv_sizing import KvSizing, forward_bytes
+from bulkgen.engine.runner import ModelRunner, kv_bytes_per_block
+from bulkgen.engine.warmup import fullest_step, warmup_blocks, widest_decode
+
+CPU = torch.device("cpu")
+
+
+@pytest.mark.parametrize("max_num_seqs", [8, 512, "auto"])
+def test_the_widest_decode_probe_has_every_graph_row_and_samples_none(max_num_seqs):
+    cfg = EngineConfig(model="m", max_num_seqs=max_num_seqs, block_size=16)
+    plan = widest_decode(cfg, sample=False)
+    assert len(plan.seqs) == cfg.graph_rows and plan.decode_only
+    assert plan.sampled == []
+    assert len(widest_decode(cfg).sampled) == cfg.graph_rows  # the warm-up's own plan samples
+
+
+@pytest.mark.parametrize("max_model_len", [100, 4096, 9000])
+def test_the_fullest_step_fills_the_token_budget_with_prompts_the_model_takes(max_model_len):
+    cfg = EngineConfig(model="m", max_batch_tokens=8192, block_size=16)
+    plan = fullest_step(cfg, max_model_len, sample=False)
+    assert plan.num_tokens == 8192
+    assert max(s.num_tokens for s in plan.seqs) <= max_model_len - 1
+    assert plan.sampled == []
+    ids = [b for s in plan.seqs for b in s.request.block_ids]
+    assert len(ids) == len(set(ids)), "each prompt writes blocks of its own"
+
+
+def test_the_pool_probes_run_the_forward_and_never_the_logits(tiny_model_dir, monkeypatch):
+    """The probes' forwards through the runner stop at the hidden state, as the graphs do: a
+    logits call would fail here. The warm-up's own widest decode does compute them."""
+    kw = dict(device="cpu", dtype="float32", block_size=16, max_num_seqs=8, max_batch_tokens=64)
+    engine = LLM(str(tiny_model_dir), **kw).engine
+    model, n = engine.runner.model, engine.max_model_len
+    probe = ModelRunner(model, model.cfg, engine.cfg, CPU, warmup_blocks(engine.cfg, n), n, False)
+    calls = []
+    real = model.compute_logits
+    monkeypatch.setattr(model, "compute_logits", lambda *a, **k: calls.append(1) or real(*a, **k))
+    for plan in (widest_decode(engine.cfg, sample=False), fullest_step(engine.cfg, n, False)):
+        probe.sample(probe.forward(plan)).wait()
+    assert calls == []
+    probe.sample(probe.forward(widest_decode(engine.cfg))).wait()
+    assert calls == [1]
+
+
+def test_forward_bytes_refuses_a_plan_that_samples():
+    cfg = EngineConfig(model="m", max_num_seqs=4, block_size=16)
+    with pytest.raises(AssertionError, match="logits"):
+        forward_bytes(None, widest_decode(cfg), CPU)
+
+
+def test_given_blocks_or_the_cpu_budget_measure_nothing(tiny_model_dir, monkeypatch):
+    monkeypatch.setattr(kv_sizing, "CPU_KV_BUDGET", 1 << 20)
+    given = LLM(str(tiny_model_dir), device="cpu", dtype="float32", num_blocks=7).engine
+    assert given.kv_sizing == KvSizing(7) and given.stats["kv_blocks"] == 7
+    assert given.stats["kv_sizing_gb"] is None
+    budget = LLM(str(tiny_model_dir), device="cpu", dtype="float32", block_size=16).engine
+    assert budget.stats["kv_sizing_gb"] is None
+    assert budget.kv_sizing.blocks == (1 << 20) // kv_bytes_per_block(
+        budget.runner.model.cfg, 16, torch.float32
+    )
+
+
+def test_stats_report_each_reservation_in_gb():
+    sizing = KvSizing(10, free=80e9, activations=1.25e9, decode_graphs=0.5e9, mixed_graphs=2e9,
+                      headroom=2 << 30)  # fmt: skip
+    assert sizing.stats == {
+        "kv_sizing_gb": {
+            "free": 80.0,
+            "activations": 1.25,
+            "decode_graphs": 0.5,
+            "mixed_graphs": 2.0,
+            "headroom": 2.147,
+        }
+    }
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_graph_pool_leaves_out_the_widest_steps_float32_logits(tiny_model_dir):
+    """On CUDA the decode pool measured without logits is smaller than the forward with them by
+    at least the float32 logits of every row; stats.json carries the measured reservations."""
+    llm = LLM(str(tiny_model_dir), device="cuda", dtype="bfloat16", max_num_seqs=512)
+    engine = llm.engine
+    sizing = engine.stats["kv_sizing_gb"]
+    assert sizing["decode_graphs"] > 0 and sizing["mixed_graphs"] > 0 and sizing["free"] > 0
+    model, n, cfg = engine.runner.model, engine.max_model_len, engine.cfg
+    device = engine.device
+    probe = ModelRunner(model, model.cfg, cfg, device, warmup_blocks(cfg, n), n, graphs=False)
+    without = forward_bytes(probe, widest_decode(cfg, sample=False), device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    forward = probe.forward(widest_decode(cfg))
+    torch.cuda.synchronize(device)
+    with_logits = torch.cuda.max_memory_allocated(device) - before
+    probe.sample(forward).wait()
+    assert with_logits - without >= cfg.graph_rows * model.cfg.vocab_size * 4
