@@ -29,7 +29,7 @@ def test_the_widest_decode_probe_has_every_graph_row_and_samples_none(max_num_se
 @pytest.mark.parametrize("max_model_len", [100, 4096, 9000])
 def test_the_fullest_step_fills_the_token_budget_with_prompts_the_model_takes(max_model_len):
     cfg = EngineConfig(model="m", max_batch_tokens=8192, block_size=16)
-    plan = fullest_step(cfg, max_model_len, sample=False)
+    plan = fullest_step(cfg, max_model_len, sample=False)  # no cache to wrap around
     assert plan.num_tokens == 8192
     assert max(s.num_tokens for s in plan.seqs) <= max_model_len - 1
     assert plan.sampled == []
@@ -40,14 +40,19 @@ def test_the_fullest_step_fills_the_token_budget_with_prompts_the_model_takes(ma
 def test_the_pool_probes_run_the_forward_and_never_the_logits(tiny_model_dir, monkeypatch):
     """The probes' forwards through the runner stop at the hidden state, as the graphs do: a
     logits call would fail here. The warm-up's own widest decode does compute them."""
-    kw = dict(device="cpu", dtype="float32", block_size=16, max_num_seqs=8, max_batch_tokens=64)
+    # 2,048 tokens a step: the fullest step's four prompts of 511 tokens need more blocks than
+    # the warm-up plans give the probe (which the torch backend's writes would index past)
+    kw = dict(device="cpu", dtype="float32", block_size=16, max_num_seqs=8, max_batch_tokens=2048)
     engine = LLM(str(tiny_model_dir), **kw).engine
-    model, n = engine.runner.model, engine.max_model_len
-    probe = ModelRunner(model, model.cfg, engine.cfg, CPU, warmup_blocks(engine.cfg, n), n, False)
+    model, n, cfg = engine.runner.model, engine.max_model_len, engine.cfg
+    blocks = warmup_blocks(cfg, n)
+    assert fullest_step(cfg, n).num_tokens == 2048 and len(fullest_step(cfg, n).seqs) == 5
+    probe = ModelRunner(model, model.cfg, cfg, CPU, blocks, n, graphs=False)
     calls = []
     real = model.compute_logits
     monkeypatch.setattr(model, "compute_logits", lambda *a, **k: calls.append(1) or real(*a, **k))
-    for plan in (widest_decode(engine.cfg, sample=False), fullest_step(engine.cfg, n, False)):
+    for plan in (widest_decode(cfg, blocks, False), fullest_step(cfg, n, blocks, False)):
+        assert max(b for s in plan.seqs for b in s.request.block_ids) < blocks
         probe.sample(probe.forward(plan)).wait()
     assert calls == []
     probe.sample(probe.forward(widest_decode(engine.cfg))).wait()
@@ -97,11 +102,14 @@ def test_cuda_graph_pool_leaves_out_the_widest_steps_float32_logits(tiny_model_d
     assert sizing["decode_graphs"] > 0 and sizing["mixed_graphs"] > 0 and sizing["free"] > 0
     model, n, cfg = engine.runner.model, engine.max_model_len, engine.cfg
     device = engine.device
-    probe = ModelRunner(model, model.cfg, cfg, device, warmup_blocks(cfg, n), n, graphs=False)
-    without = forward_bytes(probe, widest_decode(cfg, sample=False), device)
+    blocks = warmup_blocks(cfg, n)
+    probe = ModelRunner(model, model.cfg, cfg, device, blocks, n, graphs=False)
+    for sample in (True, False):  # the probe's own buffers, made at its first steps, as
+        probe.sample(probe.forward(widest_decode(cfg, blocks, sample))).wait()  # the warm-up does
+    without = forward_bytes(probe, widest_decode(cfg, blocks, sample=False), device)
     torch.cuda.reset_peak_memory_stats(device)
     before = torch.cuda.memory_allocated(device)
-    forward = probe.forward(widest_decode(cfg))
+    forward = probe.forward(widest_decode(cfg, blocks))
     torch.cuda.synchronize(device)
     with_logits = torch.cuda.max_memory_allocated(device) - before
     probe.sample(forward).wait()

@@ -70,15 +70,8 @@ def size_kv_cache(
         want = cfg.seq_rows * max_model_len
         return KvSizing(max(1, min(CPU_KV_BUDGET // per_block, -(-want // cfg.block_size))))
     plans = warmup_plans(cfg, max_model_len)
-    probe = ModelRunner(
-        model,
-        mcfg,
-        cfg,
-        device,
-        warmup_blocks(cfg, max_model_len),
-        max_model_len,
-        graphs=False,
-    )
+    n = warmup_blocks(cfg, max_model_len)  # the probe's cache: the pools' plans wrap around it
+    probe = ModelRunner(model, mcfg, cfg, device, n, max_model_len, graphs=False)
     torch.cuda.synchronize(device)
     before = torch.cuda.memory_allocated(device)
     torch.cuda.reset_peak_memory_stats(device)
@@ -86,9 +79,9 @@ def size_kv_cache(
     activations = torch.cuda.max_memory_allocated(device) - before
     decode = mixed = 0
     if cfg.cuda_graphs and model.attention.graph_safe:
-        decode = forward_bytes(probe, widest_decode(cfg, sample=False), device)
+        decode = forward_bytes(probe, widest_decode(cfg, n, sample=False), device)
     if cfg.mixed_graphs and cfg.cuda_graphs:
-        mixed = forward_bytes(probe, fullest_step(cfg, max_model_len, sample=False), device)
+        mixed = forward_bytes(probe, fullest_step(cfg, max_model_len, n, False), device)
     del probe
     torch.cuda.empty_cache()
     free, _ = torch.cuda.mem_get_info(device)

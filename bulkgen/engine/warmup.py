@@ -76,12 +76,14 @@ def widest_decode(cfg: EngineConfig, num_blocks: int | None = None, sample: bool
     return _plan([1] * cfg.graph_rows, cfg.block_size, num_blocks, sample)
 
 
-def fullest_step(cfg: EngineConfig, max_model_len: int, sample: bool = True) -> Plan:
+def fullest_step(
+    cfg: EngineConfig, max_model_len: int, num_blocks: int | None = None, sample: bool = True
+) -> Plan:
     """A step of max_batch_tokens tokens, the largest a mixed graph is captured for: prompts of
-    at most max_model_len - 1 tokens each."""
+    at most max_model_len - 1 tokens each (their block ids wrap around num_blocks)."""
     longest = max(1, max_model_len - 1)
     full, rest = divmod(cfg.max_batch_tokens, longest)
-    return _plan([longest] * full + [rest] * (rest > 0), cfg.block_size, sample=sample)
+    return _plan([longest] * full + [rest] * (rest > 0), cfg.block_size, num_blocks, sample)
 
 
 def warmup_blocks(cfg: EngineConfig, max_model_len: int) -> int:
