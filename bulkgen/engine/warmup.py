@@ -79,10 +79,12 @@ def widest_decode(cfg: EngineConfig, num_blocks: int | None = None, sample: bool
 def fullest_step(
     cfg: EngineConfig, max_model_len: int, num_blocks: int | None = None, sample: bool = True
 ) -> Plan:
-    """A step of max_batch_tokens tokens, the largest a mixed graph is captured for: prompts of
-    at most max_model_len - 1 tokens each (their block ids wrap around num_blocks)."""
+    """A step of max_batch_tokens tokens, the largest a mixed graph is captured for: at most
+    seq_rows prompts (the tables' rows) of at most max_model_len - 1 tokens each, so fewer tokens
+    when those cannot hold them (as no step can); block ids wrap around num_blocks."""
     longest = max(1, max_model_len - 1)
-    full, rest = divmod(cfg.max_batch_tokens, longest)
+    tokens = min(cfg.max_batch_tokens, cfg.seq_rows * longest)
+    full, rest = divmod(tokens, longest)
     return _plan([longest] * full + [rest] * (rest > 0), cfg.block_size, num_blocks, sample)
 
 
