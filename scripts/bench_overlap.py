@@ -133,11 +133,12 @@ def timed(run) -> float:
 
 def measure(layers: list[Layer], rows: int) -> dict:
     """Microseconds per layer of each form."""
-    other = torch.cuda.Stream() if bench_attention.DEVICE.type == "cuda" else None
+    cuda = bench_attention.DEVICE.type == "cuda"
+    other = torch.cuda.Stream() if cuda else None  # on the CPU the overlap runs as the halves
     forms = {
         "serial": lambda: serial(layers, rows),
         "halves": lambda: halves(layers, rows),
-        "overlap": (lambda: overlap(layers, rows, other)) if other else lambda: halves(layers, rows),
+        "overlap": lambda: overlap(layers, rows, other) if cuda else halves(layers, rows),
         "attention": lambda: attention(layers, rows),
         "gemms": lambda: gemms(layers, rows),
     }
