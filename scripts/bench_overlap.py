@@ -18,7 +18,12 @@ GEMMs (qkv, o_proj, gate_up, down; the SiLU left out), in CUDA graphs:
 - attention and gemms: each part alone over the whole batch.
 
     PYTHONPATH=.:scripts python scripts/bench_overlap.py [--rows 438,857] [--context 1500]
-        [--caches bf16,fp8] [--layers 4]
+        [--caches bf16,fp8] [--layers 4] [--carveouts 16,32,48]
+
+--carveouts: the overlap form again with cuBLAS told to leave that many SMs free for the
+attention beside it (torch._C._set_sm_carveout_experimental, set while the graph is captured),
+each in `overlap_us_by_carveout`: run as launched (first column below) the two streams did not
+share the GPU, so this asks whether partitioning the SMs makes them.
 
 One JSON line per (cache, rows): microseconds per layer of each form, and overlap / serial
 (below 1: overlap would pay) and overlap against the larger part alone (1: perfect overlap).
@@ -145,6 +150,22 @@ def measure(layers: list[Layer], rows: int) -> dict:
     return {name: timed(run) / len(layers) for name, run in forms.items()}
 
 
+def with_carveout(sms: int | None, run) -> float:
+    """timed(run) with cuBLAS's GEMMs leaving `sms` SMs free (None: all theirs)."""
+    torch._C._set_sm_carveout_experimental(sms)
+    try:
+        return timed(run)
+    finally:
+        torch._C._set_sm_carveout_experimental(None)
+
+
+def carveout_us(layers: list[Layer], rows: int, carveouts: list[int]) -> dict:
+    """Microseconds per layer of the overlap form at each carveout (CUDA only)."""
+    other = torch.cuda.Stream()
+    run = lambda: overlap(layers, rows, other)  # noqa: E731
+    return {sms: round(with_carveout(sms, run) / len(layers), 1) for sms in carveouts}
+
+
 def summary(us: dict) -> dict:
     """The line's ratios: overlap against serial and against the larger part alone."""
     larger = max(us["attention"], us["gemms"])
@@ -161,14 +182,18 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=1500)
     parser.add_argument("--caches", default="bf16,fp8", help=f"of {', '.join(CACHES)}")
     parser.add_argument("--layers", type=int, default=LAYERS)
+    parser.add_argument("--carveouts", default="", help="SMs cuBLAS leaves free, e.g. 16,32,48")
     args = parser.parse_args()
     commit = git_commit()
     for name in args.caches.split(","):
         for rows in map(int, args.rows.split(",")):
             layers = [Layer(rows, args.context, CACHES[name]) for _ in range(args.layers)]
             line = {"cache": name, "rows": rows, "context": args.context, "layers": args.layers}
-            print(json.dumps({**line, **summary(measure(layers, rows)), "git_commit": commit}),
-                  flush=True)  # fmt: skip
+            line |= summary(measure(layers, rows))
+            carveouts = [int(x) for x in args.carveouts.split(",") if x]
+            if carveouts and bench_attention.DEVICE.type == "cuda":
+                line["overlap_us_by_carveout"] = carveout_us(layers, rows, carveouts)
+            print(json.dumps({**line, "git_commit": commit}), flush=True)
             del layers
             if bench_attention.DEVICE.type == "cuda":
                 torch.cuda.empty_cache()

@@ -51,3 +51,10 @@ def test_each_cache_and_row_count_prints_its_forms_and_ratios(small, monkeypatch
     assert lines[0]["serial_us"] == 50.0 and lines[0]["overlap_us"] == 35.0  # per layer
     assert lines[0]["overlap_over_serial"] == 0.7
     assert lines[0]["overlap_over_larger_part"] == round(70 / 60, 4)
+
+
+def test_a_carveout_holds_while_its_form_is_captured_and_is_cleared_after(monkeypatch):
+    seen = []
+    monkeypatch.setattr(bench_overlap, "timed", lambda run: seen.append(run()) or 1.0)
+    assert bench_overlap.with_carveout(32, torch._C._get_sm_carveout_experimental) == 1.0
+    assert seen == [32] and torch._C._get_sm_carveout_experimental() is None
