@@ -36,7 +36,7 @@ import json
 
 import bench_attention
 import torch
-from bench_attention import HEAD_DIM
+from bench_attention import HEAD_DIM, steps_us
 from bench_commit import git_commit
 from bench_decode_rotary import CACHES, layer_inputs
 
@@ -114,26 +114,12 @@ def gemms(layers: list[Layer], rows: int) -> None:
 
 
 def timed(run) -> float:
-    """Microseconds of one call of `run` (no arguments), captured in a CUDA graph (the median of
-    20 replays after 3): on the CPU it is run once instead and 0 returned."""
-    run()
+    """Microseconds of one call of `run` (no arguments) in a CUDA graph (bench_attention's
+    steps_us: the median of 20 replays); on the CPU it is run once instead and 0 returned."""
     if bench_attention.DEVICE.type != "cuda":
-        return 0.0
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
         run()
-    for _ in range(3):
-        graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(20):
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return sorted(times)[len(times) // 2]
+        return 0.0
+    return steps_us([run])
 
 
 def measure(layers: list[Layer], rows: int) -> dict:
