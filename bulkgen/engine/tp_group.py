@@ -46,7 +46,8 @@ _POLL_S = 0.1
 _GRACE_S = 15.0  # for a rank-0 step to raise after a peer died, before the process is ended
 # On the CPU (gloo) a rank-0 step was seen to stay in its collective with a killed peer past the
 # 15 s (2 of 5 full test-suite runs on 2 cores, 2026-12-04: the kill test's job ended at 15.0 s),
-# where the line is promised within 10: there nothing but the step waits, so 5 s.
+# where the line is promised within 10: there nothing but the step waits, so 5 s. Not reproduced
+# since: 26 kills in a loop beside 2 and then 4 busy processes (2026-12-04) ended in 0.9-2.2 s.
 _GRACE_S_CPU = 5.0
 _STOP_WAIT_S = 10.0  # for the ranks to leave after the stop frame
 PIPE_BYTES = 1 << 20  # Linux's default limit for an unprivileged process
