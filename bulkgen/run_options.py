@@ -211,7 +211,9 @@ _OPTIONS = [
         "--kv-memory",
         type=float,
         default=None,
-        help="Fraction of free GPU memory for the KV cache [engine default: 0.9].",
+        help="Fraction for the KV cache of the GPU memory left once the weights, the largest "
+        "steps' activations and the CUDA graphs' pools have theirs (stats.json's kv_sizing_gb) "
+        "[engine default: 0.9].",
     ),
     click.option(
         "--max-model-len",
