@@ -9,8 +9,9 @@ What is set aside, and why each is measured the way it is:
 - the decode graphs' pool: what the widest decode forward allocates up to the last hidden state,
   the part graphs.py captures. Its logits are not in the pool (they are activations' above):
   counted here too, a 1,024-row ceiling set aside 0.79 GB more than the graphs keep at the 8B
-  shape's 128K vocabulary (bf16 logits and their float32 widening), 0.39 GB more than 512 rows',
-  so `--max-num-seqs auto` held fewer blocks than 512 for no use (issue 16).
+  shape's 128K vocabulary (by arithmetic: 1,024 x 128,256 x 6 bytes of bf16 logits and their
+  float32 widening), 512 rows 0.39 GB, so `--max-num-seqs auto` held fewer blocks than 512 for
+  no use (issue 16; on the H200's trt runs 436 and 437 rows at once before, 438 and 439 after).
 - the mixed graphs' pool (mixed_graphs.py, on by default on one GPU): one piece's intermediates
   at a time, at most what a forward of max_batch_tokens allocates, again without logits.
 - 2 GiB for cuBLAS workspaces, the step buffers and the penalty state.
