@@ -28,6 +28,9 @@
 #   mma: the fp8 cache's decode on e4m3 products (BULKGEN_FP8_DECODE_MMA): its GPU tests, the
 #      decode kernel at 32 rows off/on, blog bf16 and FP8 off/on twice (about 8 minutes);
 #      mmabulk: bulk and trt FP8 off/on;
+#   overlap: scripts/bench_overlap.py with SM carve-outs for cuBLAS (CARVEOUTS, default
+#      16,32,48,66): can decode attention and the GEMMs share the GPU? (without carve-outs they
+#      did not, 2026-12-04; with them not yet run);
 #   sizing: the GPU tests of the KV cache's sizing and test_gpu_engine.py (then e.g. "sweep" with
 #      SWEEP_SEQS=512,auto: issue 16's auto against 512 with the graph pools measured alone);
 #   mm32: the FP8 GEMM table re-timed at MM_ROWS (16,32,64) and merged (--merge), then blog
@@ -282,6 +285,11 @@ if want rotary; then  # a decode step's rotary and KV write in the decode launch
   done
 fi
 want rotarytests && gpu_tests rotary_tests 240 tests/test_decode_rotary.py
+if want overlap; then  # decode attention beside the other half's GEMMs on a second stream, then
+  # with cuBLAS leaving SMs free (scripts/bench_overlap.py; about 20 s without carve-outs, fresh)
+  PYTHONPATH="$PYTHONPATH:$PWD/scripts" timeout 240 python3 scripts/bench_overlap.py \
+    --carveouts "${CARVEOUTS:-16,32,48,66}" 2>&1 | grep -v -i warn | tee "$OUT/overlap.jsonl"
+fi
 if want rotarylayers; then  # the one launch against rotary_write + decode by rows, 32 layers a graph
   timeout 200 python3 scripts/bench_decode_rotary.py 2>&1 | grep -v -i warn \
     | tee "$OUT/rotary_layers.jsonl"
