@@ -1,0 +1,62 @@
+"""The decode kernel's launches at trt's large batches (857 rows over an fp8 cache, 438 over
+bf16, 1,500 tokens of context), where tune_decode.py's table (tuned at 32-512 rows of 1K and 2K)
+is extrapolated: one JSON line per launch with its microseconds a launch (steps_us over copies
+that outgrow the L2) and the K/V bytes it read per second.
+
+    PYTHONPATH=.:scripts python scripts/sweep_decode_large.py [--rows 857] [--context 1500]
+        [--kind fp8] [--mma]
+
+--mma adds each fp8 launch on e4m3 products (decode_mma.py, BULKGEN_FP8_DECODE_MMA=1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+
+import torch
+import tune_decode
+from bench_attention import DTYPE, HEAD_DIM, NUM_KV_HEADS
+from bench_commit import git_commit
+
+from bulkgen.model.attention.decode_tiling import DecodeLaunch, decode_launch
+from bulkgen.model.switches import DECODE_MMA_ENV
+
+KINDS = {"fp8": torch.float8_e4m3fn, "bf16": DTYPE}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=857)
+    ap.add_argument("--context", type=int, default=1500)
+    ap.add_argument("--kind", default="fp8", choices=sorted(KINDS))
+    ap.add_argument("--mma", action="store_true")
+    args = ap.parse_args()
+    fp8 = args.kind == "fp8"
+    tune_decode.SHAPES = [(args.rows, args.context)]
+    inputs = tune_decode.shapes(KINDS[args.kind], slots_inner=fp8)
+    read = 2 * args.rows * args.context * NUM_KV_HEADS * HEAD_DIM * KINDS[args.kind].itemsize
+    current = decode_launch(HEAD_DIM, fp8, args.rows, "fp8" if fp8 else "auto")
+    launches = [current] + [
+        DecodeLaunch(block_n, warps, stages, prefetch_blocks=prefetch)
+        for block_n, warps, stages, prefetch in itertools.product(
+            (64, 128, 256), (4, 8), (2, 3, 4), (False, True)
+        )
+    ]
+    commit = git_commit()
+    for launch, mma in itertools.product(launches, (False, True) if args.mma and fp8 else (False,)):
+        os.environ[DECODE_MMA_ENV] = "1" if mma else "0"
+        times = tune_decode.time_launch(inputs, launch)
+        if times is None:
+            continue
+        us = times[0] * 1e3
+        row = {"kind": args.kind, "rows": args.rows, "context": args.context, "mma": mma}
+        row |= {"launch": launch._asdict(), "current": launch == current, "us": round(us, 1)}
+        row |= {"tb_per_s": round(read / us / 1e6, 3), "git_commit": commit}
+        print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    main()
