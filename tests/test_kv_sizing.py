@@ -88,16 +88,25 @@ def test_given_blocks_or_the_cpu_budget_measure_nothing(tiny_model_dir, monkeypa
 
 def test_stats_report_each_reservation_in_gb():
     sizing = KvSizing(10, free=80e9, activations=1.25e9, decode_graphs=0.5e9, mixed_graphs=2e9,
-                      headroom=2 << 30)  # fmt: skip
+                      decode_outputs=8e6, headroom=2 << 30)  # fmt: skip
     assert sizing.stats == {
         "kv_sizing_gb": {
             "free": 80.0,
             "activations": 1.25,
             "decode_graphs": 0.5,
             "mixed_graphs": 2.0,
+            "graph_pool": 2.0,
+            "decode_outputs": 0.008,
             "headroom": 2.147,
         }
     }
+
+
+@pytest.mark.parametrize("decode,mixed", [(0.5e9, 2e9), (3e9, 2e9), (0.5e9, 0)])
+def test_the_graphs_one_pool_sets_aside_the_larger_forward_not_the_sum(decode, mixed):
+    sizing = KvSizing(10, free=80e9, activations=1e9, decode_graphs=decode, mixed_graphs=mixed,
+                      decode_outputs=8e6, headroom=2e9)  # fmt: skip
+    assert sizing.set_aside == 1e9 + max(decode, mixed) + 8e6 + 2e9
 
 
 @pytest.mark.gpu
@@ -125,3 +134,19 @@ def test_cuda_graph_pool_leaves_out_the_widest_steps_float32_logits(tiny_model_d
     # Only less: on a model this small the forward's own intermediates, freed before the
     # logits are made, can set both peaks (at the 8B shape the logits are most of it: 0.79 GB)
     assert without < with_logits
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_decode_graphs_and_pieces_share_a_pool_that_keeps_no_tensor_between_steps(tiny_model_dir):
+    """One pool for both graph kinds, and every block of it free once they are captured: no
+    graph keeps its output there (graphs.py copies it to a static buffer), so the pool is the
+    larger forward's, which is what the sizing sets aside."""
+    llm = LLM(str(tiny_model_dir), device="cuda", dtype="bfloat16", max_num_seqs=512)
+    runner, sizing = llm.engine.runner, llm.engine.stats["kv_sizing_gb"]
+    assert runner.graphs.pool == runner.mixed_graphs.pool
+    assert sizing["graph_pool"] == max(sizing["decode_graphs"], sizing["mixed_graphs"])
+    pool = tuple(runner.graphs.pool)
+    segments = [s for s in torch.cuda.memory_snapshot() if tuple(s["segment_pool_id"]) == pool]
+    assert segments, "the captures allocated in the shared pool"
+    assert all(b["state"] == "inactive" for s in segments for b in s["blocks"])

@@ -118,7 +118,9 @@ def test_gpu_steps_with_prefill_replay_pieces_with_the_eager_tokens(tiny_model_d
     kw = dict(device="cuda", dtype="float32", max_batch_tokens=40, mixed_graph_tokens=16)
     params = SamplingParams(max_tokens=24, temperature=0.0)
     pieces = LLM(str(tiny_model_dir), mixed_graphs=True, **kw)
-    assert sorted(pieces.engine.runner.mixed_graphs.graphs) == [16, 32, 40]
+    runner = pieces.engine.runner
+    assert sorted(runner.mixed_graphs.graphs) == [16, 32, 40]
+    assert runner.graphs.pool == runner.mixed_graphs.pool, "decode steps replay in the same pool"
     outs = pieces.generate(ids, params)
     assert [o.token_ids for o in outs] == hf_greedy(tiny_model_dir, ids, 24)
     assert pieces.engine.stats["mixed_graph_steps"] > 0

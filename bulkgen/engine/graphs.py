@@ -4,11 +4,15 @@ decode step.
 Only the model is captured. The lm_head (two kernels: the logits GEMM and its float32 cast),
 sampling, filters, penalties, masks and logprobs run after the replay, so every sampling setting,
 and every mix of settings in one batch, decodes from a graph. Captured for padded batch-size
-buckets into one shared memory pool, where each graph keeps its output alive for the whole run:
-a [bucket, hidden] state, where [bucket, vocab] float32 logits would hold some 6 GB for the 37
-buckets of 1,024 rows at a 128K vocabulary. A step is padded up to its bucket: padding rows
-write no KV (slot -1), attend to one token of a stale block and their logits are never computed.
-The attention backend owns the static metadata buffers.
+buckets into a memory pool shared with the mixed graphs' pieces (runner.py): each graph copies
+its last hidden state into one static [max_batch, hidden] buffer, so that no tensor of the pool
+outlives a capture and the pool needs only the largest of its graphs' intermediates, not their
+sum (kv_sizing.py; when each graph kept its own output there, the 37 buckets of 1,024 rows held
+twice the 512 rows' outputs and `--max-num-seqs auto` a row fewer than 512 on trt). One graph
+replays at a time, on one stream, and its output is read before the next replays. A step is
+padded up to its bucket: padding rows write no KV (slot -1), attend to one token of a stale
+block and their logits are never computed. The attention backend owns the static metadata
+buffers.
 
 A bucket is not always dearer than a smaller one: the GEMM libraries choose kernels by shape, and
 on the H200 (scripts/bench_fp8_mm.py --rows) the 8B shape's bf16 GEMMs of a step cost 13.6 ms at
@@ -63,7 +67,9 @@ class DecodeGraphs:
         device: torch.device,
         stream: torch.cuda.Stream,
         kv_partners: torch.Tensor | None = None,
+        pool: tuple | None = None,
     ) -> None:
+        """pool: a graph memory pool to share (torch.cuda.graph_pool_handle), else its own."""
         from bulkgen.engine.triton_stage import stage_decode_inputs, warm_up_staging  # CUDA only
 
         self.model, self.kv_cache, self.stream = model, kv_cache, stream
@@ -73,8 +79,10 @@ class DecodeGraphs:
         self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)
         self.positions = torch.zeros(n, dtype=torch.int64, device=device)
         self.meta = DecodeGraphBuffers(n, max_blocks_per_seq, device, kv_partners)
-        self.pool = torch.cuda.graph_pool_handle()
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        dtype = model.model.embed_tokens.weight.dtype
+        self.hidden = torch.zeros(n, model.cfg.hidden_size, dtype=dtype, device=device)
+        self.pool = pool if pool is not None else torch.cuda.graph_pool_handle()
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.replay_ms: list[float] = []  # by bucket, measured by calibrate()
         self.serve = list(range(len(self.buckets)))  # bucket index -> the bucket it replays
 
@@ -99,8 +107,8 @@ class DecodeGraphs:
         self.stream.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
-            hidden = run()
-        self.graphs[b] = (graph, hidden)
+            self.hidden[:b].copy_(run())
+        self.graphs[b] = graph
 
     @torch.inference_mode()
     def calibrate(self, replays: int = 3) -> None:
@@ -109,7 +117,7 @@ class DecodeGraphs:
         events = []
         with torch.cuda.stream(self.stream):
             for b in self.buckets:
-                graph = self.graphs[b][0]
+                graph = self.graphs[b]
                 graph.replay()
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(True)
                 start.record(self.stream)
@@ -160,8 +168,7 @@ class DecodeGraphs:
         the bucket's graph replayed, the lm_head run on the step's own rows."""
         b = inp.positions.shape[0]
         bucket = self.bucket_for(b)
-        graph, hidden = self.graphs[bucket]
         self.stage(inp, tables.last_token, tables.block_table, self.input_ids, self.positions,
                    self.meta, bucket)  # fmt: skip
-        graph.replay()
-        return self.model.compute_logits(hidden[:b], widen)
+        self.graphs[bucket].replay()
+        return self.model.compute_logits(self.hidden[:b], widen)

@@ -14,13 +14,18 @@ What is set aside, and why each is measured the way it is:
   no use (issue 16; on the H200's trt runs 436 and 437 rows at once before, 438 and 439 after).
 - the mixed graphs' pool (mixed_graphs.py, on by default on one GPU): one piece's intermediates
   at a time, at most what a forward of max_batch_tokens allocates, again without logits.
+- The two are one pool (runner.py: no tensor of it outlives a capture, one graph replays at a
+  time), so the larger of the two is set aside, not their sum, and beside it the decode graphs'
+  static output buffer (graph rows x hidden). With the sum, a 1,024-row ceiling (auto) set
+  aside 0.075 GB more than 512 rows at the 8B shape: 34 blocks, a row fewer on trt (438 at once
+  against 439, H200 at 88d02a8).
 - 2 GiB for cuBLAS workspaces, the step buffers and the penalty state.
 The cache then takes `kv_memory` of what is left.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -44,13 +49,25 @@ class KvSizing:
     activations: int = 0
     decode_graphs: int = 0
     mixed_graphs: int = 0
+    decode_outputs: int = 0  # the decode graphs' static output buffer (graphs.py)
     headroom: int = 0
+
+    @property
+    def graph_pool(self) -> int:
+        """The graphs' shared pool: the larger of the two forwards' peaks."""
+        return max(self.decode_graphs, self.mixed_graphs)
+
+    @property
+    def set_aside(self) -> int:
+        """Bytes kept from the cache before kv_memory's share of the rest."""
+        return self.activations + self.graph_pool + self.decode_outputs + self.headroom
 
     @property
     def stats(self) -> dict:
         if not self.free:
             return {"kv_sizing_gb": None}
-        fields = ("free", "activations", "decode_graphs", "mixed_graphs", "headroom")
+        fields = ("free", "activations", "decode_graphs", "mixed_graphs", "graph_pool",
+                  "decode_outputs", "headroom")  # fmt: skip
         return {"kv_sizing_gb": {f: round(getattr(self, f) / 1e9, 3) for f in fields}}
 
 
@@ -78,19 +95,21 @@ def size_kv_cache(
     torch.cuda.reset_peak_memory_stats(device)
     probe.warm_up(plans)
     activations = torch.cuda.max_memory_allocated(device) - before
-    decode = mixed = 0
+    decode = mixed = outputs = 0
     if cfg.cuda_graphs and model.attention.graph_safe:
         decode = forward_bytes(probe, widest_decode(cfg, n, sample=False), device)
+        outputs = cfg.graph_rows * mcfg.hidden_size * model.model.embed_tokens.weight.element_size()
     if cfg.mixed_graphs and cfg.cuda_graphs:
         mixed = forward_bytes(probe, fullest_step(cfg, max_model_len, n, False), device)
     del probe
     torch.cuda.empty_cache()
     free, _ = torch.cuda.mem_get_info(device)
-    budget = int((free - activations - decode - mixed - HEADROOM) * cfg.kv_memory)
+    sizing = KvSizing(0, free, activations, decode, mixed, outputs, HEADROOM)
+    budget = int((free - sizing.set_aside) * cfg.kv_memory)
     if budget < per_block:
         raise ValueError("no device memory left for the KV cache: lower --max-batch-tokens")
     blocks = model.tp.min(budget // per_block, device)  # the same cache on every rank
-    return KvSizing(blocks, free, activations, decode, mixed, HEADROOM)
+    return replace(sizing, blocks=blocks)
 
 
 def forward_bytes(probe: ModelRunner, plan: Plan, device: torch.device) -> int:

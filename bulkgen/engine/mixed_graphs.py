@@ -53,7 +53,9 @@ class MixedGraphs:
         device: torch.device,
         stream: torch.cuda.Stream | None,
         kv_partners: torch.Tensor | None = None,
+        pool: tuple | None = None,
     ) -> None:
+        """pool: a graph memory pool to share (the decode graphs', runner.py), else its own."""
         self.model, self.kv_cache, self.stream = model, kv_cache, stream
         self.kv_partners = kv_partners  # the device table the writes read (kv_pairs.py)
         self.buckets = token_buckets(max_tokens, step)
@@ -66,7 +68,9 @@ class MixedGraphs:
         self.o = torch.zeros_like(self.q)
         self.residual = torch.zeros(n, cfg.hidden_size, dtype=dtype, device=device)
         self.hidden = torch.zeros_like(self.residual)
-        self.pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else None
+        self.pool = pool
+        if pool is None and device.type == "cuda":
+            self.pool = torch.cuda.graph_pool_handle()
         self.graphs: dict[int, list[torch.cuda.CUDAGraph]] = {}
         self.steps = 0  # steps run through the pieces (stats.json)
 
@@ -168,11 +172,13 @@ def mixed_graphs_for(
     device: torch.device,
     stream: torch.cuda.Stream | None,
     kv_partners: torch.Tensor | None = None,
+    pool: tuple | None = None,
 ) -> MixedGraphs | None:
     """The runner's pieces when cfg.mixed_graphs (captured on CUDA where cuda_graphs allows,
     run eagerly on the CPU), else None."""
     if not cfg.mixed_graphs or (device.type == "cuda" and not cfg.cuda_graphs):
         return None
     return MixedGraphs(
-        model, kv_cache, cfg.max_batch_tokens, cfg.mixed_graph_tokens, device, stream, kv_partners
-    )
+        model, kv_cache, cfg.max_batch_tokens, cfg.mixed_graph_tokens, device, stream, kv_partners,
+        pool,
+    )  # fmt: skip

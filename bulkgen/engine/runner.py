@@ -97,21 +97,17 @@ class ModelRunner:
         self.cuda = device.type == "cuda"
         self.copy_stream = torch.cuda.Stream(device) if self.cuda else None
         self.compute_stream = torch.cuda.Stream(device) if self.cuda else None
+        # Decode graphs and the mixed steps' pieces share one memory pool: neither keeps a tensor
+        # of it past a capture, one replays at a time (kv_sizing.py reserves the larger's needs).
+        pool = torch.cuda.graph_pool_handle() if graphs and self.cuda else None
         self.graphs = None
         if graphs and self.cuda and ecfg.cuda_graphs and self.attention.graph_safe:
-            self.graphs = DecodeGraphs(
-                model,
-                self.kv,
-                ecfg.graph_rows,
-                self.max_blocks_per_seq,
-                device,
-                self.compute_stream,
-                partners,
-            )
+            self.graphs = DecodeGraphs(model, self.kv, ecfg.graph_rows, self.max_blocks_per_seq,
+                                       device, self.compute_stream, partners, pool)  # fmt: skip
         # Steps with prefill: pieces around attention in CUDA graphs (EngineConfig.mixed_graphs).
         self.mixed_graphs = None
         if graphs:
-            args = (model, self.kv, ecfg, device, self.compute_stream, partners)
+            args = (model, self.kv, ecfg, device, self.compute_stream, partners, pool)
             self.mixed_graphs = mixed_graphs_for(*args)
         self.graph_steps = 0  # decode steps replayed from a graph
         self.eager_decode_steps = 0  # decode steps that ran eagerly (reported in stats.json)
@@ -235,12 +231,14 @@ class ModelRunner:
             self.mixed_graphs.steps = 0
 
     def capture_graphs(self) -> None:
+        # The pieces first: the decode graphs' smaller intermediates then reuse the pool's
+        # segments the pieces' largest bucket made, rather than segments of their own beside them.
+        if self.mixed_graphs is not None and self.cuda:
+            self.mixed_graphs.capture()
         if self.graphs is not None:
             self.graphs.capture()
             self.graphs.calibrate()
             self.graphs.warm_up_staging(self.tables)  # its kernel compiled before the first step
-        if self.mixed_graphs is not None and self.cuda:
-            self.mixed_graphs.capture()
 
     def _sample(
         self,
