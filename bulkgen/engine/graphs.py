@@ -106,8 +106,15 @@ class DecodeGraphs:
             run()  # compiles kernels and picks algorithms outside the capture
         self.stream.synchronize()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
-            self.hidden[:b].copy_(run())
+        # capture_begin/end rather than torch.cuda.graph(), whose entry empties the allocator's
+        # cache: captured after the pieces (runner.py), that left the run's first steps to
+        # cudaMalloc their eager buffers again (46 device mallocs in a trt run against 1).
+        with torch.cuda.stream(self.stream):
+            graph.capture_begin(self.pool)
+            try:
+                self.hidden[:b].copy_(run())
+            finally:
+                graph.capture_end()
         self.graphs[b] = graph
 
     @torch.inference_mode()
