@@ -25,6 +25,8 @@
 #      GPU tests, blog bf16 and FP8 off/on twice (about 9 minutes); rotarybulk: bulk the same;
 #      rotarytests: its GPU tests alone; rotarylayers: scripts/bench_decode_rotary.py (the launch
 #      against rotary_write then decode at 1-512 rows, 32 layers a graph; not yet run);
+#   tilingab: trt with the FP8 cache through the decode table without and with its launch above
+#      512 rows (414e9c3; BULKGEN_DECODE_TILINGS), alternating (TILING_ORDER; not yet run);
 #   mma: the fp8 cache's decode on e4m3 products (BULKGEN_FP8_DECODE_MMA): its GPU tests, the
 #      decode kernel at 32 rows off/on, blog bf16 and FP8 off/on twice (about 8 minutes);
 #      mmabulk: bulk and trt FP8 off/on;
@@ -289,6 +291,25 @@ if want overlap; then  # decode attention beside the other half's GEMMs on a sec
   # with cuBLAS leaving SMs free (scripts/bench_overlap.py; about 20 s without carve-outs, fresh)
   PYTHONPATH="$PYTHONPATH:$PWD/scripts" timeout 240 python3 scripts/bench_overlap.py \
     --carveouts "${CARVEOUTS:-16,32,48,66}" 2>&1 | grep -v -i warn | tee "$OUT/overlap.jsonl"
+fi
+if want tilingab; then  # the fp8 decode launch above 512 rows (414e9c3) in the engine: trt with the
+  # FP8 cache (TRT_PROMPTS) through the table without that entry and with it, alternating
+  # (BULKGEN_DECODE_TILINGS; each line's "env" says which; about 3.5 minutes a run at 2,000)
+  python3 - "$WORK/tilings_before.json" << 'PY'
+import json, sys
+table = json.load(open("bulkgen/model/attention/decode_tilings.json"))
+entries = table["launches"]["fp8"]["128"]
+assert entries[-2]["max_batch"] == 512, "the entry above 512 rows is the last"
+entries.pop()
+entries[-1]["max_batch"] = None
+json.dump(table, open(sys.argv[1], "w"), indent=1)
+PY
+  for table in ${TILING_ORDER:-before after}; do
+    [ $table = after ] && table=$PWD/bulkgen/model/attention/decode_tilings.json \
+      || table=$WORK/tilings_before.json
+    BULKGEN_DECODE_TILINGS=$table bench trt "${TRT_TIMEOUT_S:-280}" --workloads trt \
+      --engines bulkgen-fp8kv --num-prompts "$TRT_PROMPTS"
+  done
 fi
 if want rotarylayers; then  # the one launch against rotary_write + decode by rows, 32 layers a graph
   timeout 200 python3 scripts/bench_decode_rotary.py 2>&1 | grep -v -i warn \

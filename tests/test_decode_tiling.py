@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import functools
 import importlib
+import json
 import os
 from pathlib import Path
 
+import pytest
 import torch
 
 if not torch.cuda.is_available():  # before any Triton kernel is defined (see test_triton_kernels)
@@ -131,3 +133,30 @@ def test_the_tuner_keeps_a_split_count_only_where_it_beats_the_heuristic(monkeyp
     chosen = tune.with_best_splits(entries, split_times)
     assert [e["splits"] for e in chosen] == [1, None]
     assert decode_tiling.launch_for_batch(chosen, 8).splits == 1
+
+
+def test_another_table_is_read_where_the_switch_names_one(tmp_path, monkeypatch):
+    """BULKGEN_DECODE_TILINGS names a table read instead of decode_tilings.json (A/B runs of two
+    tables in one call); a name that is no file fails rather than falling back to no table."""
+    other = tmp_path / "tilings.json"
+    entry = {"max_batch": None, "block_n": 32, "num_warps": 8}
+    other.write_text(json.dumps({"launches": {"fp8": {"128": [entry]}}}))
+    monkeypatch.setenv(decode_tiling.TILINGS_ENV, str(other))
+    decode_tiling.measured_table.cache_clear()
+    try:
+        assert decode_tiling.decode_launch(128, True, 900) == decode_tiling.DecodeLaunch(32, 8)
+        monkeypatch.setenv(decode_tiling.TILINGS_ENV, str(tmp_path / "missing.json"))
+        decode_tiling.measured_table.cache_clear()
+        with pytest.raises(FileNotFoundError, match="BULKGEN_DECODE_TILINGS names"):
+            decode_tiling.measured_table()
+    finally:
+        monkeypatch.delenv(decode_tiling.TILINGS_ENV)
+        decode_tiling.measured_table.cache_clear()
+
+
+def test_the_shipped_table_serves_fp8_batches_above_512_with_its_own_launch():
+    """Measured at trt's 857 rows (sweep_decode_large.py): 128-token tiles, 3 stages, block ids
+    loaded ahead; 512 rows keep the launch tuned there."""
+    launch = functools.partial(decode_tiling.decode_launch, 128, True)
+    assert launch(857) == decode_tiling.DecodeLaunch(128, 4, 3, prefetch_blocks=True)
+    assert launch(512) == decode_tiling.DecodeLaunch(128, 4, 2)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 from pathlib import Path
 from typing import NamedTuple
 
@@ -52,13 +53,25 @@ class DecodeLaunch(NamedTuple):
 # with the largest batch it is for ("max_batch", null for any larger one). At bd2b623 tiles of 64
 # tokens won at 32 rows and of 128 at 256 and 512 (0.89-0.90 of the 64-token tiles' time there).
 TILINGS_FILE = Path(__file__).with_name("decode_tilings.json")
+# Another table read instead of TILINGS_FILE, for A/B runs of two tables in one call (a missing
+# file is an error, not "no table"); stats.json's env_overrides names it (switches.KERNEL_SWITCHES).
+TILINGS_ENV = "BULKGEN_DECODE_TILINGS"
+
+
+def tilings_path() -> Path:
+    """The table decode_launch reads: BULKGEN_DECODE_TILINGS's file where set, else TILINGS_FILE."""
+    named = os.environ.get(TILINGS_ENV)
+    if named and not Path(named).is_file():
+        raise FileNotFoundError(f"{TILINGS_ENV} names {named}, which is not a file")
+    return Path(named) if named else TILINGS_FILE
 
 
 @functools.cache
 def measured_table() -> dict:
-    """TILINGS_FILE's contents ({} without it), read once."""
+    """tilings_path()'s contents ({} without TILINGS_FILE), read once."""
+    path = tilings_path()
     try:
-        return json.loads(TILINGS_FILE.read_text())
+        return json.loads(path.read_text())
     except FileNotFoundError:
         return {}
 
