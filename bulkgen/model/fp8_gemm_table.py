@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from bulkgen.model.fp8_gemm import CANDIDATES, Fp8GemmConfig, fp8_gemm, output_tiles
+from bulkgen.model.switches import table_file
 
 SCALED_MM = "scaled_mm"  # the table's name for torch._scaled_mm
 TABLE_FILE = Path(__file__).with_name("fp8_gemm_table.json")
@@ -32,10 +33,7 @@ TABLE_ENV = "BULKGEN_FP8_GEMM_TABLE"
 
 def table_path() -> Path:
     """The table the dispatch reads: BULKGEN_FP8_GEMM_TABLE's file where set, else TABLE_FILE."""
-    named = os.environ.get(TABLE_ENV)
-    if named and not Path(named).is_file():
-        raise FileNotFoundError(f"{TABLE_ENV} names {named}, which is not a file")
-    return Path(named) if named else TABLE_FILE
+    return table_file(TABLE_ENV, TABLE_FILE)
 
 
 @functools.cache

@@ -5,6 +5,7 @@ and the load-time check (apply_switches)."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import torch
 
@@ -55,6 +56,15 @@ def apply_switches(device: torch.device) -> None:
     for name in (*on_off, SILU_GEMM_ENV, ATTN_ROWS_ENV, DECODE_MMA_ENV, DECODE_ROTARY_ENV):
         switch(name, False)
     blas_library(device)
+
+
+def table_file(env: str, default: Path) -> Path:
+    """A measured table's file: the one the environment variable `env` names (A/B runs of two
+    tables in one call; a name that is no file is an error, not "no table"), else `default`."""
+    named = os.environ.get(env)
+    if named and not Path(named).is_file():
+        raise FileNotFoundError(f"{env} names {named}, which is not a file")
+    return Path(named) if named else default
 
 
 def switch(name: str, default: bool) -> bool:

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 from pathlib import Path
 from typing import NamedTuple
 
 import torch
 import triton
+
+from bulkgen.model.switches import table_file
 
 MAX_SPLITS = 64
 # Splits are added until there are about this many CTAs per SM. Measured on the H200 at the 8B
@@ -60,10 +61,7 @@ TILINGS_ENV = "BULKGEN_DECODE_TILINGS"
 
 def tilings_path() -> Path:
     """The table decode_launch reads: BULKGEN_DECODE_TILINGS's file where set, else TILINGS_FILE."""
-    named = os.environ.get(TILINGS_ENV)
-    if named and not Path(named).is_file():
-        raise FileNotFoundError(f"{TILINGS_ENV} names {named}, which is not a file")
-    return Path(named) if named else TILINGS_FILE
+    return table_file(TILINGS_ENV, TILINGS_FILE)
 
 
 @functools.cache
