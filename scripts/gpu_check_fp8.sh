@@ -25,6 +25,8 @@
 #      GPU tests, blog bf16 and FP8 off/on twice (about 9 minutes); rotarybulk: bulk the same;
 #      rotarytests: its GPU tests alone; rotarylayers: scripts/bench_decode_rotary.py (the launch
 #      against rotary_write then decode at 1-512 rows, 32 layers a graph; not yet run);
+#   regsweep: the fp8 decode launch bounded to 96 registers (5 CTAs an SM) against unbounded, at
+#      857 and 512 rows (sweep_decode_large.py; not yet run);
 #   tilingab: trt with the FP8 cache through the decode table without and with its launch above
 #      512 rows (414e9c3; BULKGEN_DECODE_TILINGS), alternating (TILING_ORDER; not yet run);
 #   mma: the fp8 cache's decode on e4m3 products (BULKGEN_FP8_DECODE_MMA): its GPU tests, the
@@ -309,6 +311,15 @@ PY
       || table=$WORK/tilings_before.json
     BULKGEN_DECODE_TILINGS=$table bench trt "${TRT_TIMEOUT_S:-280}" --workloads trt \
       --engines bulkgen-fp8kv --num-prompts "$TRT_PROMPTS"
+  done
+fi
+if want regsweep; then  # the fp8 decode launch under a register bound (DecodeLaunch.max_registers):
+  # 128-token tiles, 4 warps, 2 and 3 stages, prefetched or not, unbounded and at 96 (5 CTAs an
+  # SM against 4, no spill: tests/test_decode_registers.py), at trt's 857 rows and at 512
+  for rows in 857 512; do
+    PYTHONPATH="$PYTHONPATH:$PWD/scripts" timeout 150 python3 scripts/sweep_decode_large.py \
+      --rows $rows --block-ns 128 --warps 4 --stages 2,3 --registers 0,96 2>&1 | grep -v -i warn \
+      | tee -a "$OUT/regsweep.jsonl" | cut -c1-330
   done
 fi
 if want rotarylayers; then  # the one launch against rotary_write + decode by rows, 32 layers a graph

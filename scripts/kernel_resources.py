@@ -2,7 +2,7 @@
 (bf16, fp8 and int8 caches) and silu_and_mul_fp8's kernels, compiled for sm_90 without a GPU
 (Triton's bundled ptxas).
 
-    PYTHONPATH=. python scripts/kernel_resources.py
+    PYTHONPATH=. python scripts/kernel_resources.py [--register-bounds 96,88]
 
 Decode is compiled as the JIT specializes it (compile_check_attention.decode_source). One line per
 variant; "CTAs/SM" is the bound from registers (65,536 a SM) and shared memory (228 KB), at most
@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 import tempfile
 
 import triton
@@ -52,7 +53,23 @@ def line(name: str, compiled, threads: int) -> str:
     return f"{name}: {regs} registers, {spills} B spilled, {smem} B shared, CTAs/SM <= {ctas}"
 
 
+def bounded_lines(bounds: list[int]) -> list[str]:
+    """The fp8 cache's engine launch above 256 rows (values slots inner, 128-token tiles, 2
+    stages, block ids prefetched) unbounded and at each register bound (maxnreg)."""
+    lines = []
+    for bound in [None, *bounds]:
+        source = decode_source("fp8", v_slots_inner=True, prefetch_blocks=True, block_n=128)
+        options = {"num_warps": 4, "num_stages": 2} | ({"maxnreg": bound} if bound else {})
+        compiled = triton.compile(source, target=TARGET, options=options)
+        lines.append(line(f"decode fp8 prefetch block_n=128 stages=2 maxnreg={bound}", compiled,
+                          128))  # fmt: skip
+    return lines
+
+
 def main() -> None:
+    if len(sys.argv) > 2 and sys.argv[1] == "--register-bounds":
+        print("\n".join(bounded_lines([int(b) for b in sys.argv[2].split(",")])))
+        return
     for cache in ("bf16", "fp8", "int8"):
         variants = {  # (v_in_registers, v_slots_inner)
             "bf16": ((False, False),),

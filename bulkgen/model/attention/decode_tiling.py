@@ -47,6 +47,13 @@ class DecodeLaunch(NamedTuple):
     splits: int | None = None
     # Each tile's block ids loaded one iteration ahead (triton_decode.py: PREFETCH_BLOCKS).
     prefetch_blocks: bool = False
+    # A bound on a thread's registers (Triton's maxnreg on CUDA; None: the compiler's own). The
+    # fp8 cache's 2-stage launches of 128-token tiles take 122-124 registers, 4 CTAs an SM; at 96
+    # they compile for sm_90 without spilling (ptxas; 16 B spilled at 88) and fit 5 CTAs in their
+    # 41 KB of shared memory: more loads in flight, where Nsight Compute found the fp8 kernel at
+    # 25% occupancy stalled on its loads (857 rows x 1,500 tokens, 0c16a4e). Whether that pays
+    # is sweep_decode_large.py's to measure.
+    max_registers: int | None = None
 
 
 # scripts/tune_decode.py --kv-cache-dtype fp8 --write-table: the fastest launch for an fp8 cache

@@ -58,6 +58,15 @@ from bulkgen.model.fp8_kernels import hw_rounding
 LOG2E = 1.4426950408889634
 
 
+def launch_registers(launch: DecodeLaunch, pairs: bool, device: torch.device) -> dict:
+    """The launch's register bound (maxnreg; the tighter of the launch's own and a pairs
+    launch's), none on the interpreter, which has no registers."""
+    bound = pairs_registers(pairs, launch.num_warps, device).get("maxnreg")
+    if launch.max_registers and device.type == "cuda":
+        bound = min(launch.max_registers, bound or launch.max_registers)
+    return {"maxnreg": bound} if bound else {}
+
+
 def paged_decode(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -151,7 +160,7 @@ def paged_decode(
         ROUND_PTX=rotate is not None and round_in_ptx(q.device),
         num_warps=launch.num_warps,
         **({"num_stages": launch.num_stages} if launch.num_stages else {}),
-        **pairs_registers(pairs, launch.num_warps, q.device),
+        **launch_registers(launch, pairs, q.device),
     )
     if num_splits > 1 and fp8_rows:
         return Fp8Activation(*merge_splits_to_fp8(part_out, part_lse, q.dtype))
