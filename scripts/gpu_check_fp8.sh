@@ -27,8 +27,9 @@
 #      against rotary_write then decode at 1-512 rows, 32 layers a graph; not yet run);
 #   regsweep: the fp8 decode launch bounded to 96 registers (5 CTAs an SM) against unbounded, at
 #      857 and 512 rows (sweep_decode_large.py; not yet run);
-#   tilingab: trt with the FP8 cache through the decode table without and with its launch above
-#      512 rows (414e9c3; BULKGEN_DECODE_TILINGS), alternating (TILING_ORDER; not yet run);
+#   tilingab: trt with the FP8 cache through decode tables without and with the launch above
+#      512 rows (414e9c3) or with it bounded to 96 registers (BULKGEN_DECODE_TILINGS; TILING_ORDER
+#      of before, after, regs96; not yet run);
 #   mma: the fp8 cache's decode on e4m3 products (BULKGEN_FP8_DECODE_MMA): its GPU tests, the
 #      decode kernel at 32 rows off/on, blog bf16 and FP8 off/on twice (about 8 minutes);
 #      mmabulk: bulk and trt FP8 off/on;
@@ -294,21 +295,29 @@ if want overlap; then  # decode attention beside the other half's GEMMs on a sec
   PYTHONPATH="$PYTHONPATH:$PWD/scripts" timeout 240 python3 scripts/bench_overlap.py \
     --carveouts "${CARVEOUTS:-16,32,48,66}" 2>&1 | grep -v -i warn | tee "$OUT/overlap.jsonl"
 fi
-if want tilingab; then  # the fp8 decode launch above 512 rows (414e9c3) in the engine: trt with the
-  # FP8 cache (TRT_PROMPTS) through the table without that entry and with it, alternating
-  # (BULKGEN_DECODE_TILINGS; each line's "env" says which; about 3.5 minutes a run at 2,000)
-  python3 - "$WORK/tilings_before.json" << 'PY'
+if want tilingab; then  # the fp8 decode launch above 512 rows in the engine: trt with the FP8
+  # cache (TRT_PROMPTS) through decode tables given by BULKGEN_DECODE_TILINGS, in TILING_ORDER:
+  # "before" (no entry above 512 rows: 512's launch, as before 414e9c3), "after" (the shipped
+  # table), "regs96" (above 512 rows the 2-stage prefetching launch bounded to 96 registers,
+  # DecodeLaunch.max_registers); each line's "env" names the table (about 3.5 minutes a run at
+  # 2,000 requests)
+  python3 - "$WORK" << 'PY'
 import json, sys
 table = json.load(open("bulkgen/model/attention/decode_tilings.json"))
 entries = table["launches"]["fp8"]["128"]
 assert entries[-2]["max_batch"] == 512, "the entry above 512 rows is the last"
+regs96 = json.loads(json.dumps(table))
+regs96["launches"]["fp8"]["128"][-1].update(num_stages=2, prefetch_blocks=True, max_registers=96)
+json.dump(regs96, open(f"{sys.argv[1]}/tilings_regs96.json", "w"), indent=1)
 entries.pop()
 entries[-1]["max_batch"] = None
-json.dump(table, open(sys.argv[1], "w"), indent=1)
+json.dump(table, open(f"{sys.argv[1]}/tilings_before.json", "w"), indent=1)
 PY
   for table in ${TILING_ORDER:-before after}; do
-    [ $table = after ] && table=$PWD/bulkgen/model/attention/decode_tilings.json \
-      || table=$WORK/tilings_before.json
+    case $table in
+      after) table=$PWD/bulkgen/model/attention/decode_tilings.json ;;
+      *) table=$WORK/tilings_$table.json ;;
+    esac
     BULKGEN_DECODE_TILINGS=$table bench trt "${TRT_TIMEOUT_S:-280}" --workloads trt \
       --engines bulkgen-fp8kv --num-prompts "$TRT_PROMPTS"
   done
