@@ -25,8 +25,8 @@
 #      GPU tests, blog bf16 and FP8 off/on twice (about 9 minutes); rotarybulk: bulk the same;
 #      rotarytests: its GPU tests alone; rotarylayers: scripts/bench_decode_rotary.py (the launch
 #      against rotary_write then decode at 1-512 rows, 32 layers a graph; not yet run);
-#   regsweep: the fp8 decode launch bounded to 96 registers (5 CTAs an SM) against unbounded, at
-#      857 and 512 rows (sweep_decode_large.py; not yet run);
+#   regsweep: the fp8 decode launches at 857 rows unbounded and bounded to 96 and 80 registers
+#      (5-6 CTAs an SM against 4-5; sweep_decode_large.py; not yet run);
 #   tilingab: trt with the FP8 cache through decode tables without and with the launch above
 #      512 rows (414e9c3) or with it bounded to 96 registers (BULKGEN_DECODE_TILINGS; TILING_ORDER
 #      of before, after, regs96; not yet run);
@@ -322,14 +322,15 @@ PY
       --engines bulkgen-fp8kv --num-prompts "$TRT_PROMPTS"
   done
 fi
-if want regsweep; then  # the fp8 decode launch under a register bound (DecodeLaunch.max_registers):
-  # 128-token tiles, 4 warps, 2 and 3 stages, prefetched or not, unbounded and at 96 (5 CTAs an
-  # SM against 4, no spill: tests/test_decode_registers.py), at trt's 857 rows and at 512
-  for rows in 857 512; do
-    PYTHONPATH="$PYTHONPATH:$PWD/scripts" timeout 150 python3 scripts/sweep_decode_large.py \
-      --rows $rows --block-ns 128 --warps 4 --stages 2,3 --registers 0,96 2>&1 | grep -v -i warn \
-      | tee -a "$OUT/regsweep.jsonl" | cut -c1-330
-  done
+if want regsweep; then  # the fp8 decode launch under register bounds (DecodeLaunch.max_registers)
+  # at trt's 857 rows: 64- and 128-token tiles, 4 warps, 2-4 stages, prefetched or not, unbounded,
+  # at 96 and at 80. From ptxas (sm_90a, no GPU): 128-token 2-stage 122-124 registers, 4 CTAs an
+  # SM, at 96 5 CTAs unspilled; 64-token 96-100 registers, 5 CTAs, at 80 6 CTAs (4-8 B spilled
+  # when prefetched); 128-token 3-stage prefetched (the table's) is held to 3 CTAs by its 74 KB
+  # of shared memory whatever the bound (37 launches, about 2.5 minutes)
+  PYTHONPATH="$PYTHONPATH:$PWD/scripts" timeout 240 python3 scripts/sweep_decode_large.py \
+    --rows "${REGSWEEP_ROWS:-857}" --block-ns 64,128 --warps 4 --stages 2,3,4 \
+    --registers 0,96,80 2>&1 | grep -v -i warn | tee -a "$OUT/regsweep.jsonl" | cut -c1-330
 fi
 if want rotarylayers; then  # the one launch against rotary_write + decode by rows, 32 layers a graph
   timeout 200 python3 scripts/bench_decode_rotary.py 2>&1 | grep -v -i warn \
