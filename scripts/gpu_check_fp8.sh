@@ -327,7 +327,9 @@ if want regsweep; then  # the fp8 decode launch under register bounds (DecodeLau
   # at 96 and at 80. From ptxas (sm_90a, no GPU): 128-token 2-stage 122-124 registers, 4 CTAs an
   # SM, at 96 5 CTAs unspilled; 64-token 96-100 registers, 5 CTAs, at 80 6 CTAs (4-8 B spilled
   # when prefetched); 128-token 3-stage prefetched (the table's) is held to 3 CTAs by its 74 KB
-  # of shared memory whatever the bound (37 launches, about 2.5 minutes)
+  # of shared memory whatever the bound (37 launches, about 2.5 minutes), after its GPU test (the
+  # launches above 512 rows, bounded or not, give the 512-row launch's bits at 600 rows)
+  gpu_tests regsweep_tests 150 tests/test_decode_registers.py
   PYTHONPATH="$PYTHONPATH:$PWD/scripts" timeout 240 python3 scripts/sweep_decode_large.py \
     --rows "${REGSWEEP_ROWS:-857}" --block-ns 64,128 --warps 4 --stages 2,3,4 \
     --registers 0,96,80 2>&1 | grep -v -i warn | tee -a "$OUT/regsweep.jsonl" | cut -c1-330

@@ -69,3 +69,29 @@ def test_at_96_registers_the_fp8_launch_compiles_unspilled_for_one_cta_more():
     assert usage["None"][1] == usage["96"][1] == 0, "nothing spilled"
     assert usage["None"][0] > 96 >= usage["96"][0]
     assert usage["96"][2] == usage["None"][2] + 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_the_launches_above_512_rows_give_the_512_row_launch_s_outputs():
+    """At the 8B attention shape over the engine's fp8 cache, 600 rows: the table's launch above
+    512 rows and the same bounded to 96 registers give the 512-row launch's bits (pipelining and
+    register allocation move loads, not arithmetic)."""
+    from bulkgen.model.attention.decode_tiling import decode_launch
+    from bulkgen.model.attention.kv_layout import block_size_for, to_slots_inner
+
+    torch.manual_seed(0)
+    rows = 600
+    seq_lens = torch.randint(1, 2049, (rows,)).tolist()
+    seq_lens[-1] = 0  # a padding row
+    k, v, tables, _ = caches(seq_lens, block_size_for(True), 8, 128, FP8_DTYPE)
+    v = to_slots_inner(v)
+    q = torch.randn(rows, 32, 128, device=DEVICE).bfloat16()
+    lens = torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE)
+    args = (q, k, v, lens, tables, 128**-0.5)
+    scales = {"k_scale": K_SCALE, "v_scale": V_SCALE}
+    above = decode_launch(128, True, rows)
+    assert above != decode_launch(128, True, 512), "the table has an entry above 512 rows"
+    expected = paged_decode(*args, launch=decode_launch(128, True, 512), **scales)
+    for launch in (above, above._replace(num_stages=2, max_registers=96)):
+        assert torch.equal(paged_decode(*args, launch=launch, **scales), expected), launch
