@@ -32,6 +32,23 @@ from bulkgen.model.switches import DECODE_MMA_ENV
 KINDS = {"fp8": torch.float8_e4m3fn, "bf16": DTYPE}
 
 
+def launch_list(
+    current: DecodeLaunch,
+    block_ns: list[int],
+    warps: list[int],
+    stages: list[int],
+    registers: list[int],
+) -> list[DecodeLaunch]:
+    """The table's launch first, then the product of the lists, each with block ids prefetched
+    and not (a register bound of 0: none)."""
+    return [current] + [
+        DecodeLaunch(block_n, w, st, prefetch_blocks=prefetch, max_registers=bound or None)
+        for block_n, w, st, prefetch, bound in itertools.product(
+            block_ns, warps, stages, (False, True), registers
+        )
+    ]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=857)
@@ -49,13 +66,8 @@ def main() -> None:
     inputs = tune_decode.shapes(KINDS[args.kind], slots_inner=fp8)
     read = 2 * args.rows * args.context * NUM_KV_HEADS * HEAD_DIM * KINDS[args.kind].itemsize
     current = decode_launch(HEAD_DIM, fp8, args.rows, "fp8" if fp8 else "auto")
-    launches = [current] + [
-        DecodeLaunch(block_n, warps, stages, prefetch_blocks=prefetch, max_registers=bound or None)
-        for block_n, warps, stages, prefetch, bound in itertools.product(
-            ints(args.block_ns), ints(args.warps), ints(args.stages), (False, True),
-            ints(args.registers),
-        )
-    ]  # fmt: skip
+    lists = (ints(args.block_ns), ints(args.warps), ints(args.stages), ints(args.registers))
+    launches = launch_list(current, *lists)
     commit = git_commit()
     for launch, mma in itertools.product(launches, (False, True) if args.mma and fp8 else (False,)):
         os.environ[DECODE_MMA_ENV] = "1" if mma else "0"
