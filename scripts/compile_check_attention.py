@@ -124,6 +124,7 @@ def decode_source(
     mma: bool = False,
     block_n: int | None = None,
     rotate: bool = False,
+    heads_first: bool = False,
 ) -> ASTSource:
     v_signature, v_constants = _v_strides(v_slots_inner)
     signature = {
@@ -150,7 +151,7 @@ def decode_source(
         **_scalars(
             "GROUP GROUP_PAD HEAD_DIM BLOCK_SIZE BLOCK_N DOT_PRECISION KV_FP8 KV_INT8 DOT_F16 "
             "V_IN_REGISTERS V_SLOTS_INNER PREFETCH_BLOCKS PAIRS INT8_ASM MMA_FP8 ROUND_MMA "
-            "ROTATE ROUND_PTX",
+            "ROTATE ROUND_PTX HEADS_FIRST",
             "constexpr",
         ),
     }
@@ -174,6 +175,7 @@ def decode_source(
         "ROUND_MMA": False,  # the GPU's cast rounds
         "ROTATE": rotate,
         "ROUND_PTX": rotate,  # as on a GPU (decode_rotary.round_in_ptx)
+        "HEADS_FIRST": heads_first,
         **v_constants,
     }
     attrs = _aligned(signature)

@@ -54,6 +54,12 @@ class DecodeLaunch(NamedTuple):
     # 25% occupancy stalled on its loads (857 rows x 1,500 tokens, 0c16a4e). Whether that pays
     # is sweep_decode_large.py's to measure.
     max_registers: int | None = None
+    # The grid's kv heads vary fastest (grid (Hkv, B, S) rather than (B, Hkv, S)): a sequence's
+    # heads then run side by side, and the keys of a token, stored [slot, head, dim] (each head's
+    # 128 bytes a token for fp8 at head_dim 128, every 1 KB at 8 heads), are read from the same
+    # DRAM pages at about the same time rather than by programs a batch apart. Whether that pays
+    # is sweep_decode_large.py's to measure.
+    heads_first: bool = False
 
 
 # scripts/tune_decode.py --kv-cache-dtype fp8 --write-table: the fastest launch for an fp8 cache

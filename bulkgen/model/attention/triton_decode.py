@@ -119,7 +119,10 @@ def paged_decode(
     part_shape = (batch, num_q_heads, num_splits)
     part_out = torch.empty((*part_shape, head_dim), dtype=torch.float32, device=q.device)
     part_lse = torch.empty(part_shape, dtype=torch.float32, device=q.device)
-    _decode_split_kernel[(batch, num_kv_heads, num_splits)](
+    grid = (batch, num_kv_heads, num_splits)
+    if launch.heads_first:
+        grid = (num_kv_heads, batch, num_splits)
+    _decode_split_kernel[grid](
         q,
         k_cache,
         v_cache,
@@ -158,6 +161,7 @@ def paged_decode(
         ROUND_MMA=mma and not hw_rounding(q.device),
         ROTATE=rotate is not None,
         ROUND_PTX=rotate is not None and round_in_ptx(q.device),
+        HEADS_FIRST=launch.heads_first,
         num_warps=launch.num_warps,
         **({"num_stages": launch.num_stages} if launch.num_stages else {}),
         **launch_registers(launch, pairs, q.device),

@@ -73,11 +73,17 @@ def _decode_split_kernel(
     ROUND_MMA: tl.constexpr,  # its e4m3 roundings done in float32 first (the interpreter)
     ROTATE: tl.constexpr,  # q unrotated; rotate it, and rotate and write the step's k and v
     ROUND_PTX: tl.constexpr,  # ROTATE's roundings through PTX (decode_rotary.round_to)
+    HEADS_FIRST: tl.constexpr,  # grid (Hkv, B, S) rather than (B, Hkv, S) (DecodeLaunch)
 ):
-    b = tl.program_id(0)
-    kv_head = tl.program_id(1)
+    if HEADS_FIRST:
+        kv_head = tl.program_id(0)
+        b = tl.program_id(1)
+        num_q_heads = tl.num_programs(0) * GROUP
+    else:
+        b = tl.program_id(0)
+        kv_head = tl.program_id(1)
+        num_q_heads = tl.num_programs(1) * GROUP
     split = tl.program_id(2)
-    num_q_heads = tl.num_programs(1) * GROUP
     num_splits = tl.num_programs(2)
 
     g = tl.arange(0, GROUP_PAD)

@@ -1,0 +1,69 @@
+"""The decode grid with kv heads varying fastest (DecodeLaunch.heads_first, grid (Hkv, B, S)):
+the same programs in another launch order, so the same outputs bit for bit, split or not, over
+16-bit and 8-bit caches. Under the Triton interpreter on tiny shapes; at the 8B shape on a GPU.
+Its speed is sweep_decode_large.py's to measure."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest  # noqa: E402
+from test_kv_layout import K_SCALE, V_SCALE, caches, slots_inner_copy  # noqa: E402
+from test_triton_kernels import DEVICE, nan_buffers  # noqa: E402, F401
+
+from bulkgen.model.attention.decode_tiling import DecodeLaunch  # noqa: E402
+from bulkgen.model.attention.kv_fp8 import FP8_DTYPE  # noqa: E402
+from bulkgen.model.attention.triton_decode import paged_decode  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("nan_buffers")
+SEQ_LENS = [1, 17, 64, 65, 200, 0]  # 0: a CUDA-graph batch's padding row
+
+
+@pytest.mark.parametrize("cache, num_splits", [("fp32", 1), ("fp32", 3), ("fp8", 1), ("fp8", 2)])
+def test_heads_first_gives_the_same_outputs(cache, num_splits):
+    torch.manual_seed(0)
+    heads, group, dim = 2, 4, 32
+    fp8 = cache == "fp8"
+    k, v, tables, _ = caches(SEQ_LENS, 16, heads, dim, FP8_DTYPE if fp8 else torch.float32)
+    if fp8:
+        v = slots_inner_copy(v)
+    q = torch.randn(len(SEQ_LENS), heads * group, dim, device=DEVICE)
+    q = q.to(torch.float16 if fp8 else torch.float32)
+    lens = torch.tensor(SEQ_LENS, dtype=torch.int32, device=DEVICE)
+    scales = {"k_scale": K_SCALE, "v_scale": V_SCALE} if fp8 else {}
+    args = (q, k, v, lens, tables, dim**-0.5, num_splits)
+    launch = DecodeLaunch(32 if fp8 else 16)
+    plain = paged_decode(*args, launch=launch, **scales)
+    first = paged_decode(*args, launch=launch._replace(heads_first=True), **scales)
+    assert torch.equal(first, plain)
+    assert plain[:-1].isfinite().all() and torch.equal(plain[-1], torch.zeros_like(plain[-1]))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, FP8_DTYPE])
+def test_gpu_heads_first_gives_the_engines_outputs_at_600_rows(kv_dtype):
+    from bulkgen.model.attention.decode_tiling import decode_launch, fp8_v_slots_inner
+    from bulkgen.model.attention.kv_layout import block_size_for, to_slots_inner
+
+    torch.manual_seed(0)
+    rows, fp8 = 600, kv_dtype == FP8_DTYPE
+    slots_inner = fp8 and fp8_v_slots_inner()
+    seq_lens = torch.randint(1, 2049, (rows,)).tolist()
+    seq_lens[-1] = 0
+    k, v, tables, _ = caches(seq_lens, block_size_for(slots_inner), 8, 128, kv_dtype)
+    if slots_inner:
+        v = to_slots_inner(v)
+    q = torch.randn(rows, 32, 128, device=DEVICE).bfloat16()
+    lens = torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE)
+    scales = {"k_scale": K_SCALE, "v_scale": V_SCALE} if fp8 else {}
+    engine = decode_launch(128, fp8, rows, "fp8" if fp8 else "auto")
+    args = (q, k, v, lens, tables, 128**-0.5)
+    plain = paged_decode(*args, launch=engine, **scales)
+    first = paged_decode(*args, launch=engine._replace(heads_first=True), **scales)
+    assert torch.equal(first, plain)
