@@ -26,10 +26,10 @@
 #      rotarytests: its GPU tests alone; rotarylayers: scripts/bench_decode_rotary.py (the launch
 #      against rotary_write then decode at 1-512 rows, 32 layers a graph; not yet run);
 #   regsweep: the fp8 decode launches at 857 rows unbounded and bounded to 96 and 80 registers
-#      (5-6 CTAs an SM against 4-5; sweep_decode_large.py; not yet run);
+#      (5-6 CTAs an SM against 4-5), each also heads first (sweep_decode_large.py; not yet run);
 #   tilingab: trt with the FP8 cache through decode tables without and with the launch above
-#      512 rows (414e9c3) or with it bounded to 96 registers (BULKGEN_DECODE_TILINGS; TILING_ORDER
-#      of before, after, regs96; not yet run);
+#      512 rows (414e9c3), with it bounded to 96 registers or heads first (BULKGEN_DECODE_TILINGS;
+#      TILING_ORDER of before, after, regs96, headsfirst; not yet run);
 #   mma: the fp8 cache's decode on e4m3 products (BULKGEN_FP8_DECODE_MMA): its GPU tests, the
 #      decode kernel at 32 rows off/on, blog bf16 and FP8 off/on twice (about 8 minutes);
 #      mmabulk: bulk and trt FP8 off/on;
@@ -299,16 +299,18 @@ if want tilingab; then  # the fp8 decode launch above 512 rows in the engine: tr
   # cache (TRT_PROMPTS) through decode tables given by BULKGEN_DECODE_TILINGS, in TILING_ORDER:
   # "before" (no entry above 512 rows: 512's launch, as before 414e9c3), "after" (the shipped
   # table), "regs96" (above 512 rows the 2-stage prefetching launch bounded to 96 registers,
-  # DecodeLaunch.max_registers); each line's "env" names the table (about 3.5 minutes a run at
-  # 2,000 requests)
+  # DecodeLaunch.max_registers), "headsfirst" (the shipped launch with the grid's heads first);
+  # each line's "env" names the table (about 3.5 minutes a run at 2,000 requests)
   python3 - "$WORK" << 'PY'
 import json, sys
 table = json.load(open("bulkgen/model/attention/decode_tilings.json"))
 entries = table["launches"]["fp8"]["128"]
 assert entries[-2]["max_batch"] == 512, "the entry above 512 rows is the last"
-regs96 = json.loads(json.dumps(table))
-regs96["launches"]["fp8"]["128"][-1].update(num_stages=2, prefetch_blocks=True, max_registers=96)
-json.dump(regs96, open(f"{sys.argv[1]}/tilings_regs96.json", "w"), indent=1)
+for name, fields in (("regs96", dict(num_stages=2, prefetch_blocks=True, max_registers=96)),
+                     ("headsfirst", dict(heads_first=True))):
+    other = json.loads(json.dumps(table))
+    other["launches"]["fp8"]["128"][-1].update(fields)
+    json.dump(other, open(f"{sys.argv[1]}/tilings_{name}.json", "w"), indent=1)
 entries.pop()
 entries[-1]["max_batch"] = None
 json.dump(table, open(f"{sys.argv[1]}/tilings_before.json", "w"), indent=1)
@@ -329,10 +331,12 @@ if want regsweep; then  # the fp8 decode launch under register bounds (DecodeLau
   # when prefetched); 128-token 3-stage prefetched (the table's) is held to 3 CTAs by its 74 KB
   # of shared memory whatever the bound (37 launches, about 2.5 minutes), after its GPU test (the
   # launches above 512 rows, bounded or not, give the 512-row launch's bits at 600 rows)
-  gpu_tests regsweep_tests 150 tests/test_decode_registers.py
-  PYTHONPATH="$PYTHONPATH:$PWD/scripts" timeout 240 python3 scripts/sweep_decode_large.py \
+  # Each launch also heads first (DecodeLaunch.heads_first; 74 launches, about 4 minutes).
+  gpu_tests regsweep_tests 150 tests/test_decode_registers.py tests/test_decode_heads_first.py
+  PYTHONPATH="$PYTHONPATH:$PWD/scripts" timeout 330 python3 scripts/sweep_decode_large.py \
     --rows "${REGSWEEP_ROWS:-857}" --block-ns 64,128 --warps 4 --stages 2,3,4 \
-    --registers 0,96,80 2>&1 | grep -v -i warn | tee -a "$OUT/regsweep.jsonl" | cut -c1-330
+    --registers 0,96,80 --heads-first 2>&1 | grep -v -i warn | tee -a "$OUT/regsweep.jsonl" \
+    | cut -c1-330
 fi
 if want rotarylayers; then  # the one launch against rotary_write + decode by rows, 32 layers a graph
   timeout 200 python3 scripts/bench_decode_rotary.py 2>&1 | grep -v -i warn \

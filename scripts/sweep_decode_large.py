@@ -5,10 +5,11 @@ that outgrow the L2) and the K/V bytes it read per second.
 
     PYTHONPATH=.:scripts python scripts/sweep_decode_large.py [--rows 857] [--context 1500]
         [--kind fp8] [--mma] [--block-ns 64,128,256] [--warps 4,8] [--stages 2,3,4]
-        [--registers 0,96]
+        [--registers 0,96] [--heads-first]
 
 --mma adds each fp8 launch on e4m3 products (decode_mma.py, BULKGEN_FP8_DECODE_MMA=1);
---registers the register bounds to time each launch at (DecodeLaunch.max_registers; 0: none).
+--registers the register bounds to time each launch at (DecodeLaunch.max_registers; 0: none);
+--heads-first each launch also with the grid's kv heads varying fastest (DecodeLaunch.heads_first).
 The launches are the product of the lists, prefetching block ids and not, after the table's own.
 On the H200 at 0c16a4e (857 x 1,500, fp8, all of the default lists, --mma): the table's launch
 670.3 us, 128-token tiles with 3 stages prefetched 639.8, e4m3 products 634.3 at best.
@@ -38,13 +39,18 @@ def launch_list(
     warps: list[int],
     stages: list[int],
     registers: list[int],
+    heads_first: bool = False,
 ) -> list[DecodeLaunch]:
-    """The table's launch first, then the product of the lists, each with block ids prefetched
-    and not (a register bound of 0: none)."""
-    return [current] + [
-        DecodeLaunch(block_n, w, st, prefetch_blocks=prefetch, max_registers=bound or None)
-        for block_n, w, st, prefetch, bound in itertools.product(
-            block_ns, warps, stages, (False, True), registers
+    """The table's launch first (and heads first, if asked), then the product of the lists, each
+    with block ids prefetched and not (a register bound of 0: none), and heads first if asked."""
+    orders = (False, True) if heads_first else (False,)
+    launches = [current._replace(heads_first=first) for first in orders]
+    return launches + [
+        DecodeLaunch(
+            block_n, w, st, prefetch_blocks=prefetch, max_registers=bound or None, heads_first=first
+        )  # fmt: skip
+        for block_n, w, st, prefetch, bound, first in itertools.product(
+            block_ns, warps, stages, (False, True), registers, orders
         )
     ]
 
@@ -59,6 +65,7 @@ def main() -> None:
     ap.add_argument("--warps", default="4,8")
     ap.add_argument("--stages", default="2,3,4")
     ap.add_argument("--registers", default="0")
+    ap.add_argument("--heads-first", action="store_true", help="each launch also heads first")
     args = ap.parse_args()
     ints = lambda text: [int(x) for x in text.split(",")]  # noqa: E731
     fp8 = args.kind == "fp8"
@@ -67,7 +74,7 @@ def main() -> None:
     read = 2 * args.rows * args.context * NUM_KV_HEADS * HEAD_DIM * KINDS[args.kind].itemsize
     current = decode_launch(HEAD_DIM, fp8, args.rows, "fp8" if fp8 else "auto")
     lists = (ints(args.block_ns), ints(args.warps), ints(args.stages), ints(args.registers))
-    launches = launch_list(current, *lists)
+    launches = launch_list(current, *lists, heads_first=args.heads_first)
     commit = git_commit()
     for launch, mma in itertools.product(launches, (False, True) if args.mma and fp8 else (False,)):
         os.environ[DECODE_MMA_ENV] = "1" if mma else "0"

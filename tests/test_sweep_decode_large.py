@@ -28,3 +28,11 @@ def test_the_tables_launch_then_the_product_of_the_lists():
     assert DecodeLaunch(128, 4, 3) in launches
     assert {launch.max_registers for launch in launches[1:]} == {None, 96}
     assert {launch.prefetch_blocks for launch in launches[1:]} == {False, True}
+
+
+def test_heads_first_adds_each_launch_in_that_order_too():
+    current = DecodeLaunch(128, 4, 3, prefetch_blocks=True)
+    launches = launch_list(current, [128], [4], [2], [0], heads_first=True)
+    assert launches[:2] == [current, current._replace(heads_first=True)]
+    assert len(launches) == 2 + 2 * 2
+    assert sum(launch.heads_first for launch in launches) == len(launches) // 2
