@@ -27,6 +27,8 @@
 #      against rotary_write then decode at 1-512 rows, 32 layers a graph; not yet run);
 #   regsweep: the fp8 decode launches at 857 rows unbounded and bounded to 96 and 80 registers
 #      (5-6 CTAs an SM against 4-5), each also heads first (sweep_decode_large.py; not yet run);
+#   kheads: keys stored heads outer (BULKGEN_K_HEADS_OUTER): GPU tests, the decode kernel over
+#      both key layouts at 857 rows, trt FP8 KV off/on (KHEADS_ORDER; not yet run);
 #   tilingab: trt with the FP8 cache through decode tables without and with the launch above
 #      512 rows (414e9c3), with it bounded to 96 registers or heads first (BULKGEN_DECODE_TILINGS;
 #      TILING_ORDER of before, after, regs96, headsfirst; not yet run);
@@ -337,6 +339,18 @@ if want regsweep; then  # the fp8 decode launch under register bounds (DecodeLau
     --rows "${REGSWEEP_ROWS:-857}" --block-ns 64,128 --warps 4 --stages 2,3,4 \
     --registers 0,96,80 --heads-first 2>&1 | grep -v -i warn | tee -a "$OUT/regsweep.jsonl" \
     | cut -c1-330
+fi
+if want kheads; then  # keys stored heads outer (BULKGEN_K_HEADS_OUTER, kv_layout.py): its GPU tests,
+  # the decode kernel over both key layouts at 857 rows (128-token tiles, 2 and 3 stages), then
+  # trt FP8 KV (TRT_PROMPTS) off and on (each line's "env" says which; about 8 minutes at 2,000)
+  gpu_tests kheads_tests 150 tests/test_k_heads_outer.py
+  PYTHONPATH="$PYTHONPATH:$PWD/scripts" timeout 150 python3 scripts/sweep_decode_large.py \
+    --block-ns 128 --warps 4 --stages 2,3 --k-layouts rows,heads_outer 2>&1 | grep -v -i warn \
+    | tee -a "$OUT/kheads.jsonl" | cut -c1-330
+  for on in ${KHEADS_ORDER:-0 1}; do
+    BULKGEN_K_HEADS_OUTER=$on bench trt "${TRT_TIMEOUT_S:-280}" --workloads trt \
+      --engines bulkgen-fp8kv --num-prompts "$TRT_PROMPTS"
+  done
 fi
 if want rotarylayers; then  # the one launch against rotary_write + decode by rows, 32 layers a graph
   timeout 200 python3 scripts/bench_decode_rotary.py 2>&1 | grep -v -i warn \

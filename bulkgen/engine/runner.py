@@ -76,6 +76,7 @@ class ModelRunner:
             dtype,
             device,
             v_slots_inner=values_slots_inner(dtype, self.attention.fp8_v_slots_inner),
+            k_heads_outer=self.attention.k_heads_outer,
         )
         self.max_blocks_per_seq = -(-max_model_len // ecfg.block_size)
         self.packer = InputPacker(

@@ -43,6 +43,8 @@ class AttentionBackend:
     # decode launch then does rotary_write_kv's work too (decode_rotary.py). Where the model's
     # rotary is fused_rotary's (CUDA), as for rotary_write_kv.
     decode_rotary: bool = False
+    # Keys stored heads outer (kv_layout.keys_heads_outer: an experiment), the Triton kernels only.
+    k_heads_outer: bool = False
 
     def metadata(
         self,
@@ -90,6 +92,7 @@ def get_backend(name: str, device: torch.device, batch_invariant: bool = False) 
         return AttentionBackend(name + suffix, False, m.write_kv, m.paged_attention)
     if name == "triton":
         from bulkgen.model.attention.decode_tiling import fp8_v_slots_inner
+        from bulkgen.model.attention.kv_layout import keys_heads_outer
 
         if batch_invariant:  # its tilings were chosen for the rows layout
             from bulkgen.model.attention import triton_invariant as m
@@ -105,5 +108,6 @@ def get_backend(name: str, device: torch.device, batch_invariant: bool = False) 
         return AttentionBackend(
             name + suffix, True, m.write_kv, m.paged_attention, slots_inner, fused, rows,
             decode_rotary=fused is not None,
+            k_heads_outer=not batch_invariant and keys_heads_outer(),
         )  # fmt: skip
     raise ValueError(f"attention backend {name!r} is not one of auto, torch, triton")

@@ -15,7 +15,14 @@ layouts:
   allocation: the kernels read whole blocks (triton_kv.load_v_tile), so the slots past a
   sequence's end must hold finite values.
 
-The Triton kernels take V's strides separately and handle both; the torch backends need rows.
+Keys may be stored heads outer too (each block as [num_kv_heads, block_size, head_dim]; the
+view keeps the logical shape), an experiment off unless BULKGEN_K_HEADS_OUTER=1: in rows, a kv
+head's keys of one token are head_dim elements every num_kv_heads * head_dim (128 bytes every
+1 KB for an fp8 cache at the 8B shape), read by a decode program that sees only its head; heads
+outer, a block's keys of one head are one run (8 KB at 64 tokens). Whether that reads faster is
+measured on the GPU (gpu_check_fp8.sh step kheads), not assumed.
+
+The Triton kernels take K's and V's strides and handle every layout; the torch backends need rows.
 Which layout the engine allocates for an fp8 cache is measured (decode_tiling.fp8_v_slots_inner);
 an int8 cache, whose tiles are read the same way (1 byte an element, converted to 16 bits in
 registers), takes the same layout (values_slots_inner).
@@ -34,7 +41,7 @@ from typing import NamedTuple
 import torch
 
 from bulkgen.model.attention.kv_int8 import INT8_DTYPE, allocate_kv_scales
-from bulkgen.model.switches import INT8_V_SLOTS_INNER_ENV, switch
+from bulkgen.model.switches import INT8_V_SLOTS_INNER_ENV, K_HEADS_OUTER_ENV, switch
 
 # scripts/exp_decode_swap.py --block-sizes on the H200 (8B shape, fp8 values slots inner, the
 # tuned launch): 256 rows x 2K 0.355 / 0.308 / 0.288 ms at 16 / 32 / 64-token blocks, 512 x 2K
@@ -47,6 +54,11 @@ DEFAULT_BLOCK_SIZE = 16
 def block_size_for(v_slots_inner: bool) -> int:
     """The engine's tokens per KV block when EngineConfig.block_size is None."""
     return SLOTS_INNER_BLOCK_SIZE if v_slots_inner else DEFAULT_BLOCK_SIZE
+
+
+def keys_heads_outer() -> bool:
+    """Whether the Triton backend's caches store keys heads outer (BULKGEN_K_HEADS_OUTER)."""
+    return switch(K_HEADS_OUTER_ENV, False)
 
 
 def values_slots_inner(kv_dtype: torch.dtype, measured: bool) -> bool:
@@ -77,14 +89,19 @@ def allocate_kv_cache(
     dtype: torch.dtype,
     device: torch.device,
     v_slots_inner: bool = False,
+    k_heads_outer: bool = False,
 ) -> KVCache:
-    """The cache of this shape and dtype, values in the rows layout or slots inner."""
+    """The cache of this shape and dtype, values in the rows layout or slots inner, keys in rows
+    or heads outer."""
     elements = block_size * num_kv_heads * head_dim
     make = torch.zeros if v_slots_inner else torch.empty
     storage = make((num_layers, 2, num_blocks, elements), dtype=dtype, device=device)
     views = []
     for layer in storage:
-        k = layer[0].view(num_blocks, block_size, num_kv_heads, head_dim)
+        if k_heads_outer:
+            k = layer[0].view(num_blocks, num_kv_heads, block_size, head_dim).transpose(1, 2)
+        else:
+            k = layer[0].view(num_blocks, block_size, num_kv_heads, head_dim)
         if v_slots_inner:
             v = layer[1].view(num_blocks, num_kv_heads, head_dim, block_size).permute(0, 3, 1, 2)
         else:
@@ -108,6 +125,20 @@ def v_slots_inner(v_cache: torch.Tensor) -> bool:
         dim * block_size,
         block_size,
     )
+
+
+def k_heads_outer(k_cache: torch.Tensor) -> bool:
+    """Whether a [num_blocks, block_size, num_kv_heads, head_dim] K cache is stored heads
+    outer (each block [num_kv_heads, block_size, head_dim])."""
+    _, block_size, heads, dim = k_cache.shape
+    return heads > 1 and k_cache.stride() == (heads * block_size * dim, dim, block_size * dim, 1)
+
+
+def to_heads_outer(k_cache: torch.Tensor) -> torch.Tensor:
+    """A copy of a K cache's keys stored heads outer (benchmarks and tests)."""
+    blocks, block_size, heads, dim = k_cache.shape
+    out = torch.empty(blocks, heads, block_size, dim, dtype=k_cache.dtype, device=k_cache.device)
+    return out.transpose(1, 2).copy_(k_cache)
 
 
 def to_slots_inner(v_cache: torch.Tensor) -> torch.Tensor:
