@@ -160,3 +160,28 @@ def test_the_engine_generates_the_same_tokens_with_keys_heads_outer(
         outs[on] = [o.token_ids for o in llm.generate(ids, params)]
     assert outs["1"] == outs["0"]
     assert len({tuple(t) for t in outs["1"]}) > 1  # not one degenerate answer for all
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+def test_gpu_the_engine_generates_the_same_tokens_with_keys_heads_outer(
+    tiny_model_dir, monkeypatch, kv_cache_dtype
+):
+    """On CUDA: decode graphs, the mixed steps' pieces, the rotary and KV write in one launch
+    and, where the step allows, in the decode launch; the switch off and on, the same tokens."""
+    from test_engine import PROMPTS, encode_all
+
+    from bulkgen import LLM, SamplingParams
+
+    ids = encode_all(tiny_model_dir, PROMPTS)
+    params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    outs = {}
+    for on in ("0", "1"):
+        monkeypatch.setenv(K_HEADS_OUTER_ENV, on)
+        llm = LLM(str(tiny_model_dir), device="cuda", dtype="bfloat16", max_num_seqs=16,
+                  kv_cache_dtype=kv_cache_dtype)  # fmt: skip
+        assert k_heads_outer(llm.engine.runner.kv[0][0]) == (on == "1")
+        outs[on] = [o.token_ids for o in llm.generate(ids, params)]
+        llm.close()
+    assert outs["1"] == outs["0"]
