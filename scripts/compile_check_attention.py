@@ -124,7 +124,6 @@ def decode_source(
     mma: bool = False,
     block_n: int | None = None,
     rotate: bool = False,
-    heads_first: bool = False,
 ) -> ASTSource:
     v_signature, v_constants = _v_strides(v_slots_inner)
     signature = {
@@ -175,7 +174,7 @@ def decode_source(
         "ROUND_MMA": False,  # the GPU's cast rounds
         "ROTATE": rotate,
         "ROUND_PTX": rotate,  # as on a GPU (decode_rotary.round_in_ptx)
-        "HEADS_FIRST": heads_first,
+        "HEADS_FIRST": False,  # the same kernel body in another launch order
         **v_constants,
     }
     attrs = _aligned(signature)
