@@ -1,8 +1,8 @@
 """Keys stored heads outer (kv_layout.py, BULKGEN_K_HEADS_OUTER, an experiment): the Triton
-kernels take K's strides, so decode, prefill and the KV write give the same bits over such a
-cache as over rows, with values in either layout; the allocation's views and the switch. Under
-the Triton interpreter (no CUDA) on tiny shapes; on the GPU at the 8B attention shape. Whether it
-reads faster is gpu_check_fp8.sh's step kheads to measure."""
+kernels take K's strides, so decode, prefill and the KV write (test_kv_layout.py) give the same
+bits over such a cache as over rows, with values in either layout; the allocation's views and
+the switch. Under the Triton interpreter (no CUDA) on tiny shapes; on the GPU at the 8B
+attention shape. Whether it reads faster is gpu_check_fp8.sh's step kheads to measure."""
 
 from __future__ import annotations
 
@@ -14,12 +14,11 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
 import pytest  # noqa: E402
-from test_kv_layout import CASES, caches, slots_inner_copy  # noqa: E402
+from test_kv_layout import CASES, caches, heads_outer_copy, slots_inner_copy  # noqa: E402
 from test_triton_kernels import DEVICE, metadata, nan_buffers  # noqa: E402, F401
 
 from bulkgen.model.attention import get_backend, triton_backend  # noqa: E402
 from bulkgen.model.attention.kv_fp8 import FP8_DTYPE  # noqa: E402
-from bulkgen.model.attention.kv_int8 import INT8_DTYPE  # noqa: E402
 from bulkgen.model.attention.kv_layout import (  # noqa: E402
     allocate_kv_cache,
     k_heads_outer,
@@ -34,12 +33,6 @@ pytestmark = pytest.mark.usefixtures("nan_buffers")
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
-
-
-def heads_outer_copy(k: torch.Tensor) -> torch.Tensor:
-    out = to_heads_outer(k)
-    assert k_heads_outer(out) and not k_heads_outer(k) and torch.equal(out.float(), k.float())
-    return out
 
 
 @pytest.mark.parametrize("cache_dtype, q_dtype", CASES)
@@ -69,26 +62,6 @@ def test_prefill_reads_keys_stored_heads_outer_as_rows(cache_dtype, q_dtype):
     rows = triton_backend.paged_attention(q, k, v, *args)
     outer = triton_backend.paged_attention(q, heads_outer_copy(k), v, *args)
     assert torch.equal(outer, rows)
-
-
-@pytest.mark.parametrize("dtype", [FP8_DTYPE, INT8_DTYPE, torch.float32])
-def test_write_kv_stores_the_same_keys_heads_outer(dtype):
-    blocks, block_size, heads, dim, tokens = 5, 4, 3, 16, 9
-    k = torch.randn(tokens, heads, dim, device=DEVICE)
-    v = torch.randn(tokens, heads, dim, device=DEVICE) * 4
-    shape = (blocks, block_size, heads, dim)
-    k_rows, v_rows = (torch.zeros(shape, dtype=dtype, device=DEVICE) for _ in range(2))
-    k_outer, v_outer = heads_outer_copy(torch.zeros_like(k_rows)), torch.zeros_like(v_rows)
-    slots = torch.randperm(blocks * block_size, device=DEVICE)[:tokens]
-    slots[3] = -1  # a padding row: written nowhere
-    scales = {layout: [torch.zeros(shape[:3], device=DEVICE) for _ in range(2)]
-              for layout in ("rows", "outer")}  # fmt: skip
-    extra = (lambda layout: scales[layout]) if dtype == INT8_DTYPE else (lambda layout: [])
-    triton_backend.write_kv(k, v, k_rows, v_rows, slots, *extra("rows"))
-    triton_backend.write_kv(k, v, k_outer, v_outer, slots, *extra("outer"))
-    bits = (lambda x: x.view(torch.uint8)) if dtype == FP8_DTYPE else (lambda x: x)
-    assert torch.equal(bits(k_outer.contiguous()), bits(k_rows))
-    assert torch.equal(bits(v_outer), bits(v_rows)) and k_rows.float().abs().sum() > 0
 
 
 def test_the_allocation_views_keys_heads_outer_in_the_logical_shape():

@@ -23,6 +23,8 @@ from bulkgen.model.attention.kv_int8 import INT8_DTYPE  # noqa: E402
 from bulkgen.model.attention.kv_layout import (  # noqa: E402
     allocate_kv_cache,
     block_size_for,
+    k_heads_outer,
+    to_heads_outer,
     to_slots_inner,
     v_slots_inner,
     values_slots_inner,
@@ -43,6 +45,13 @@ def slots_inner_copy(v: torch.Tensor) -> torch.Tensor:
     """The same logical [blocks, block_size, heads, dim] values, stored slots inner."""
     out = to_slots_inner(v)
     assert v_slots_inner(out) and not v_slots_inner(v) and torch.equal(out.float(), v.float())
+    return out
+
+
+def heads_outer_copy(k: torch.Tensor) -> torch.Tensor:
+    """The same logical [blocks, block_size, heads, dim] keys, stored heads outer."""
+    out = to_heads_outer(k)
+    assert k_heads_outer(out) and not k_heads_outer(k) and torch.equal(out.float(), k.float())
     return out
 
 
@@ -103,27 +112,32 @@ def test_prefill_reads_values_stored_slots_inner_as_rows(cache_dtype, q_dtype):
 
 
 @pytest.mark.parametrize("dtype", [FP8_DTYPE, INT8_DTYPE, torch.float32])
-def test_write_kv_stores_the_same_values_in_either_layout(dtype):
+@pytest.mark.parametrize("layout", ["values slots inner", "keys heads outer"])
+def test_write_kv_stores_the_same_values_in_either_layout(dtype, layout):
     blocks, block_size, heads, dim, tokens = 5, 4, 3, 16, 9
     k = torch.randn(tokens, heads, dim, device=DEVICE)
     v = torch.randn(tokens, heads, dim, device=DEVICE) * 4
     shape = (blocks, block_size, heads, dim)
     k_rows, v_rows = (torch.zeros(shape, dtype=dtype, device=DEVICE) for _ in range(2))
-    k_inner, v_inner = torch.zeros_like(k_rows), slots_inner_copy(torch.zeros_like(v_rows))
+    k_other, v_other = torch.zeros_like(k_rows), torch.zeros_like(v_rows)
+    if layout == "values slots inner":
+        v_other = slots_inner_copy(v_other)
+    else:
+        k_other = heads_outer_copy(k_other)
     slots = torch.randperm(blocks * block_size, device=DEVICE)[:tokens]
     slots[3] = -1  # a padding row: written nowhere
     scales = {}
-    for layout in ("rows", "inner"):  # an int8 cache's scales: [blocks, block_size, heads]
-        scales[layout] = [torch.zeros(shape[:3], device=DEVICE) for _ in range(2)]
-    extra = (lambda layout: scales[layout]) if dtype == INT8_DTYPE else (lambda layout: [])
+    for name in ("rows", "other"):  # an int8 cache's scales: [blocks, block_size, heads]
+        scales[name] = [torch.zeros(shape[:3], device=DEVICE) for _ in range(2)]
+    extra = (lambda name: scales[name]) if dtype == INT8_DTYPE else (lambda name: [])
     triton_backend.write_kv(k, v, k_rows, v_rows, slots, *extra("rows"))
-    triton_backend.write_kv(k, v, k_inner, v_inner, slots, *extra("inner"))
+    triton_backend.write_kv(k, v, k_other, v_other, slots, *extra("other"))
     as_bits = (lambda x: x.view(torch.uint8)) if dtype == FP8_DTYPE else (lambda x: x)
-    assert torch.equal(as_bits(k_inner), as_bits(k_rows))
-    assert torch.equal(as_bits(v_inner.contiguous()), as_bits(v_rows))
-    assert v_rows.float().abs().sum() > 0
+    assert torch.equal(as_bits(k_other.contiguous()), as_bits(k_rows))
+    assert torch.equal(as_bits(v_other.contiguous()), as_bits(v_rows))
+    assert k_rows.float().abs().sum() > 0 and v_rows.float().abs().sum() > 0
     if dtype == INT8_DTYPE:
-        assert all(map(torch.equal, scales["rows"], scales["inner"]))
+        assert all(map(torch.equal, scales["rows"], scales["other"]))
         assert scales["rows"][1].sum() > 0
 
 
