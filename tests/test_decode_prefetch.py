@@ -18,7 +18,13 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
 import pytest  # noqa: E402
-from test_kv_layout import K_SCALE, V_SCALE, caches, slots_inner_copy  # noqa: E402
+from test_kv_layout import (  # noqa: E402
+    K_SCALE,
+    V_SCALE,
+    caches,
+    engine_decode_inputs,
+    slots_inner_copy,
+)
 from test_triton_kernels import DEVICE, nan_buffers  # noqa: E402, F401
 
 from bulkgen.model.attention.decode_tiling import DecodeLaunch  # noqa: E402
@@ -83,22 +89,11 @@ def test_it_compiles_for_sm_90_and_pipelines_the_tiles(attention_compile_check):
 def test_gpu_prefetching_launches_give_the_engines_outputs(kv_dtype, rows):
     """At the 8B attention shape, in the engine's layout and block size, with 3 and 4 stages:
     the same bits as the engine's own launch (pipelining moves the loads, not the arithmetic)."""
-    from bulkgen.model.attention.decode_tiling import decode_launch, fp8_v_slots_inner
-    from bulkgen.model.attention.kv_layout import block_size_for, to_slots_inner
+    from bulkgen.model.attention.decode_tiling import decode_launch
 
     fp8 = kv_dtype == FP8_DTYPE
-    slots_inner = fp8 and fp8_v_slots_inner()
-    block_size = block_size_for(slots_inner)
-    seq_lens = torch.randint(1, 2049, (rows,)).tolist()
-    seq_lens[-1] = 0  # a padding row
-    k, v, tables, _ = caches(seq_lens, block_size, 8, 128, kv_dtype)
-    if slots_inner:
-        v = to_slots_inner(v)
-    q = torch.randn(rows, 32, 128, device=DEVICE).bfloat16()
-    lens = torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE)
-    scales = {"k_scale": K_SCALE, "v_scale": V_SCALE} if fp8 else {}
+    args, scales = engine_decode_inputs(rows, kv_dtype)
     engine = decode_launch(128, fp8, rows, "fp8" if fp8 else "auto")
-    args = (q, k, v, lens, tables, 128**-0.5)
     plain = paged_decode(*args, launch=engine, **scales)
     for stages in (3, 4):
         launch = engine._replace(num_stages=stages, prefetch_blocks=True)

@@ -17,7 +17,13 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
 import pytest  # noqa: E402
-from test_kv_layout import K_SCALE, V_SCALE, caches, slots_inner_copy  # noqa: E402
+from test_kv_layout import (  # noqa: E402
+    K_SCALE,
+    V_SCALE,
+    caches,
+    engine_decode_inputs,
+    slots_inner_copy,
+)
 from test_triton_kernels import DEVICE, nan_buffers  # noqa: E402, F401
 
 from bulkgen.model.attention.decode_tiling import DecodeLaunch  # noqa: E402
@@ -78,18 +84,10 @@ def test_gpu_the_launches_above_512_rows_give_the_512_row_launch_s_outputs():
     512 rows and the same bounded to 96 registers give the 512-row launch's bits (pipelining and
     register allocation move loads, not arithmetic)."""
     from bulkgen.model.attention.decode_tiling import decode_launch
-    from bulkgen.model.attention.kv_layout import block_size_for, to_slots_inner
 
     torch.manual_seed(0)
     rows = 600
-    seq_lens = torch.randint(1, 2049, (rows,)).tolist()
-    seq_lens[-1] = 0  # a padding row
-    k, v, tables, _ = caches(seq_lens, block_size_for(True), 8, 128, FP8_DTYPE)
-    v = to_slots_inner(v)
-    q = torch.randn(rows, 32, 128, device=DEVICE).bfloat16()
-    lens = torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE)
-    args = (q, k, v, lens, tables, 128**-0.5)
-    scales = {"k_scale": K_SCALE, "v_scale": V_SCALE}
+    args, scales = engine_decode_inputs(rows, FP8_DTYPE)
     above = decode_launch(128, True, rows)
     assert above != decode_launch(128, True, 512), "the table has an entry above 512 rows"
     expected = paged_decode(*args, launch=decode_launch(128, True, 512), **scales)

@@ -72,6 +72,24 @@ def caches(seq_lens, block_size, heads, dim, dtype):
     return k.to(dtype), v.to(dtype), tables, scales
 
 
+def engine_decode_inputs(rows: int, kv_dtype) -> tuple[tuple, dict]:
+    """(paged_decode's positional arguments, its scales) at the 8B attention shape (32 query heads,
+    8 kv heads, head_dim 128) in the engine's value layout and block size for the cache's dtype:
+    contexts of 1-2,048 tokens, the last row a CUDA-graph batch's padding row of length 0."""
+    from bulkgen.model.attention.decode_tiling import fp8_v_slots_inner
+
+    fp8 = kv_dtype == FP8_DTYPE
+    slots_inner = fp8 and fp8_v_slots_inner()
+    seq_lens = torch.randint(1, 2049, (rows,)).tolist()
+    seq_lens[-1] = 0
+    k, v, tables, _ = caches(seq_lens, block_size_for(slots_inner), 8, 128, kv_dtype)
+    v = to_slots_inner(v) if slots_inner else v
+    q = torch.randn(rows, 32, 128, device=DEVICE).bfloat16()
+    lens = torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE)
+    scales = {"k_scale": K_SCALE, "v_scale": V_SCALE} if fp8 else {}
+    return (q, k, v, lens, tables, 128**-0.5), scales
+
+
 CASES = [(FP8_DTYPE, torch.float32), (FP8_DTYPE, torch.float16), (torch.float32, torch.float32)]
 CASES += [(INT8_DTYPE, torch.float32), (INT8_DTYPE, torch.float16)]
 
