@@ -14,7 +14,13 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
 import pytest  # noqa: E402
-from test_kv_layout import CASES, caches, heads_outer_copy, slots_inner_copy  # noqa: E402
+from test_kv_layout import (  # noqa: E402
+    CASES,
+    caches,
+    engine_decode_inputs,
+    heads_outer_copy,
+    slots_inner_copy,
+)
 from test_triton_kernels import DEVICE, metadata, nan_buffers  # noqa: E402, F401
 
 from bulkgen.model.attention import get_backend, triton_backend  # noqa: E402
@@ -22,7 +28,6 @@ from bulkgen.model.attention.kv_fp8 import FP8_DTYPE  # noqa: E402
 from bulkgen.model.attention.kv_layout import (  # noqa: E402
     allocate_kv_cache,
     k_heads_outer,
-    to_heads_outer,
 )
 from bulkgen.model.attention.triton_decode import paged_decode  # noqa: E402
 from bulkgen.model.switches import K_HEADS_OUTER_ENV  # noqa: E402
@@ -90,25 +95,15 @@ def test_the_switch_reaches_the_plain_triton_backend_only(monkeypatch):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("kv_dtype", [torch.bfloat16, FP8_DTYPE])
 def test_gpu_decode_and_prefill_read_keys_heads_outer_as_rows(kv_dtype):
-    from bulkgen.model.attention.decode_tiling import fp8_v_slots_inner
-    from bulkgen.model.attention.kv_layout import block_size_for, to_slots_inner
-
-    fp8 = kv_dtype == FP8_DTYPE
-    slots_inner = fp8 and fp8_v_slots_inner()
-    seq_lens = torch.randint(1, 2049, (600,)).tolist()
-    k, v, tables, scales = caches(seq_lens, block_size_for(slots_inner), 8, 128, kv_dtype)
-    v = to_slots_inner(v) if slots_inner else v
-    scales = scales if fp8 else {}
-    q = torch.randn(len(seq_lens), 32, 128, device=DEVICE).bfloat16()
-    lens = torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE)
-    rows = paged_decode(q, k, v, lens, tables, 128**-0.5, **scales)
-    assert torch.equal(paged_decode(q, to_heads_outer(k), v, lens, tables, 128**-0.5, **scales),
-                       rows)  # fmt: skip
-    meta = metadata(seq_lens[:3], [min(n, 300) for n in seq_lens[:3]], tables[:3])
+    (q, k, v, lens, tables, scale), scales = engine_decode_inputs(600, kv_dtype)
+    rows = paged_decode(q, k, v, lens, tables, scale, **scales)
+    assert torch.equal(paged_decode(q, heads_outer_copy(k), v, lens, tables, scale, **scales), rows)
+    seq_lens = lens[:3].tolist()
+    meta = metadata(seq_lens, [min(n, 300) for n in seq_lens], tables[:3])
     q = torch.randn(int(meta.query_start_loc[-1]), 32, 128, device=DEVICE).bfloat16()
-    args = (meta, 128**-0.5, scales.get("k_scale", 1.0), scales.get("v_scale", 1.0))
+    args = (meta, scale, scales.get("k_scale", 1.0), scales.get("v_scale", 1.0))
     rows = triton_backend.paged_attention(q, k, v, *args)
-    assert torch.equal(triton_backend.paged_attention(q, to_heads_outer(k), v, *args), rows)
+    assert torch.equal(triton_backend.paged_attention(q, heads_outer_copy(k), v, *args), rows)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU: the Triton kernels interpreted")
