@@ -156,7 +156,8 @@ def test_another_table_is_read_where_the_switch_names_one(tmp_path, monkeypatch)
 
 def test_the_shipped_table_serves_fp8_batches_above_512_with_its_own_launch():
     """Measured at trt's 857 rows (sweep_decode_large.py): 128-token tiles, 3 stages, block ids
-    loaded ahead; 512 rows keep the launch tuned there."""
+    loaded ahead, the grid heads first; 512 rows keep the launch tuned there."""
     launch = functools.partial(decode_tiling.decode_launch, 128, True)
-    assert launch(857) == decode_tiling.DecodeLaunch(128, 4, 3, prefetch_blocks=True)
+    assert launch(857) == decode_tiling.DecodeLaunch(
+        128, 4, 3, prefetch_blocks=True, heads_first=True)
     assert launch(512) == decode_tiling.DecodeLaunch(128, 4, 2)
