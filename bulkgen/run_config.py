@@ -128,8 +128,21 @@ class RunConfig:
             "prompt_template": self.prompt_template,
             "system": self.system,
             # Left out at their defaults, so that job folders of older versions still resume.
+            # The weights, dtypes and context length change every output: a dummy-weights
+            # trial or a bf16 run must not be resumed as the real or float32 job.
             **self._non_default(
-                "n", "messages_column", "output_token_ids", "limit", "batch_invariant"
+                "n",
+                "messages_column",
+                "output_token_ids",
+                "limit",
+                "batch_invariant",
+                "load_format",
+                "dtype",
+                "quantization",
+                "kv_cache_dtype",
+                "max_model_len",
+                "fp8_fast_accum",
+                "fp8_kv_pair_first_block",
             ),
         }
 

@@ -119,6 +119,37 @@ def test_a_rerun_with_other_settings_is_refused_naming_what_differs(tmp_path):
     job.check(changed.job_settings(), overwrite=True)
 
 
+@pytest.mark.parametrize(
+    "setting",
+    [
+        {"load_format": "dummy"},
+        {"dtype": "float32"},
+        {"quantization": "fp8"},
+        {"kv_cache_dtype": "int8"},
+        {"max_model_len": 512},
+        {"fp8_fast_accum": False},
+    ],
+)
+def test_a_rerun_with_other_weights_dtype_or_context_is_refused_both_ways(tmp_path, setting):
+    """A dummy-weights trial, or a bf16 run, must not be resumed as the real or float32 job."""
+    (key,) = setting
+    job = JobDir(tmp_path / "out")
+    job.lock()
+    job.prepare({"settings": config(tmp_path, **setting).job_settings()}, overwrite=False)
+    job.unlock()
+    job.check(config(tmp_path, **setting).job_settings(), overwrite=False)
+    with pytest.raises(UserError) as e:
+        job.check(config(tmp_path).job_settings(), overwrite=False)
+    assert f"{key} was {setting[key]!r}, now the default" in str(e.value)
+    other = JobDir(tmp_path / "other")
+    other.lock()
+    other.prepare({"settings": config(tmp_path).job_settings()}, overwrite=False)
+    other.unlock()
+    with pytest.raises(UserError) as e:
+        other.check(config(tmp_path, **setting).job_settings(), overwrite=False)
+    assert f"{key} was the default, now {setting[key]!r}" in str(e.value)
+
+
 def test_overwrite_clears_the_old_job(tmp_path):
     job = JobDir(tmp_path / "out")
     job.lock()

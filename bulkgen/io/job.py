@@ -287,6 +287,10 @@ def _differences(old: dict, new: dict, prefix: str = "") -> list[str]:
         a, b = old.get(key), new.get(key)
         if isinstance(a, dict) and isinstance(b, dict):
             diffs += _differences(a, b, prefix=f"{key}.")
+        elif key not in old or key not in new:  # job_settings leaves some out at their default
+            was = "the default" if key not in old else repr(a)
+            now = "the default" if key not in new else repr(b)
+            diffs.append(f"{prefix}{key} was {was}, now {now}")
         elif a != b:
             diffs.append(f"{prefix}{key} was {a!r}, now {b!r}")
     return diffs
