@@ -173,3 +173,24 @@ def test_two_runs_cannot_write_one_folder_at_once(tmp_path):
     JobDir(tmp_path / "out").lock()
     with pytest.raises(UserError, match="another bulkgen run is writing"):
         JobDir(tmp_path / "out").lock()
+
+
+@pytest.mark.parametrize("response", ["old answer", None])
+def test_jsonl_rows_keeping_custom_id_and_response_columns_resume_as_rows(tmp_path, response):
+    """A --format jsonl row that keeps input columns named like a Batch output line's is still
+    a row: a rerun reads it by its id, and shards sharing a kept custom_id stay."""
+    job = JobDir(tmp_path / "out")
+    job.lock()
+    job.prepare({"settings": {}}, overwrite=False)
+    writer = ShardWriter(job.path, "jsonl", 2, keep_columns=("custom_id", "response"))
+    rows = done_rows(4)
+    for row in rows:
+        row.extra = {"custom_id": "same", "response": response}
+    writer.add(rows)
+    done = job.prepare({}, overwrite=False)
+    assert done.ids == {"r0", "r1", "r2", "r3"}
+    assert (done.rows, done.errors) == (4, 0)
+    assert sorted(p.name for p in job.path.glob("part-*")) == [
+        "part-00000.jsonl",
+        "part-00001.jsonl",
+    ]

@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from bulkgen.errors import UserError
+from bulkgen.io.openai import is_output_line
 
 ATTEMPT_PREFIX = ".attempt-"
 _ATTEMPT = re.compile(r"\.attempt-w(\d+)-(\d+)")
@@ -93,7 +94,7 @@ def _lines(path: Path) -> list[bytes]:
 
 def _line_key(line: bytes) -> tuple:
     record = json.loads(line)
-    if "custom_id" in record:  # an OpenAI Batch output line is a whole row, all its samples
+    if is_output_line(record):  # an OpenAI Batch output line is a whole row, all its samples
         return (record["custom_id"], None)
     return (record["id"], record.get("sample") or 0)
 

@@ -147,6 +147,18 @@ def _token(token: str, logprob: float) -> dict:
 # ---- resume ------------------------------------------------------------------------------
 
 
+def is_output_line(record: object) -> bool:
+    """Whether a parsed line is a Batch API output line rather than a --format jsonl row, which
+    always has finish_reason (an output column, so no kept column takes the name) and may keep
+    input columns named custom_id and response."""
+    return (
+        isinstance(record, dict)
+        and "custom_id" in record
+        and "response" in record
+        and "finish_reason" not in record
+    )
+
+
 def is_openai_output(path: Path) -> bool:
     """Whether a .jsonl shard holds Batch API output lines (judged by its first line)."""
     with open(path, "rb") as f:
@@ -155,7 +167,7 @@ def is_openai_output(path: Path) -> bool:
         record = json.loads(first)
     except ValueError:
         return False
-    return isinstance(record, dict) and "custom_id" in record and "response" in record
+    return is_output_line(record)
 
 
 def openai_summary(path: Path) -> pa.Table:
