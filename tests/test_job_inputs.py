@@ -97,3 +97,14 @@ def test_csv_and_tsv_inputs_read_like_jsonl(tmp_path, tiny_model_dir, name, sep)
         == "bad sampling parameter: column 'max_tokens' must be an integer, got 'abc'"
     )
     assert rows["c"]["error"] == "prompt is null"
+
+
+def test_invalid_utf8_in_a_csv_value_is_that_rows_error_record(tmp_path, tiny_model_dir):
+    path, out = tmp_path / "in.csv", tmp_path / "out"
+    path.write_bytes(b"id,prompt,topic\na,Hello \xff\xfe there,t\nb,fine,\xc3\nc,also fine,x\n")
+    result = bulkgen("run", path, "-m", tiny_model_dir, "-o", out, "-q", "--keep-columns", "topic")
+    assert result.exit_code == 0, result.output
+    rows = {r["id"]: r for r in output(out)}
+    assert rows["a"]["error"].startswith("column 'prompt' cannot be read (UnicodeDecodeError")
+    assert rows["b"]["error"].startswith("column 'topic' cannot be read (UnicodeDecodeError")
+    assert (rows["c"]["prompt"], rows["c"]["topic"], rows["c"]["error"]) == ("also fine", "x", None)

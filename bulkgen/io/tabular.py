@@ -45,8 +45,10 @@ def table_schema(source: Source) -> pa.Schema:
 def _open_csv(source: Source, names: list[str] | None):
     path = source.paths[0]
     tsv = path.name.lower().removesuffix(".gz").endswith(".tsv")
+    # Bytes, decoded a value at a time (_pylist): pyarrow's UTF-8 check would fail a whole block
+    # for one bad value.
     convert = pacsv.ConvertOptions(
-        column_types={name: pa.string() for name in names or ()}, strings_can_be_null=True
+        column_types={name: pa.binary() for name in names or ()}, strings_can_be_null=True
     )
     return pacsv.open_csv(
         str(path),  # a path, so that pyarrow detects .gz from the name
@@ -105,7 +107,7 @@ def read_table(reader: Reader, source: Source) -> Iterator[list[Row]]:
             raise Damaged(index, e) from e
         if batch is None:
             return
-        values = {name: _pylist(batch.column(name)) for name in columns}
+        values = {name: _pylist(batch.column(name), source.kind == "csv") for name in columns}
         rows = []
         for i in range(batch.num_rows):
             default_id = prefix + str(index)
@@ -133,10 +135,11 @@ def _row(reader, source, record: dict, default_id: str, index: int, trusted) -> 
     return finished(reader, row, index, 0, trusted)
 
 
-def _pylist(column: pa.Array) -> list:
-    """The column's values; a value that cannot be converted is _Unreadable, not the batch's end."""
+def _pylist(column: pa.Array, text: bool = False) -> list:
+    """The column's values; a value that cannot be converted is _Unreadable, not the batch's end.
+    text: the column holds the bytes of UTF-8 text (a CSV's)."""
     try:
-        return column.to_pylist()
+        values = column.to_pylist()
     except Exception:
         values = []
         for i in range(len(column)):
@@ -144,7 +147,16 @@ def _pylist(column: pa.Array) -> list:
                 values.append(column[i].as_py())
             except Exception as e:
                 values.append(_Unreadable(e))
-        return values
+    return [_decoded(v) for v in values] if text else values
+
+
+def _decoded(value: object) -> object:
+    if not isinstance(value, bytes):
+        return value
+    try:
+        return value.decode()
+    except UnicodeDecodeError as e:
+        return _Unreadable(e)
 
 
 def _number(text: str) -> object:
