@@ -79,7 +79,9 @@ class RunConfig:
             raise ValueError(f"shard size must be >= 1 row, got {self.shard_size}")
         if not self.prompt_column:
             raise ValueError("the prompt column name is empty")
-        for name in self.keep_columns:
+        for i, name in enumerate(self.keep_columns):
+            if name in self.keep_columns[:i]:
+                raise ValueError(f"--keep-columns names {name!r} twice")
             if name in OUTPUT_COLUMNS + OPTIONAL_COLUMNS:
                 raise ValueError(
                     f"--keep-columns {name!r} clashes with the output column of that name; "

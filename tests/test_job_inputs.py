@@ -108,3 +108,34 @@ def test_invalid_utf8_in_a_csv_value_is_that_rows_error_record(tmp_path, tiny_mo
     assert rows["a"]["error"].startswith("column 'prompt' cannot be read (UnicodeDecodeError")
     assert rows["b"]["error"].startswith("column 'topic' cannot be read (UnicodeDecodeError")
     assert (rows["c"]["prompt"], rows["c"]["topic"], rows["c"]["error"]) == ("also fine", "x", None)
+
+
+@pytest.mark.parametrize("name", ["in.csv", "in.parquet"])
+def test_a_column_named_twice_in_a_header_is_one_line_before_any_work(
+    tmp_path, tiny_model_dir, name
+):
+    path, out = tmp_path / name, tmp_path / "out"
+    if name.endswith(".csv"):
+        path.write_text("id,prompt,prompt,x,x\na,Hello,World,1,2\n")
+    else:
+        import pyarrow as pa
+
+        arrays = [pa.array(v) for v in (["a"], ["Hello"], ["World"], ["1"], ["2"])]
+        pq.write_table(pa.Table.from_arrays(arrays, ["id", "prompt", "prompt", "x", "x"]), path)
+    result = bulkgen("run", path, "-m", tiny_model_dir, "-o", out, "-q")
+    assert result.exit_code == 1
+    assert result.output.strip().splitlines()[-1] == (
+        f"error: {path} names the column(s) 'prompt' more than once in its header; rename or "
+        "drop the repeats"
+    )  # x, repeated too, is not read
+    assert not out.exists()
+
+
+def test_a_kept_column_named_twice_is_refused(tmp_path, tiny_model_dir):
+    path = tmp_path / "in.jsonl"
+    write_prompts(path, 1)
+    result = bulkgen(
+        "run", path, "-m", tiny_model_dir, "-o", tmp_path / "out", "--keep-columns", "a,a"
+    )
+    assert result.exit_code == 2
+    assert "--keep-columns names 'a' twice" in result.output

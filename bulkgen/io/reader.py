@@ -30,7 +30,7 @@ from bulkgen.io.jsonl import (
 from bulkgen.io.schema import unified
 from bulkgen.io.seen import FirstSeen
 from bulkgen.io.tabular import count_rows, read_table, table_schema
-from bulkgen.row import Row
+from bulkgen.row import PARAM_COLUMNS, Row
 from bulkgen.structured import GrammarChecks
 
 BATCH_ROWS = 1024
@@ -77,6 +77,8 @@ class Reader:
             names = self._columns(source)
             if names is None:  # a JSONL file with no parsable row: its rows become errors
                 continue
+            if source.kind != "jsonl":
+                self._check_unique(source)
             needed = [] if self.template_columns is not None else [self.prompt_column]
             if self.messages_column in names or self._is_batch_file(source):
                 needed = []
@@ -156,6 +158,18 @@ class Reader:
                     batch = [row for row in batch if row.id not in skip]
                 if batch:
                     yield batch
+
+    def _check_unique(self, source: Source) -> None:
+        """A column the job reads must be named once in a table's header."""
+        names = _with_file_errors(source, lambda: table_schema(source).names)
+        read = {self.prompt_column, self.id_column, self.messages_column, *self.keep_columns}
+        read |= {*PARAM_COLUMNS, *(self.template_columns or ())}
+        repeated = sorted({n for n in names if names.count(n) > 1} & read)
+        if repeated:
+            raise UserError(
+                f"{source.label} names the column(s) {', '.join(map(repr, repeated))} more than "
+                "once in its header; rename or drop the repeats"
+            )
 
     def _columns(self, source: Source) -> set[str] | None:
         if source.kind == "jsonl":
