@@ -125,6 +125,21 @@ def test_a_bad_request_gets_an_error_line(tmp_path, tiny_model_dir):
     assert stats["errors"] == 4
 
 
+@pytest.mark.parametrize("bad", [{"bdy": {}}, {"body": {"messages": "hi"}, "custom_id": None}])
+def test_a_malformed_first_request_is_its_error_line_not_the_files_kind(
+    tmp_path, tiny_model_dir, bad
+):
+    first = {"custom_id": "r0", "method": "POST", "url": "/v1/chat/completions", **bad}
+    if "bdy" in bad:
+        del first["custom_id"]
+    path = write_jsonl(tmp_path / "batch.jsonl", [first, *BATCH])
+    stats = run(make_config(tmp_path, tiny_model_dir, [path], format="openai"), factory())
+    results = read_batch_output(tmp_path / "out")
+    assert [results[r["custom_id"]]["error"] for r in BATCH] == [None] * 3
+    assert results["batch:0"]["response"] is None
+    assert stats["errors"] == 1
+
+
 def test_an_interrupted_openai_job_resumes_whole_requests(tmp_path, tiny_model_dir):
     records = [{"custom_id": f"r{i}", "method": "POST", "url": "/v1/completions",
                 "body": {"prompt": f"p {i}", "n": 3}} for i in range(200)]  # fmt: skip

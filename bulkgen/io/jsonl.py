@@ -131,11 +131,13 @@ def _row(reader: Reader, line: bytes, default_id: str, index: int, lineno: int, 
 
 
 def is_batch_file(source: Source) -> bool:
-    """An OpenAI Batch input file: its first parsable line has custom_id and body."""
+    """An OpenAI Batch input file: at least half of its first parsable lines have custom_id and
+    body (not only the first: a malformed first request is its own error record, not a reason
+    to read the file as prompts)."""
     if source.kind != "jsonl":
         return False
-    records = _probe(source.paths[0])[:1]
-    return bool(records) and is_batch_record(records[0])
+    records = _probe(source.paths[0])
+    return bool(records) and 2 * sum(map(is_batch_record, records)) >= len(records)
 
 
 def _batch_row(reader: Reader, record: dict, default_id: str, where: str, lineno: int) -> Row:
