@@ -51,6 +51,27 @@ def test_a_changed_input_is_refused_unless_allowed_or_overwritten(tmp_path, tiny
     assert "changed since" in bulkgen("run", *args).stderr
 
 
+def test_an_input_named_otherwise_than_before_is_refused_not_generated_again(
+    tmp_path, tiny_model_dir
+):
+    """`run data` then `run data/sub/a.jsonl`: the same file, whose rows' default ids would be
+    'a:<row>' instead of 'sub/a:<row>'."""
+    (tmp_path / "data" / "sub").mkdir(parents=True)
+    path, out = tmp_path / "data" / "sub" / "a.jsonl", tmp_path / "out"
+    write_prompts(path, 3)
+    args = ["-m", tiny_model_dir, "-o", out, "-q"]
+    assert bulkgen("run", tmp_path / "data", *args).exit_code == 0
+    for extra in ([], ["--allow-changed-input"]):
+        result = bulkgen("run", path, *args, *extra)
+        assert result.exit_code == 1
+        assert "gave the job in" in result.stderr and "'sub/a:<row>'" in result.stderr
+        assert "'a:<row>'" in result.stderr
+    assert sorted(r["id"] for r in output(out)) == [f"sub/a:{i}" for i in range(3)]
+    assert bulkgen("run", tmp_path / "data", *args).exit_code == 0  # as before: resumes
+    assert bulkgen("run", path, *args, "--overwrite").exit_code == 0
+    assert sorted(r["id"] for r in output(out)) == [f"a:{i}" for i in range(3)]
+
+
 def test_an_allowed_change_to_a_finished_job_is_the_new_reference(tmp_path, tiny_model_dir):
     path, out = tmp_path / "in.jsonl", tmp_path / "out"
     write_prompts(path, 4)

@@ -17,11 +17,15 @@ from bulkgen.errors import UserError
 from bulkgen.io.inputs import Source
 
 _EDGE_BYTES = 1 << 20
+_CONTENT = ("size", "mtime_ns", "edges")
 
 
 def fingerprints(sources: list[Source]) -> dict[str, dict]:
-    """Resolved path -> {size, mtime_ns, edges} of every file of the sources."""
-    return {str(p.resolve()): _fingerprint(p) for s in sources for p in s.paths}
+    """Resolved path -> {size, mtime_ns, edges, source} of every file of the sources; source is
+    the name that prefixes its rows' default ids."""
+    return {
+        str(p.resolve()): {**_fingerprint(p), "source": s.name} for s in sources for p in s.paths
+    }
 
 
 def _fingerprint(path: Path) -> dict:
@@ -42,11 +46,25 @@ def check_unchanged(recorded: dict | None, current: dict[str, dict], out: Path) 
     """A UserError naming the first input that changed since job.json recorded it."""
     for path, now in current.items():
         before = (recorded or {}).get(path)
-        if before is None or before == now:
+        what = [k for k in _CONTENT if before is not None and before.get(k) != now[k]]
+        if not what:
             continue
-        what = [k for k in ("size", "mtime_ns", "edges") if before.get(k) != now[k]]
         raise UserError(
             f"input {path} changed since the job in {out} started ({', '.join(what)} differ): "
             "pass --overwrite to start over, or --allow-changed-input to resume anyway "
             "(rows are matched by id; default ids <file>:<row> shift if rows moved)"
         )
+
+
+def check_same_names(recorded: dict | None, current: dict[str, dict], out: Path) -> None:
+    """A UserError if a file the job read before is named otherwise now (INPUT spelled another
+    way: the folder then, the file now): its rows' default ids would change and every row be
+    generated again. Job folders of older versions did not record names."""
+    for path, now in current.items():
+        before = (recorded or {}).get(path, {}).get("source")
+        if before is not None and before != now["source"]:
+            raise UserError(
+                f"input {path} gave the job in {out} rows with ids '{before}:<row>', and as "
+                f"named now it gives '{now['source']}:<row>', so its rows would be generated "
+                "again: pass INPUT as the first run did (or --overwrite to start over)"
+            )

@@ -22,7 +22,7 @@ import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
 from bulkgen.errors import UserError
-from bulkgen.io.fingerprint import check_unchanged
+from bulkgen.io.fingerprint import check_same_names, check_unchanged
 from bulkgen.io.openai import is_openai_output, openai_summary
 
 SETTINGS_FILE = "job.json"
@@ -112,10 +112,14 @@ class JobDir:
             )
 
     def check_inputs(self, current: dict[str, dict], allow_changed: bool, overwrite: bool) -> None:
-        """Refuse to resume a job whose input files changed (fingerprints: io/fingerprint.py)."""
-        recorded = None if overwrite or allow_changed else self._recorded()
+        """Refuse to resume a job whose input files changed (fingerprints: io/fingerprint.py),
+        or whose files' rows would get other default ids (even with allow_changed: ids are what
+        a resume matches rows by)."""
+        recorded = None if overwrite else self._recorded()
         if recorded is not None:
-            check_unchanged(recorded.get("input_files"), current, self.path)
+            check_same_names(recorded.get("input_files"), current, self.path)
+            if not allow_changed:
+                check_unchanged(recorded.get("input_files"), current, self.path)
 
     def lock(self) -> None:
         """Hold an exclusive lock on the folder; the OS releases it if the process dies."""
