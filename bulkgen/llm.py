@@ -8,7 +8,7 @@ from dataclasses import fields, replace
 from bulkgen.config import EngineConfig, SamplingParams
 from bulkgen.engine.engine import Engine
 from bulkgen.engine.request import RequestOutput
-from bulkgen.samples import derive_seed
+from bulkgen.samples import sample_seed
 from bulkgen.text.stop import cut_at_stop, keep_first_tokens, kept_token_counts
 
 _STOP_CONTEXT = 16  # earlier tokens re-decoded with each step's new ones when watching stops
@@ -141,4 +141,4 @@ def _sample_params(params: SamplingParams, k: int) -> SamplingParams:
     """Completion k's parameters: its own seed when seeded (the same for every rerun)."""
     if k == 0 or params.seed is None or params.greedy:
         return params
-    return replace(params, seed=derive_seed(params.seed, k))
+    return replace(params, seed=sample_seed(params.seed, k))

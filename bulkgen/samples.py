@@ -120,14 +120,26 @@ class RowParams:
             if row.overrides.get("seed") is not None:
                 if row.sample == 0:
                     return params
-                return dataclasses.replace(params, seed=derive_seed(params.seed, row.sample))
+                return dataclasses.replace(params, seed=sample_seed(params.seed, row.sample))
         if self.seed is None or params.greedy:
             return params
-        parts = (self.seed, row.id) if row.sample == 0 else (self.seed, row.id, row.sample)
-        return dataclasses.replace(params, seed=derive_seed(*parts))
+        if row.sample == 0:
+            return dataclasses.replace(params, seed=derive_seed(self.seed, row.id))
+        seed = derive_seed(self.seed, row.id, row.sample, domain=b"row sample")
+        return dataclasses.replace(params, seed=seed)
 
 
-def derive_seed(*parts: object) -> int:
-    """A 63-bit seed from its parts (the job seed, a row id, a sample index)."""
-    digest = hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=8).digest()
+def derive_seed(*parts: object, domain: bytes = b"") -> int:
+    """A 63-bit seed from its parts (the job seed, a row id, a sample index). Each kind of parts
+    hashes in its own domain: joined by ':', (seed, 'q', 1) and (seed, 'q:1') read alike, and ids
+    often hold ':' (default ids are <file>:<row>). Sample 0's (seed, id) has the empty domain,
+    the seed it had before domains."""
+    text = ":".join(map(str, parts)).encode()
+    digest = hashlib.blake2b(text, digest_size=8, person=domain).digest()
     return int.from_bytes(digest, "little") >> 1
+
+
+def sample_seed(seed: int, sample: int) -> int:
+    """The seed of sample k > 0 of a request seeded as a whole (a row's seed column, LLM's
+    SamplingParams.seed with n > 1)."""
+    return derive_seed(seed, sample, domain=b"sample of seed")

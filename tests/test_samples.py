@@ -41,6 +41,17 @@ def test_sample_zero_keeps_the_seed_of_a_job_without_n():
     assert len({r.params.seed for r in three}) == 3
 
 
+def test_ids_holding_a_colon_never_share_a_seed_with_another_rows_sample():
+    """(seed, 'q', sample 1) and (seed, 'q:1', sample 0) joined by ':' read alike; a row id '3'
+    under --seed 5 and sample 3 of a row whose own seed column is 5 too."""
+    params = SamplingParams(temperature=1.0, seed=5)
+    rows = Samples(params, n=2)([Row("q", "p"), Row("q:1", "p"), Row("3", "p")])
+    rows += Samples(SamplingParams(temperature=1.0), n=4)([Row("own", "p", overrides={"seed": 5})])
+    seeds = [r.params.seed for r in rows]
+    assert len(set(seeds)) == len(seeds) == 10
+    assert rows[-4].params.seed == 5  # a row's own seed is its sample 0's as it is
+
+
 def test_greedy_samples_take_no_seed():
     rows = Samples(SamplingParams(temperature=0.0), n=2, job_seed=5)([Row("x", "p")])
     assert [r.params.seed for r in rows] == [None, None]
