@@ -39,7 +39,7 @@ def idle_stats(config: RunConfig, job: JobDir, reason: str, inputs: dict | None 
     job.lock()
     try:
         if inputs is not None:
-            job.update_inputs(inputs)
+            job.update(inputs)
         return _idle_stats(config, job, path, reason)
     finally:
         job.unlock()

@@ -151,3 +151,19 @@ class RunConfig:
     def _non_default(self, *names: str) -> dict:
         fields = {f.name: f.default for f in dataclasses.fields(self)}
         return {k: getattr(self, k) for k in names if getattr(self, k) != fields[k]}
+
+
+def settings_differences(old: dict, new: dict, prefix: str = "") -> list[str]:
+    """What differs between a recorded job_settings() and a rerun's, one phrase each."""
+    diffs = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            diffs += settings_differences(a, b, prefix=f"{key}.")
+        elif key not in old or key not in new:  # job_settings leaves some out at their default
+            was = "the default" if key not in old else repr(a)
+            now = "the default" if key not in new else repr(b)
+            diffs.append(f"{prefix}{key} was {was}, now {now}")
+        elif a != b:
+            diffs.append(f"{prefix}{key} was {a!r}, now {b!r}")
+    return diffs

@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 from bulkgen.errors import UserError
 from bulkgen.io.fingerprint import check_same_names, check_unchanged
 from bulkgen.io.openai import is_openai_output, openai_summary
+from bulkgen.run_config import settings_differences
 
 SETTINGS_FILE = "job.json"
 STATS_FILE = "stats.json"
@@ -103,7 +104,7 @@ class JobDir:
                     "them"
                 )
             return
-        diffs = _differences(recorded.get("settings", {}), settings)
+        diffs = settings_differences(recorded.get("settings", {}), settings)
         if diffs:
             raise UserError(
                 f"{self.path} holds a job with other settings ({'; '.join(diffs)}): rerun with "
@@ -155,20 +156,25 @@ class JobDir:
         if self._recorded() is None:
             write_json_atomic(self.path / SETTINGS_FILE, record)
             self._recorded_here = True
-        elif "input_files" in record:
-            self.update_inputs(record["input_files"])
+        else:
+            self.update(record.get("input_files"), record.get("job_seed"))
         self.drop_duplicates()
         return self.scan()
 
-    def update_inputs(self, current: dict[str, dict]) -> None:
-        """Record the inputs' fingerprints as they are now in job.json, if it exists: checked (or
-        allowed) before, they are what a rerun compares."""
+    def update(self, inputs: dict[str, dict] | None, job_seed: int | None = None) -> None:
+        """A rerun's additions to job.json, if it exists: the inputs' fingerprints as they are
+        now (checked or allowed before: what the next rerun compares), and a job_seed first
+        needed now (added inputs whose rows may sample; the first inputs' rows could not)."""
         recorded = self._recorded()
         if recorded is None:
             return
-        files = {**recorded.get("input_files", {}), **current}
-        if files != recorded.get("input_files"):
-            write_json_atomic(self.path / SETTINGS_FILE, {**recorded, "input_files": files})
+        updated = dict(recorded)
+        if inputs is not None:
+            updated["input_files"] = {**recorded.get("input_files", {}), **inputs}
+        if job_seed is not None:
+            updated.setdefault("job_seed", job_seed)
+        if updated != recorded:
+            write_json_atomic(self.path / SETTINGS_FILE, updated)
 
     def drop_duplicates(self) -> int:
         """Rows that two final shards hold (a fenced retry's race, io/fence.py) are kept in the
@@ -283,18 +289,3 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _differences(old: dict, new: dict, prefix: str = "") -> list[str]:
-    diffs = []
-    for key in sorted(set(old) | set(new)):
-        a, b = old.get(key), new.get(key)
-        if isinstance(a, dict) and isinstance(b, dict):
-            diffs += _differences(a, b, prefix=f"{key}.")
-        elif key not in old or key not in new:  # job_settings leaves some out at their default
-            was = "the default" if key not in old else repr(a)
-            now = "the default" if key not in new else repr(b)
-            diffs.append(f"{prefix}{key} was {was}, now {now}")
-        elif a != b:
-            diffs.append(f"{prefix}{key} was {a!r}, now {b!r}")
-    return diffs
