@@ -65,6 +65,11 @@ class LLM:
                 f"{len(sampling_params)} SamplingParams given for {len(prompts)} prompts"
             )
         sampling_params = [_sample_params(p, k) for p in sampling_params for k in range(n)]
+        vocab = self.engine.model_config.vocab_size
+        if too_many := [p.logprobs for p in sampling_params if (p.logprobs or 0) > vocab]:
+            raise ValueError(
+                f"logprobs {too_many[0]} is more than the model's vocabulary ({vocab})"
+            )
         if self.engine.tokenizer is None and any(p.constrained for p in sampling_params):
             self.engine.tokenizer = self.tokenizer  # the grammars' tokenizer: loaded once
         for i, prompt in enumerate(prompts):

@@ -29,7 +29,7 @@ from bulkgen.io.fingerprint import fingerprints
 from bulkgen.io.job import STATS_FILE, JobDir, write_json_atomic
 from bulkgen.io.reader import Reader
 from bulkgen.io.writer import ShardWriter
-from bulkgen.preflight import checked_parts, checked_reader, job_record
+from bulkgen.preflight import checked_parts, checked_reader, job_record, vocab_size
 from bulkgen.progress import Progress
 from bulkgen.run_config import RunConfig
 from bulkgen.run_stats import run_stats
@@ -84,6 +84,7 @@ class _Run:
         self.model_dir: Path = model_dir
         self.tokenize: Tokenize = tokenize
         self.detokenize = Detokenize(tokenizer)
+        self.vocab_size = vocab_size(model_dir, tokenizer)  # rows' logprobs may ask this many
         self.guards = [RowGuard("the tokenizer stage"), RowGuard("the detokenizer")]
         self.stop = threading.Event()
         self.watcher = StopWatcher(self.detokenize.decode, self.stop)
@@ -151,7 +152,8 @@ class _Run:
                 token_ids=self.config.output_token_ids,
                 keep_types=self.reader.keep_types,
             )
-            samples = Samples(self.config.sampling, self.config.n, self.job.job_seed())
+            seed = self.job.job_seed()
+            samples = Samples(self.config.sampling, self.config.n, seed, self.vocab_size)
             if self.worker is None:
                 resume = Resume(done, self.config.n)
                 self._spawn("reader", stages.read, self.reader, resume, rows_in)

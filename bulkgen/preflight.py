@@ -49,12 +49,13 @@ def checked_parts(config: RunConfig, reader: Reader | None = None) -> tuple:
     model_dir = model_folder(config.model, weights=config.load_format != "dummy")
     check_fp8(config, model_dir)
     tokenizer = tokenizer_of(model_dir)
-    tokenize = Tokenize(
-        tokenizer,
-        _use_template(config, tokenizer),
-        _vocab_size(model_dir, tokenizer),
-        system=config.system,
-    )
+    vocab = vocab_size(model_dir, tokenizer)
+    if (config.sampling.logprobs or 0) > vocab:
+        raise UserError(
+            f"--logprobs {config.sampling.logprobs} is more than the model's vocabulary "
+            f"({vocab} tokens)"
+        )
+    tokenize = Tokenize(tokenizer, _use_template(config, tokenizer), vocab, system=config.system)
     if template is not None:
         tokenize = RenderPrompts(template, tokenize)
     return reader, model_dir, tokenizer, tokenize
@@ -167,7 +168,7 @@ def _use_template(config: RunConfig, tokenizer) -> bool:
     return use
 
 
-def _vocab_size(model_dir: Path, tokenizer) -> int:
+def vocab_size(model_dir: Path, tokenizer) -> int:
     """The model's vocabulary can be larger than the tokenizer's (padded): allow either."""
     try:
         vocab = json.loads((model_dir / "config.json").read_text()).get("vocab_size") or 0

@@ -45,9 +45,16 @@ def samples_left(row: Row, n: int) -> int:
 class Samples:
     """Expands rows into their samples, each with its SamplingParams (or the row's error)."""
 
-    def __init__(self, params: SamplingParams, n: int = 1, job_seed: int | None = None) -> None:
+    def __init__(
+        self,
+        params: SamplingParams,
+        n: int = 1,
+        job_seed: int | None = None,
+        vocab_size: int | None = None,
+    ) -> None:
         self.n = n
         self.row_params = RowParams(params, job_seed)
+        self.vocab_size = vocab_size  # a row's logprobs may ask for at most this many
         self._groups = 0
 
     def __call__(self, rows: list[Row]) -> list[Row]:
@@ -66,11 +73,19 @@ class Samples:
                 copy.sample, copy.group, copy.group_size = k, self._groups, len(todo)
                 if copy.error is None:
                     try:
-                        copy.params = self.row_params(copy)
+                        copy.params = self._checked(self.row_params(copy))
                     except ValueError as e:
                         copy.fail(str(e))
                 out.append(copy)
         return out
+
+    def _checked(self, params: SamplingParams) -> SamplingParams:
+        if self.vocab_size is not None and (params.logprobs or 0) > self.vocab_size:
+            raise ValueError(
+                f"bad sampling parameter: logprobs {params.logprobs} is more than the model's "
+                f"vocabulary ({self.vocab_size} tokens)"
+            )
+        return params
 
 
 class Resume:

@@ -159,5 +159,6 @@ def test_the_shipped_table_serves_fp8_batches_above_512_with_its_own_launch():
     loaded ahead, the grid heads first; 512 rows keep the launch tuned there."""
     launch = functools.partial(decode_tiling.decode_launch, 128, True)
     assert launch(857) == decode_tiling.DecodeLaunch(
-        128, 4, 3, prefetch_blocks=True, heads_first=True)
+        128, 4, 3, prefetch_blocks=True, heads_first=True
+    )
     assert launch(512) == decode_tiling.DecodeLaunch(128, 4, 2)

@@ -160,3 +160,13 @@ def test_a_kept_column_named_twice_is_refused(tmp_path, tiny_model_dir):
     )
     assert result.exit_code == 2
     assert "--keep-columns names 'a' twice" in result.output
+
+
+def test_more_logprobs_than_the_vocabulary_is_one_line_before_any_work(tmp_path, tiny_model_dir):
+    path = tmp_path / "in.jsonl"
+    write_prompts(path, 1)
+    out = tmp_path / "out"
+    result = bulkgen("run", path, "-m", tiny_model_dir, "-o", out, "--logprobs", 10**6)
+    assert result.exit_code == 1
+    assert result.stderr.strip().startswith("error: --logprobs 1000000 is more than the model's")
+    assert not (out / "job.json").exists()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from bulkgen import LLM, SamplingParams
 
 
@@ -52,3 +54,13 @@ def test_generate_n_below_one_is_refused(tiny_model_dir):
 
     with pytest.raises(ValueError, match="n .completions per prompt. must be >= 1"):
         LLM(str(tiny_model_dir), device="cpu").generate(["Hi"], n=0)
+
+
+def test_more_logprobs_than_the_vocabulary_is_refused(tiny_model_dir):
+    llm = LLM(str(tiny_model_dir), device="cpu")
+    vocab = llm.engine.model_config.vocab_size
+    with pytest.raises(ValueError, match=f"logprobs {vocab + 1} is more than the model's vocab"):
+        llm.generate(["Hi"], SamplingParams(max_tokens=2, logprobs=vocab + 1))
+    out = llm.generate(["Hi"], SamplingParams(max_tokens=2, logprobs=vocab))[0]
+    lp = out.token_logprobs
+    assert lp.k == vocab and lp.top_ids.shape == (2 * vocab,)  # every token, at both positions

@@ -52,6 +52,17 @@ def test_ids_holding_a_colon_never_share_a_seed_with_another_rows_sample():
     assert rows[-4].params.seed == 5  # a row's own seed is its sample 0's as it is
 
 
+def test_a_row_asking_more_logprobs_than_the_vocabulary_is_its_error_record():
+    samples = Samples(SamplingParams(max_tokens=4), vocab_size=100)
+    rows = samples(
+        [Row("ok", "p", overrides={"logprobs": 100}), Row("big", "p", overrides={"logprobs": 101})]
+    )
+    assert rows[0].error is None and rows[0].params.logprobs == 100
+    assert rows[1].error == (
+        "bad sampling parameter: logprobs 101 is more than the model's vocabulary (100 tokens)"
+    )
+
+
 def test_greedy_samples_take_no_seed():
     rows = Samples(SamplingParams(temperature=0.0), n=2, job_seed=5)([Row("x", "p")])
     assert [r.params.seed for r in rows] == [None, None]
