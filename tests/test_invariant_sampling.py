@@ -64,6 +64,22 @@ def test_row_logsumexp_is_the_same_for_a_row_alone_and_in_any_batch():
     assert torch.allclose(batch, logits.logsumexp(-1), rtol=1e-6)
 
 
+def test_row_logsumexp_on_the_cpu_is_the_same_whatever_the_thread_count():
+    """bulkgen picks its CPU threads from the machine's load; torch's own logsumexp splits a
+    49,152-long row between threads (its last bit differed in 102 of 2,000 rows, 1 against 2)."""
+    logits = torch.randn(300, 49152) * 3
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = row_logsumexp(logits)
+        torch.set_num_threads(2)
+        two = row_logsumexp(logits)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one, two)
+    assert torch.allclose(one, logits.double().logsumexp(-1).float(), rtol=0, atol=2e-6)
+
+
 def test_top_logprobs_batch_invariant_gives_a_row_the_same_logprobs_alone_and_in_a_batch():
     logits = torch.randn(7, 50000) * 3
     ids = torch.randint(0, 50000, (7,))

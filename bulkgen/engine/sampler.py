@@ -127,9 +127,17 @@ def row_logsumexp(logits: torch.Tensor) -> torch.Tensor:
 
         return logsumexp_rows(logits.float())
     # One [V] reduction per row, on a fresh (aligned) copy: the same operation on the same shape
-    # and alignment whatever the batch.
-    rows = [row.clone().logsumexp(0) for row in logits]
+    # and alignment whatever the batch. The sum is a float64 cumsum, which runs serially along
+    # the row whatever the thread count (torch's logsumexp splits a row between threads, so its
+    # last bit followed the count, which bulkgen picks from the machine's load).
+    rows = [_serial_logsumexp(row.clone().float()) for row in logits]
     return torch.stack(rows) if rows else logits.sum(-1)
+
+
+def _serial_logsumexp(row: torch.Tensor) -> torch.Tensor:
+    top = row.max()
+    total = torch.cumsum((row - top).exp(), 0, dtype=torch.float64)[-1]
+    return (top.double() + total.log()).float()
 
 
 def top_logprobs(
