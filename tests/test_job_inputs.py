@@ -170,3 +170,14 @@ def test_more_logprobs_than_the_vocabulary_is_one_line_before_any_work(tmp_path,
     assert result.exit_code == 1
     assert result.stderr.strip().startswith("error: --logprobs 1000000 is more than the model's")
     assert not (out / "job.json").exists()
+
+
+def test_an_empty_csv_has_no_rows_like_an_empty_jsonl(tmp_path, tiny_model_dir):
+    (tmp_path / "empty.csv").write_bytes(b"")
+    result = bulkgen("run", tmp_path / "empty.csv", "-m", tiny_model_dir, "-o", tmp_path / "a")
+    assert result.exit_code == 0
+    assert "nothing to generate: the input has no rows" in result.stderr
+    (tmp_path / "b.tsv").write_text("prompt\nhi\n")
+    both = [tmp_path / "empty.csv", tmp_path / "b.tsv"]
+    assert bulkgen("run", *both, "-m", tiny_model_dir, "-o", tmp_path / "c", "-q").exit_code == 0
+    assert [r["prompt"] for r in output(tmp_path / "c")] == ["hi"]

@@ -29,7 +29,7 @@ from bulkgen.io.jsonl import (
 )
 from bulkgen.io.schema import unified
 from bulkgen.io.seen import FirstSeen
-from bulkgen.io.tabular import count_rows, read_table, table_schema
+from bulkgen.io.tabular import count_rows, is_empty_csv, read_table, table_schema
 from bulkgen.row import PARAM_COLUMNS, Row
 from bulkgen.structured import GrammarChecks
 
@@ -174,6 +174,8 @@ class Reader:
     def _columns(self, source: Source) -> set[str] | None:
         if source.kind == "jsonl":
             return _with_file_errors(source, lambda: jsonl_fields(source.paths[0]))
+        if is_empty_csv(source):
+            return None  # no rows: nothing to check
         return set(_with_file_errors(source, lambda: table_schema(source).names))
 
 

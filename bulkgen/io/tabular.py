@@ -32,9 +32,16 @@ class _Unreadable:
         self.reason = f"{type(e).__name__}: {e}"
 
 
+def is_empty_csv(source: Source) -> bool:
+    """A 0-byte CSV/TSV file: no rows, as an empty JSONL file (pyarrow refuses to open it)."""
+    return source.kind == "csv" and source.paths[0].stat().st_size == 0
+
+
 def table_schema(source: Source) -> pa.Schema:
     if source.kind == "parquet":
         return pq.ParquetFile(source.paths[0]).schema_arrow
+    if is_empty_csv(source):
+        return pa.schema([])
     if source.kind == "csv":
         with _open_csv(source, None) as f:
             return pa.schema([(name, pa.string()) for name in f.schema.names])
@@ -61,6 +68,8 @@ def _open_csv(source: Source, names: list[str] | None):
 def _record_batches(source: Source, columns: list[str], batch_rows: int):
     if source.kind == "parquet":
         yield from pq.ParquetFile(source.paths[0]).iter_batches(batch_rows, columns=columns)
+        return
+    if is_empty_csv(source):
         return
     if source.kind == "csv":
         with _open_csv(source, table_schema(source).names) as f:
@@ -178,4 +187,4 @@ def count_rows(source: Source) -> int | None:
             with pa.memory_map(str(path)) as f:
                 total += sum(b.num_rows for b in pa.ipc.open_stream(f))
         return total
-    return None  # CSV: quoted newlines make a line count wrong
+    return 0 if is_empty_csv(source) else None  # CSV: quoted newlines make a line count wrong
