@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 
@@ -126,8 +127,8 @@ def test_invalid_utf8_in_a_csv_value_is_that_rows_error_record(tmp_path, tiny_mo
     result = bulkgen("run", path, "-m", tiny_model_dir, "-o", out, "-q", "--keep-columns", "topic")
     assert result.exit_code == 0, result.output
     rows = {r["id"]: r for r in output(out)}
-    assert rows["a"]["error"].startswith("column 'prompt' cannot be read (UnicodeDecodeError")
-    assert rows["b"]["error"].startswith("column 'topic' cannot be read (UnicodeDecodeError")
+    assert rows["a"]["error"] == "column 'prompt' cannot be read (not valid UTF-8)"
+    assert rows["b"]["error"] == "column 'topic' cannot be read (not valid UTF-8)"
     assert (rows["c"]["prompt"], rows["c"]["topic"], rows["c"]["error"]) == ("also fine", "x", None)
 
 
@@ -181,3 +182,42 @@ def test_an_empty_csv_has_no_rows_like_an_empty_jsonl(tmp_path, tiny_model_dir):
     both = [tmp_path / "empty.csv", tmp_path / "b.tsv"]
     assert bulkgen("run", *both, "-m", tiny_model_dir, "-o", tmp_path / "c", "-q").exit_code == 0
     assert [r["prompt"] for r in output(tmp_path / "c")] == ["hi"]
+
+
+def test_a_ragged_csv_row_or_an_unbalanced_quote_is_that_rows_error_record(
+    tmp_path, tiny_model_dir
+):
+    """The rows around them are read as usual, at their own row numbers (their default ids)."""
+    path, out = tmp_path / "in.tsv", tmp_path / "out"
+    lines = ["prompt\tnote", "one\tx", "two\tx\textra", "three", "", '"Hello" she said\tx',
+             '"unbalanced\tx', "swallowed\tx", 'closed" here\tx', "last\tx"]  # fmt: skip
+    path.write_text("\r\n".join(lines) + "\r\n")
+    result = bulkgen("run", path, "-m", tiny_model_dir, "-o", out, "-q", "--keep-columns", "note")
+    assert result.exit_code == 0, result.output
+    rows = {r["id"]: r for r in output(out)}
+    assert sorted(rows) == [f"in:{i}" for i in range(6)]
+    assert (rows["in:0"]["prompt"], rows["in:0"]["note"], rows["in:0"]["error"]) == (
+        "one",
+        "x",
+        None,
+    )
+    assert rows["in:1"]["error"] == "row 1: line 3 has 3 fields where the header has 2"
+    assert rows["in:2"]["error"] == "row 2: line 4 has 1 fields where the header has 2"
+    assert rows["in:3"]["prompt"] == "Hello she said"  # a bad quote on one line: read leniently
+    assert rows["in:4"]["error"].startswith(
+        "row 4: an unbalanced quote: the value opened on line 7 runs on to line 9 ("
+    )
+    assert "lines 8-9 are read as part of it, not as rows" in rows["in:4"]["error"]
+    assert (rows["in:5"]["prompt"], rows["in:5"]["error"]) == ("last", None)
+
+
+def test_csv_values_may_be_longer_than_the_csv_modules_default_limit(tmp_path, tiny_model_dir):
+    path, out = tmp_path / "in.csv.gz", tmp_path / "out"
+    long = "word " * 40_000  # 200 KB
+    with gzip.open(path, "wt", encoding="utf-8-sig") as f:  # a byte order mark too
+        f.write(f'id,prompt\nlong,"{long}"\nshort,hi\n')
+    result = bulkgen("run", path, "-m", tiny_model_dir, "-o", out, "-q")
+    assert result.exit_code == 0, result.output
+    rows = {r["id"]: r for r in output(out)}
+    assert rows["long"]["prompt"] == long  # (too long for the tiny model: its own error)
+    assert rows["short"]["prompt"] == "hi"

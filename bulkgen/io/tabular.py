@@ -1,7 +1,8 @@
-"""Tabular inputs: Parquet, Arrow files of a saved dataset, CSV and TSV, read in record batches.
+"""Tabular inputs: Parquet and Arrow files of a saved dataset, read in record batches; CSV and TSV
+row by row (csv_rows.py).
 
 Only the columns a job uses are read. CSV and TSV values are all read as text (a type inferred
-from the first block could not hold a later row); their per-row parameter columns are parsed as
+from the first rows could not hold a later row); their per-row parameter columns are parsed as
 numbers, and an empty field is null.
 """
 
@@ -11,71 +12,35 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
-import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
+from bulkgen.io.csv_rows import BadRow, Unreadable, csv_header, csv_records
 from bulkgen.io.fields import faulted, finished, row_from
 from bulkgen.io.inputs import Source
-from bulkgen.io.jsonl import Damaged
+from bulkgen.io.jsonl import READ_ERRORS, Damaged
 from bulkgen.row import PARAM_COLUMNS, Row
 
 if TYPE_CHECKING:
     from bulkgen.io.reader import Reader
 
-_CSV_BLOCK_BYTES = 1 << 20
-
-
-class _Unreadable:
-    """A value pyarrow could not convert to Python (invalid UTF-8 in a string column, say)."""
-
-    def __init__(self, e: Exception) -> None:
-        self.reason = f"{type(e).__name__}: {e}"
-
 
 def is_empty_csv(source: Source) -> bool:
-    """A 0-byte CSV/TSV file: no rows, as an empty JSONL file (pyarrow refuses to open it)."""
+    """A 0-byte CSV/TSV file: no rows, as an empty JSONL file (and no header to check)."""
     return source.kind == "csv" and source.paths[0].stat().st_size == 0
 
 
 def table_schema(source: Source) -> pa.Schema:
     if source.kind == "parquet":
         return pq.ParquetFile(source.paths[0]).schema_arrow
-    if is_empty_csv(source):
-        return pa.schema([])
     if source.kind == "csv":
-        with _open_csv(source, None) as f:
-            return pa.schema([(name, pa.string()) for name in f.schema.names])
+        return pa.schema([(name, pa.string()) for name in csv_header(source.paths[0])])
     with pa.memory_map(str(source.paths[0])) as f:
         return pa.ipc.open_stream(f).schema
-
-
-def _open_csv(source: Source, names: list[str] | None):
-    path = source.paths[0]
-    tsv = path.name.lower().removesuffix(".gz").endswith(".tsv")
-    # Bytes, decoded a value at a time (_pylist): pyarrow's UTF-8 check would fail a whole block
-    # for one bad value.
-    convert = pacsv.ConvertOptions(
-        column_types={name: pa.binary() for name in names or ()}, strings_can_be_null=True
-    )
-    return pacsv.open_csv(
-        str(path),  # a path, so that pyarrow detects .gz from the name
-        read_options=pacsv.ReadOptions(block_size=_CSV_BLOCK_BYTES),
-        parse_options=pacsv.ParseOptions(delimiter="\t" if tsv else ",", newlines_in_values=True),
-        convert_options=convert,
-    )
 
 
 def _record_batches(source: Source, columns: list[str], batch_rows: int):
     if source.kind == "parquet":
         yield from pq.ParquetFile(source.paths[0]).iter_batches(batch_rows, columns=columns)
-        return
-    if is_empty_csv(source):
-        return
-    if source.kind == "csv":
-        with _open_csv(source, table_schema(source).names) as f:
-            for batch in f:
-                for start in range(0, batch.num_rows, batch_rows):
-                    yield batch.slice(start, batch_rows).select(columns)
         return
     for path in source.paths:
         # Memory-mapped: batches are views of the file, not copies.
@@ -106,6 +71,9 @@ def read_table(reader: Reader, source: Source) -> Iterator[list[Row]]:
     columns = [name for name in dict.fromkeys(used) if name in schema.names]
     types = reader.keep_types or {}
     trusted = frozenset(n for n in reader.keep_columns if schema.field(n).type == types.get(n))
+    if source.kind == "csv":
+        yield from _read_csv(reader, source, columns, trusted)
+        return
     prefix = source.name + ":"
     index = 0
     batches = _ramped(_record_batches(source, columns, reader.batch_rows), reader.first_batch_rows)
@@ -116,7 +84,7 @@ def read_table(reader: Reader, source: Source) -> Iterator[list[Row]]:
             raise Damaged(index, e) from e
         if batch is None:
             return
-        values = {name: _pylist(batch.column(name), source.kind == "csv") for name in columns}
+        values = {name: _pylist(batch.column(name)) for name in columns}
         rows = []
         for i in range(batch.num_rows):
             default_id = prefix + str(index)
@@ -130,8 +98,37 @@ def read_table(reader: Reader, source: Source) -> Iterator[list[Row]]:
         yield rows
 
 
-def _row(reader, source, record: dict, default_id: str, index: int, trusted) -> Row:
-    bad = [name for name, value in record.items() if isinstance(value, _Unreadable)]
+def _read_csv(reader: Reader, source: Source, columns: list[str], trusted) -> Iterator[list[Row]]:
+    prefix = source.name + ":"
+    rows: list[Row] = []
+    index = 0
+    try:
+        for record, line in csv_records(source.paths[0], columns):
+            default_id = prefix + str(index)
+            try:
+                if isinstance(record, BadRow):
+                    row = Row(default_id, None)
+                    row.fail(f"row {index}: {record.reason}")
+                    row = finished(reader, row, index, line)
+                else:
+                    row = _row(reader, source, record, default_id, index, trusted, line)
+            except Exception as e:  # a bug: this row's error record, not the job's end
+                row = faulted(reader, default_id, index, line, e)
+            rows.append(row)
+            index += 1
+            if len(rows) >= (reader.first_batch_rows if index == len(rows) else reader.batch_rows):
+                yield rows
+                rows = []
+    except READ_ERRORS as e:
+        if rows:
+            yield rows
+        raise Damaged(index, e) from e
+    if rows:
+        yield rows
+
+
+def _row(reader, source, record: dict, default_id: str, index: int, trusted, line=0) -> Row:
+    bad = [name for name, value in record.items() if isinstance(value, Unreadable)]
     for name in bad:
         reason, record[name] = record[name].reason, None
     if source.kind == "csv":
@@ -141,31 +138,21 @@ def _row(reader, source, record: dict, default_id: str, index: int, trusted) -> 
     row = row_from(reader, record, default_id, f"row {index}")
     if bad and row.error is None:
         row.fail(f"column {bad[0]!r} cannot be read ({reason})")
-    return finished(reader, row, index, 0, trusted)
+    return finished(reader, row, index, line, trusted)
 
 
-def _pylist(column: pa.Array, text: bool = False) -> list:
-    """The column's values; a value that cannot be converted is _Unreadable, not the batch's end.
-    text: the column holds the bytes of UTF-8 text (a CSV's)."""
+def _pylist(column: pa.Array) -> list:
+    """The column's values; a value that cannot be converted is Unreadable, not the batch's end."""
     try:
-        values = column.to_pylist()
+        return column.to_pylist()
     except Exception:
         values = []
         for i in range(len(column)):
             try:
                 values.append(column[i].as_py())
             except Exception as e:
-                values.append(_Unreadable(e))
-    return [_decoded(v) for v in values] if text else values
-
-
-def _decoded(value: object) -> object:
-    if not isinstance(value, bytes):
-        return value
-    try:
-        return value.decode()
-    except UnicodeDecodeError as e:
-        return _Unreadable(e)
+                values.append(Unreadable(f"{type(e).__name__}: {e}"))
+        return values
 
 
 def _number(text: str) -> object:
