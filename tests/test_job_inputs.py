@@ -221,3 +221,17 @@ def test_csv_values_may_be_longer_than_the_csv_modules_default_limit(tmp_path, t
     rows = {r["id"]: r for r in output(out)}
     assert rows["long"]["prompt"] == long  # (too long for the tiny model: its own error)
     assert rows["short"]["prompt"] == "hi"
+
+
+def test_a_finished_or_header_only_csv_job_has_nothing_to_generate(tmp_path, tiny_model_dir):
+    """Small CSV files are counted (parsed), so the model is not loaded to find no work."""
+    (tmp_path / "header.csv").write_text("id,prompt\n")
+    result = bulkgen("run", tmp_path / "header.csv", "-m", tiny_model_dir, "-o", tmp_path / "a")
+    assert "nothing to generate: the input has no rows" in result.stderr
+    path = tmp_path / "in.csv"
+    path.write_text('id,prompt\na,"two\nlines"\n\nb,x\n')  # 2 rows: a quoted newline, a blank line
+    args = [path, "-m", tiny_model_dir, "-o", tmp_path / "b"]
+    assert bulkgen("run", *args, "-q").exit_code == 0
+    result = bulkgen("run", *args)
+    assert result.exit_code == 0
+    assert "nothing to generate: all 2 input rows are in complete shards already" in result.stderr
