@@ -118,6 +118,7 @@ def test_csv_and_tsv_inputs_read_like_jsonl(tmp_path, tiny_model_dir, name, sep)
         rows["b"]["error"]
         == "bad sampling parameter: column 'max_tokens' must be an integer, got 'abc'"
     )
+    assert rows["b"]["prompt"] == ("two\nlines" if sep == "," else "two lines")  # kept in errors
     assert rows["c"]["error"] == "prompt is null"
 
 
