@@ -31,11 +31,10 @@ class Unreadable:
 
 
 class BadRow:
-    """A row that could not be split into the header's fields; line: the line it starts on."""
+    """A row that could not be split into the header's fields."""
 
-    def __init__(self, reason: str, line: int) -> None:
+    def __init__(self, reason: str) -> None:
         self.reason = reason
-        self.line = line
 
 
 def _open(path: Path) -> io.TextIOBase:
@@ -96,7 +95,7 @@ def csv_records(path: Path, columns: list[str]) -> Iterator[tuple[dict | BadRow,
                 continue
             if len(fields) != len(header):
                 reason = f"line {start} has {len(fields)} fields where the header has {len(header)}"
-                yield BadRow(reason, start), start
+                yield BadRow(reason), start
                 continue
             yield {name: _value(fields[i]) for name, i in where.items()}, start
 
@@ -105,8 +104,7 @@ def _unbalanced(start: int, end: int, e: csv.Error) -> BadRow:
     return BadRow(
         f"an unbalanced quote: the value opened on line {start} runs on to line {end} ({e}), "
         f"so lines {start + 1}-{end} are read as part of it, not as rows: close or double the "
-        "quote",
-        start,
+        "quote"
     )
 
 

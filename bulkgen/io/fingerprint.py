@@ -46,7 +46,9 @@ def check_unchanged(recorded: dict | None, current: dict[str, dict], out: Path) 
     """A UserError naming the first input that changed since job.json recorded it."""
     for path, now in current.items():
         before = (recorded or {}).get(path)
-        what = [k for k in _CONTENT if before is not None and before.get(k) != now[k]]
+        if before is None:
+            continue
+        what = [k for k in _CONTENT if before.get(k) != now[k]]
         if not what:
             continue
         raise UserError(

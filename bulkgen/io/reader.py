@@ -29,7 +29,7 @@ from bulkgen.io.jsonl import (
 )
 from bulkgen.io.schema import unified
 from bulkgen.io.seen import FirstSeen
-from bulkgen.io.tabular import count_rows, is_empty_csv, read_table, table_schema
+from bulkgen.io.tabular import count_rows, read_table, table_schema
 from bulkgen.row import PARAM_COLUMNS, Row
 from bulkgen.structured import GrammarChecks
 
@@ -75,10 +75,10 @@ class Reader:
         """Open every source and check its columns, so a bad input fails before any work."""
         for source in self.sources:
             names = self._columns(source)
-            if names is None:  # a JSONL file with no parsable row: its rows become errors
+            if names is None:  # no rows to check (a JSONL file's unparsable rows become errors)
                 continue
             if source.kind != "jsonl":
-                self._check_unique(source)
+                self._check_unique(source, names)
             needed = [] if self.template_columns is not None else [self.prompt_column]
             if self.messages_column in names or self._is_batch_file(source):
                 needed = []
@@ -159,9 +159,8 @@ class Reader:
                 if batch:
                     yield batch
 
-    def _check_unique(self, source: Source) -> None:
+    def _check_unique(self, source: Source, names: list[str]) -> None:
         """A column the job reads must be named once in a table's header."""
-        names = _with_file_errors(source, lambda: table_schema(source).names)
         read = {self.prompt_column, self.id_column, self.messages_column, *self.keep_columns}
         read |= {*PARAM_COLUMNS, *(self.template_columns or ())}
         repeated = sorted({n for n in names if names.count(n) > 1} & read)
@@ -171,12 +170,13 @@ class Reader:
                 "once in its header; rename or drop the repeats"
             )
 
-    def _columns(self, source: Source) -> set[str] | None:
+    def _columns(self, source: Source) -> Collection[str] | None:
+        """The source's column names (a table's in header order, repeats kept); None for a source
+        with no rows to check (a JSONL file with no parsable row, a CSV file with no header)."""
         if source.kind == "jsonl":
             return _with_file_errors(source, lambda: jsonl_fields(source.paths[0]))
-        if is_empty_csv(source):
-            return None  # no rows: nothing to check
-        return set(_with_file_errors(source, lambda: table_schema(source).names))
+        names = _with_file_errors(source, lambda: table_schema(source).names)
+        return None if source.kind == "csv" and not names else names
 
 
 def _with_file_errors(source: Source, fn: Callable):

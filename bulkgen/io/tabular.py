@@ -27,11 +27,6 @@ if TYPE_CHECKING:
 _COUNT_CSV_BYTES = 128 << 20  # parsed to count its rows: about 3 s at 50 MB/s (csv_rows.py)
 
 
-def is_empty_csv(source: Source) -> bool:
-    """A 0-byte CSV/TSV file: no rows, as an empty JSONL file (and no header to check)."""
-    return source.kind == "csv" and source.paths[0].stat().st_size == 0
-
-
 def table_schema(source: Source) -> pa.Schema:
     if source.kind == "parquet":
         return pq.ParquetFile(source.paths[0]).schema_arrow
@@ -180,4 +175,4 @@ def count_rows(source: Source) -> int | None:
     path = source.paths[0]
     if path.name.lower().endswith(".gz") or path.stat().st_size > _COUNT_CSV_BYTES:
         return None  # a line count would be wrong (quoted newlines); a parse would take long
-    return 0 if is_empty_csv(source) else sum(1 for _ in csv_records(path, []))
+    return sum(1 for _ in csv_records(path, []))
