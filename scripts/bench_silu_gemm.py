@@ -12,7 +12,7 @@ per row count: microseconds a layer each way, the fused launch's tiles, and whet
 and scales equal the unfused ones (the same tiles, so they should, bit for bit).
 
 --tune times every pointer launch without K splits (fp8_gemm.CANDIDATES, tiles no taller than
-the rows need) fused, against the unfused pair, and keeps the fastest per row count ("unfused"
+the rows need, accumulators that fit: too_wide) fused, against the unfused pair, and keeps the fastest per row count ("unfused"
 where the pair wins); --write-table stores the choices under fp8_gemm_table.json's "silu" (the
 rest of the table as it was), which fused_config then follows instead of deriving a launch.
 A launch whose rows differ from the unfused ops' with its own tiles is reported, never chosen.
@@ -61,6 +61,12 @@ def same_bits(x: Fp8Activation, weight, config) -> bool:
     )
 
 
+def too_wide(config) -> bool:
+    """A fused program holds a gate and an up accumulator: more than 128 float32 registers a
+    thread for them (m128n256 on 8 warps: 256) spills, so such launches are not timed."""
+    return 2 * config.block_m * config.block_n > 128 * 32 * config.num_warps
+
+
 def tune(rows: list[int], weights, counters, write: bool) -> None:
     """The fastest fused launch per row count against the unfused pair (module docstring)."""
     from tune_fp8_mm import candidates_for
@@ -71,7 +77,7 @@ def tune(rows: list[int], weights, counters, write: bool) -> None:
         us = {UNFUSED: steps_us([functools.partial(unfused, x, w, counters) for w in weights])}
         wrong = []
         for name, config in candidates_for(m).items():
-            if config.split_k > 1 or config.tma or config.dot != "fp8":
+            if config.split_k > 1 or config.tma or config.dot != "fp8" or too_wide(config):
                 continue
             try:
                 if not same_bits(x, weights[0], config):

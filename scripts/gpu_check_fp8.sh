@@ -15,6 +15,8 @@
 #      with the prefetching ones, about 3 minutes; both layouts 60, about 5);
 #   tune16: the same for a 16-bit cache (--kv-cache-dtype auto: 24 launches in the rows layout,
 #      stored under "auto"; about 2 minutes);
+#   silubig: the fused SiLU GEMM's launches timed up to 8,192 rows (SILU_WRITE=1: into the table's silu);
+#   siluab: trt FP8 (TRT_PROMPTS) with the fused SiLU GEMM off, then on;
 #   silu: two experiments dropping a launch a layer at few rows (BULKGEN_FP8_SILU_GEMM: the SiLU
 #      in gate_up's GEMM; BULKGEN_FP8_ATTN_ROWS: the decode merge writes o_proj's FP8 rows):
 #      their GPU tests, bench_silu_gemm.py, blog bf16, blog FP8 with neither/each/both twice,
@@ -378,6 +380,18 @@ if want silutune; then  # every fused gate_up + SiLU launch timed, the fastest p
     | tee "$OUT/silu_tune.jsonl" | cut -c1-600
   cp bulkgen/model/fp8_gemm_table.json "$OUT/" 2> /dev/null
   for on in 0 1; do BULKGEN_FP8_SILU_GEMM=$on bench blog 120 --workloads blog --engines bulkgen-fp8; done
+fi
+if want silubig; then  # every fused gate_up + SiLU launch timed at 1-8,192 rows against
+  # cuBLASLt's gate_up then the SiLU (SILU_WRITE=1: the winners into the table's silu)
+  timeout 420 python3 scripts/bench_silu_gemm.py --tune --rows "${SILU_ROWS:-1,16,32,64,128,256,512,896,1024,2048,8192}" \
+    ${SILU_WRITE:+--write-table} 2>&1 | grep -v -i warn | tee "$OUT/silu_big.jsonl" | cut -c1-700
+  cp bulkgen/model/fp8_gemm_table.json "$OUT/" 2> /dev/null
+fi
+if want siluab; then  # trt FP8 with the fused SiLU GEMM off, then on (the table as it stands)
+  for on in 0 1; do
+    BULKGEN_FP8_SILU_GEMM=$on bench trt "${TRT_TIMEOUT_S:-200}" --workloads trt \
+      --engines bulkgen-fp8 --num-prompts "$TRT_PROMPTS"
+  done
 fi
 if want eager; then
   for opts in "" --fp8 --mixed-graphs "--fp8 --mixed-graphs"; do

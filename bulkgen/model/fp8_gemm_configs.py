@@ -101,6 +101,13 @@ def _candidates() -> dict[str, Fp8GemmConfig]:
     ]:
         name = f"m{block_m}n{block_n}k128s1p{stages}w{warps}"
         out[name] = Fp8GemmConfig(block_m, block_n, 128, 1, warps, stages)
+    # Tiles for gate_up with the SiLU in its epilogue (fp8_gemm_silu.py) at 256 rows and more,
+    # where each program holds a gate and an up accumulator: BLOCK_N is half the weight rows
+    # a K step reads, so these read 128-256 rows a step as the tall tiles above do.
+    for block_m, block_n, stages, warps in [(128, 64, 4, 8), (128, 64, 5, 8), (256, 64, 3, 8)]:
+        name = f"m{block_m}n{block_n}k128s1p{stages}w{warps}"
+        out[name] = Fp8GemmConfig(block_m, block_n, 128, 1, warps, stages)
+    out["m64n128k128s1p3"] = Fp8GemmConfig(64, 128, 128, 1, 4, 3)
     # The launches the table picks at 1-128 rows, and deeper ones, with their tiles fetched by
     # the TMA (name + "d"): one bulk copy a tile, issued by one thread, where each thread's
     # cp.async loads reach 2.0-3.4 TB/s at 32 rows (tune_fp8_mm.py on the H200, 0b8e823).
