@@ -12,9 +12,10 @@ per row count: microseconds a layer each way, the fused launch's tiles, and whet
 and scales equal the unfused ones (the same tiles, so they should, bit for bit).
 
 --tune times every pointer launch without K splits (fp8_gemm.CANDIDATES, tiles no taller than
-the rows need, accumulators that fit: too_wide) fused, against the unfused pair, and keeps the fastest per row count ("unfused"
-where the pair wins); --write-table stores the choices under fp8_gemm_table.json's "silu" (the
-rest of the table as it was), which fused_config then follows instead of deriving a launch.
+the rows need, accumulators that fit: too_wide) fused, against the unfused pair, and keeps the
+fastest per row count ("unfused" where the pair wins); --write-table stores the choices under
+fp8_gemm_table.json's "silu" (the rest of the table as it was), which fused_config then follows
+instead of deriving a launch.
 A launch whose rows differ from the unfused ops' with its own tiles is reported, never chosen.
 """
 
