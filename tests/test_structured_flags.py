@@ -143,6 +143,8 @@ def test_two_constraint_flags_are_one_usage_error(tmp_path, prompts_file, tiny_m
         (["--json-schema", "missing.json"], "--json-schema missing.json: cannot read it"),
         (["--json-schema", '{"type": "strng"}'], "--json-schema: invalid JSON schema: "),
         (["--regex", "(unclosed"], "--regex: invalid regex: "),
+        (["--json-schema", '{"type": "string", "minLength": -1}'], "invalid JSON schema: -1 is"),
+        (["--json-schema", '{"type": "array", "uniqueItems": true}'], "not supported: 'unique"),
     ],
 )
 def test_a_bad_schema_or_regex_flag_is_one_line_and_no_shards(

@@ -165,3 +165,13 @@ def test_an_invalid_grammar_fails_its_row_alone(llm):
     bad, good = llm.generate(PROMPTS[:2], params)
     assert bad.finish_reason == "error" and "invalid regex" in bad.error
     assert good.finish_reason == "length" and len(good.token_ids) == 4
+    # A schema xgrammar itself would accept and then fail to compile (a RuntimeError that
+    # stopped the whole job), and one it would not enforce: each its own row's error.
+    negative = {"type": "object", "properties": {"a": {"type": "string", "minLength": -1}}}
+    unique = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}
+    params = [SamplingParams(max_tokens=4, json_schema=negative)]
+    params += [SamplingParams(max_tokens=4, json_schema=unique), SamplingParams(max_tokens=4)]
+    negative_out, unique_out, good = llm.generate(PROMPTS[:3], params)
+    assert negative_out.finish_reason == "error" and "minimum of 0" in negative_out.error
+    assert unique_out.finish_reason == "error" and "'uniqueItems'" in unique_out.error
+    assert good.finish_reason == "length" and len(good.token_ids) == 4

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from bulkgen.config import SamplingParams
+from bulkgen.engine.schema_support import check_schema
 
 if TYPE_CHECKING:
     from bulkgen.engine.plan import ScheduledSeq
@@ -65,10 +66,13 @@ def choice_regex(choices: list[str]) -> str:
 
 
 def _grammar(kind: str, text: str):
-    """The xgrammar Grammar of (kind, text): no tokenizer needed; ValueError if it is bad (a
-    schema is already a JSON object's compact text: SamplingParams checked that)."""
+    """The xgrammar Grammar of (kind, text): no tokenizer needed; ValueError if it is bad or a
+    schema the grammar cannot enforce (schema_support.py; a schema is already a JSON object's
+    compact text: SamplingParams checked that)."""
     import xgrammar as xgr
 
+    if kind == "json_schema":
+        check_schema(json.loads(text))  # its own ValueError, one line
     try:
         if kind == "json_schema":
             return xgr.Grammar.from_json_schema(text, **JSON_LAYOUT)
@@ -184,7 +188,11 @@ class GrammarCompiler:
         assert key is not None, "matcher() of an unconstrained request"
         compiled = self._compiled.get(key)
         if compiled is None:
-            compiled = self._compiler.compile_grammar(_grammar(*key))
+            grammar = _grammar(*key)
+            try:  # xgrammar finds some bad grammars only now (a RuntimeError)
+                compiled = self._compiler.compile_grammar(grammar)
+            except (RuntimeError, ValueError) as e:
+                raise ValueError(f"invalid {_NAMES[key[0]]}: {_first_line(str(e))}") from None
             self.num_compiled += 1
             self._compiled[key] = compiled
             if len(self._compiled) > CACHE_SIZE:
