@@ -75,7 +75,9 @@ def test_a_discriminated_union_is_taken_and_an_overlapping_one_refused():
     check_schema(union)  # pydantic writes its tagged unions this way
     check_schema({"oneOf": [{"enum": ["a", "b"]}, {"const": "c"}]})
     union["$defs"]["Dog"] = pet("cat")
-    with pytest.raises(ValueError, match=r"'oneOf' whose branches can overlap .* at /properties/pet"):
+    with pytest.raises(
+        ValueError, match=r"'oneOf' whose branches can overlap .* at /properties/pet"
+    ):
         check_schema(union)
 
 
