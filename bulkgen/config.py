@@ -14,12 +14,18 @@ _INT32 = 2**31
 AUTO_MAX_NUM_SEQS = 1024
 
 
+MIN_TEMPERATURE = 1e-5  # below it a request is greedy (SamplingParams.greedy), as in vLLM
+# Outside it, positive logits divided by the penalty (negative ones times it) overflow float32.
+REPETITION_PENALTY_RANGE = (1e-4, 1e4)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How one request is sampled and when it stops.
 
-    temperature 0 means greedy. top_k 0 (or -1) and top_p 1.0 and min_p 0.0 disable those
-    filters. A request with a seed samples the same tokens whatever its batch mates are.
+    temperature 0, or below MIN_TEMPERATURE (where logits / T overflow float32), is greedy.
+    top_k 0 (or -1), top_p 1.0 and min_p 0.0 disable those filters. A request with a seed
+    samples the same tokens whatever its batch mates are.
     Penalties (engine/penalties.py): repetition_penalty as Hugging Face's (over prompt and output
     tokens; 1.0 is off), presence_penalty and frequency_penalty as OpenAI's (over output tokens;
     0.0 is off).
@@ -91,9 +97,10 @@ class SamplingParams:
 
     def _check_penalties(self) -> None:
         r = self.repetition_penalty
-        if not (isinstance(r, int | float) and math.isfinite(r) and r > 0):
+        low, high = REPETITION_PENALTY_RANGE
+        if not (isinstance(r, int | float) and not isinstance(r, bool) and low <= r <= high):
             raise ValueError(
-                f"repetition_penalty must be a finite number > 0 (1.0 is off, above 1 "
+                f"repetition_penalty must be a number in [{low:g}, {high:g}] (1.0 is off, above 1 "
                 f"discourages repeats), got {r!r}"
             )
         for name in ("presence_penalty", "frequency_penalty"):
@@ -158,7 +165,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
+        return self.temperature < MIN_TEMPERATURE or self.top_k == 1
 
 
 @dataclass(frozen=True)
@@ -188,9 +195,8 @@ class EngineConfig:
     block_size: int | None = None
     num_blocks: int | None = None
     kv_memory: float = 0.9  # fraction of free device memory for the KV cache
-    # Tokens a step, prefill chunks included: 8192 since a52960b, 2048 before. On the H200 at
-    # 7d776c0 the fewer, larger steps with prefill ran bulk 1.5% (bf16) and 2.1% (FP8) faster,
-    # trt with an FP8 cache 1.8% (4096 and 16384 less), trt bf16 the same (README, Step size).
+    # Tokens a step, prefill chunks included (2048 before a52960b; on the H200 8192 ran bulk and
+    # trt FP8-KV 1.5-2.1% faster, 4096 and 16384 less: README, Step size).
     max_batch_tokens: int = 8192
     max_num_seqs: int | str = "auto"
     auto_max_num_seqs: int | None = None
@@ -199,16 +205,14 @@ class EngineConfig:
     attention: str = "auto"  # auto | torch | triton
     # auto (the model's dtype) | fp8 (e4m3: twice the tokens) | int8 (a scale per token and head)
     kv_cache_dtype: str = "auto"
-    # An fp8 cache keeps each sequence's first block at about 16-bit precision in a partner block
-    # (model/attention/kv_pairs.py: the demo model's KV-only top-1 agreement with bf16 0.949 ->
-    # 0.982 in the CPU emulation). None: on with an fp8 cache; True with another: an error.
+    # An fp8 cache's first block at about 16-bit precision in a partner block (kv_pairs.py;
+    # None: off, it buys little on long texts, README); True with another cache: an error.
     fp8_kv_pair_first_block: bool | None = None
     async_loop: bool = True
     cuda_graphs: bool = True
     # Steps with prefill replay CUDA graphs of everything but attention (engine/mixed_graphs.py),
-    # captured per multiple of mixed_graph_tokens tokens. None: on for one CUDA device with
-    # cuda_graphs (H200, db9498e: a mixed step's launch 32 -> 10 ms bf16, 44 -> 14 ms FP8; bulk
-    # FP8 1.05x, bf16 even), off on the CPU and under tensor parallelism (not run on GPUs there).
+    # per multiple of mixed_graph_tokens tokens. None: on for one CUDA device with cuda_graphs
+    # (a mixed step's launch 32 -> 10 ms bf16 on the H200), off on the CPU and under TP.
     mixed_graphs: bool | None = None
     mixed_graph_tokens: int = 128
     prefix_cache: bool = True
@@ -253,16 +257,10 @@ class EngineConfig:
             )
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2 tokens, got {self.max_model_len}")
-        if self.attention not in ("auto", "torch", "triton"):
-            raise ValueError(f"attention must be auto, torch or triton, got {self.attention!r}")
-        if self.kv_cache_dtype not in ("auto", "fp8", "int8"):
-            raise ValueError(
-                f"kv_cache_dtype must be auto, fp8 or int8, got {self.kv_cache_dtype!r}"
-            )
-        if self.load_format not in ("auto", "safetensors", "dummy"):
-            raise ValueError(
-                f"load_format must be auto, safetensors or dummy, got {self.load_format!r}"
-            )
+        for name, choices in _CHOICES.items():
+            if (value := getattr(self, name)) not in choices:
+                named = f"{', '.join(choices[:-1])} or {choices[-1]}"
+                raise ValueError(f"{name} must be {named}, got {value!r}")
         if self.quantization not in (None, "fp8"):
             raise ValueError(f"quantization must be fp8 or None, got {self.quantization!r}")
         if self.batch_invariant and self.tensor_parallel > 1:
@@ -292,6 +290,10 @@ class EngineConfig:
     def graph_rows(self) -> int:
         """The widest decode step: decode graphs are captured up to it."""
         return min(self.seq_rows, self.max_batch_tokens)
+
+
+_CHOICES = {"attention": ("auto", "torch", "triton"), "kv_cache_dtype": ("auto", "fp8", "int8"),
+            "load_format": ("auto", "safetensors", "dummy")}  # fmt: skip
 
 
 def _is_int(value) -> bool:
