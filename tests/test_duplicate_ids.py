@@ -38,6 +38,23 @@ def test_a_repeated_id_is_an_error_record_naming_the_first_occurrence(tmp_path):
     ]
 
 
+def test_a_row_whose_id_a_record_took_says_so_and_a_bad_line_keeps_its_error(tmp_path):
+    path = tmp_path / "d.jsonl"
+    lines = [{"id": "x", "prompt": "a"}, {"id": "x", "prompt": "b"}, {"id": "d:1", "prompt": "c"},
+             {"id": "d:4", "prompt": "d"}]  # fmt: skip
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines) + "not JSON\n")
+    reader = Reader(find_sources([str(path)]), "prompt", "id")
+    rows = [(r.id, r.error) for batch in reader.batches() for r in batch]
+    assert rows[:2] == [("x", None), ("d:1", f"duplicate id 'x' (first at {path} row 0, line 1)")]
+    assert rows[2] == (
+        "d:2",
+        f"id 'd:1' is the id of the error record written for the repeated id at {path} row 1, "
+        "line 2: give this row another id",
+    )
+    assert rows[3] == ("d:4", None)
+    assert rows[4][0] == "d:4~" and rows[4][1].startswith("row 4, line 5: not valid JSON")
+
+
 def test_repeated_ids_resume_exactly_once(tmp_path, tiny_model_dir):
     """The issue's repro: 40 rows, 20 distinct ids, the last two shards deleted, a rerun."""
     path = tmp_path / "in.jsonl"

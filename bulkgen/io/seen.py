@@ -9,7 +9,10 @@ A duplicate's error record gets the row's own default id `<file>:<row>`, never t
 so the first occurrence alone owns its id, and resume (which skips ids in complete shards) can
 neither skip the first occurrence because of its duplicate nor generate a duplicate. Every run
 reads every row through this check before anything is skipped, so a rerun finds the same
-duplicates as the first run.
+duplicates as the first run. A later row whose own id is such a record's is an error record too,
+saying so (the record's id is already written; resume could not tell the two apart), and a row
+that failed as it was read (a bad line: its id is its default one) keeps its own error when
+another row has that id.
 """
 
 from __future__ import annotations
@@ -27,20 +30,31 @@ class FirstSeen:
     def __init__(self, sources: list[Source]) -> None:
         self.sources = sources
         self._first: dict[int, int] = {}  # hash of an id -> where it was first seen (packed)
+        self._records: set[int] = set()  # hashes of the ids given to duplicates' records
 
     def check(self, row: Row, source_number: int) -> None:
         """Turn the row into a duplicate's error record if its id was seen before."""
         where = (source_number << (_INDEX_BITS + _LINE_BITS)) | (row.index << _LINE_BITS) | row.line
-        first = self._first.setdefault(_key(row.id), where)
+        key = _key(row.id)
+        first = self._first.setdefault(key, where)
         if first == where:
             return
-        row.fail(f"duplicate id {shown(row.id)} (first at {self._describe(first)})")
+        if row.error is not None:
+            pass  # a row failed as read has its default id, which another row has: keep its error
+        elif key in self._records:  # no earlier row has the id: a duplicate's record took it
+            row.fail(
+                f"id {shown(row.id)} is the id of the error record written for the repeated id at "
+                f"{self._describe(first)}: give this row another id"
+            )
+        else:
+            row.fail(f"duplicate id {shown(row.id)} (first at {self._describe(first)})")
         row.prompt = row.messages = row.columns = None
         name, suffix = self.sources[source_number].name, ""
         while (key := _key(f"{name}:{row.index}{suffix}")) in self._first:
             suffix += "~"  # its default id is some other row's id too
         row.id = f"{name}:{row.index}{suffix}"
         self._first[key] = where
+        self._records.add(key)
 
     def _describe(self, where: int) -> str:
         source = self.sources[where >> (_INDEX_BITS + _LINE_BITS)]
