@@ -28,6 +28,7 @@ class LLM:
             raise ValueError(f"unknown LLM option(s): {', '.join(sorted(unknown))}")
         self.engine = Engine(EngineConfig(model=model, **engine_kwargs))
         self._tokenizer = None
+        self._calls = 0  # generate() calls: their requests' ids begin with it
 
     def close(self) -> None:
         """Free the engine; with tensor_parallel > 1, stop its other ranks' processes (they also
@@ -72,24 +73,50 @@ class LLM:
             )
         if self.engine.tokenizer is None and any(p.constrained for p in sampling_params):
             self.engine.tokenizer = self.tokenizer  # the grammars' tokenizer: loaded once
-        for i, prompt in enumerate(prompts):
-            ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-            for k in range(n):
-                self.engine.add(str(i * n + k), ids, sampling_params[i * n + k])
+        prompt_ids = [self._prompt_ids(i, prompt, vocab) for i, prompt in enumerate(prompts)]
+        # Ids of this call's own: a request an earlier call left (it raised) is never taken.
+        self._calls += 1
+        names = [f"{self._calls}.{j}" for j in range(len(sampling_params))]
         outputs: dict[str, RequestOutput] = {}
         seen: dict[str, list[int]] = {}  # output so far of requests with stop strings
-        stops = {str(i): p.stop for i, p in enumerate(sampling_params) if p.stop}
-        while self.engine.has_unfinished():
-            for out in self.engine.step():
-                outputs[out.request_id] = out
-            if stops and self.tokenizer is not None:
-                self._end_at_stops(stops, seen)
-        ordered = [outputs[str(i)] for i in range(len(sampling_params))]
+        stops = {names[j]: p.stop for j, p in enumerate(sampling_params) if p.stop}
+        try:
+            for j, params in enumerate(sampling_params):
+                self.engine.add(names[j], prompt_ids[j // n], params)
+            while self.engine.has_unfinished():
+                for out in self.engine.step():
+                    outputs[out.request_id] = out
+                if stops and self.tokenizer is not None:
+                    self._end_at_stops(stops, seen)
+        except BaseException:  # Ctrl-C in a notebook, an error: leave the engine empty
+            self._discard(names)
+            raise
+        ordered = [outputs[name] for name in names]
         for i, out in enumerate(ordered):
             out.sample = i % n
         if self.tokenizer is not None:
             self._decode(ordered, sampling_params)
         return ordered
+
+    def _prompt_ids(self, i: int, prompt, vocab: int) -> list[int]:
+        """Prompt i's token ids (text encoded); ValueError for an id the model has not."""
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if not ids:
+            raise ValueError(f"prompt {i} is empty")
+        if bad := [t for t in ids if isinstance(t, bool) or not 0 <= t < vocab]:
+            raise ValueError(
+                f"prompt {i} holds token id {bad[0]!r}, outside the model's vocabulary ({vocab})"
+            )
+        return ids
+
+    def _discard(self, names: list[str]) -> None:
+        """End a failed call's requests and step until the engine holds none of them."""
+        for name in names:
+            self.engine.abort(name)
+        for _ in range(8):  # aborted requests leave at the next step's end
+            if not self.engine.has_unfinished():
+                return
+            self.engine.step()
 
     def _decode(self, outputs: list[RequestOutput], params: list[SamplingParams]) -> None:
         """Fill each output's text; cut those holding a stop string (text and tokens alike)."""
@@ -115,7 +142,10 @@ class LLM:
         for request_id, new in self.engine.take_progress():
             ids = seen.setdefault(request_id, [])
             ids += new
-            tail = self.tokenizer.decode(ids[-(len(new) + _STOP_CONTEXT) :])
+            # Special tokens skipped, as the final cut (_decode) and bulkgen run's watcher do.
+            tail = self.tokenizer.decode(
+                ids[-(len(new) + _STOP_CONTEXT) :], skip_special_tokens=True
+            )
             if cut_at_stop(tail, stops[request_id]) is not None:
                 self.engine.abort(request_id)
 

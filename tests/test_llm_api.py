@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from bulkgen import LLM, SamplingParams
@@ -64,3 +66,50 @@ def test_more_logprobs_than_the_vocabulary_is_refused(tiny_model_dir):
     out = llm.generate(["Hi"], SamplingParams(max_tokens=2, logprobs=vocab))[0]
     lp = out.token_logprobs
     assert lp.k == vocab and lp.top_ids.shape == (2 * vocab,)  # every token, at both positions
+
+
+def test_a_stop_string_is_matched_on_text_without_special_tokens(tiny_model_dir, tiny_tokenizer):
+    # A completion holding a special token whose text is the stop string: the text has no
+    # special tokens, so it does not stop (the early check kept them and cut it short).
+    llm = LLM(str(tiny_model_dir), device="cpu", dtype="float32")
+    special = {t: tiny_tokenizer.convert_ids_to_tokens(t) for t in tiny_tokenizer.all_special_ids}
+    for seed in range(40):
+        params = SamplingParams(max_tokens=30, temperature=1.5, seed=seed, ignore_eos=True)
+        free = llm.generate(["Hello world"], params)[0]
+        found = [special[t] for t in free.token_ids if t in special]
+        if found and found[0] not in free.text:
+            break
+    else:
+        pytest.skip("no sampled completion held a special token")
+    out = llm.generate(["Hello world"], dataclasses.replace(params, stop=(found[0],)))
+    assert (out[0].token_ids, out[0].text, out[0].finish_reason) == (
+        free.token_ids,
+        free.text,
+        free.finish_reason,
+    )
+
+
+def test_a_call_that_raised_leaves_nothing_behind(tiny_model_dir):
+    llm = LLM(str(tiny_model_dir), device="cpu", dtype="float32")
+    params = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
+    expected = [o.token_ids for o in llm.generate(["Bonjour", "Hello"], params)]
+    step, calls = llm.engine.step, []
+
+    def interrupted():
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # Ctrl-C in a notebook, three steps into the call
+        return step()
+
+    llm.engine.step = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        llm.generate(["The quick brown fox", "def add"], params)
+    llm.engine.step = step
+    assert not llm.engine.has_unfinished()
+    assert [o.token_ids for o in llm.generate(["Bonjour", "Hello"], params)] == expected
+    vocab = llm.engine.model_config.vocab_size
+    for bad, words in (([vocab], "outside the model's vocabulary"), ([], "is empty")):
+        with pytest.raises(ValueError, match=words):
+            llm.generate([bad, "ok"], params)
+        assert not llm.engine.has_unfinished()
+    assert [o.token_ids for o in llm.generate(["Bonjour", "Hello"], params)] == expected
