@@ -18,12 +18,11 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
 from bulkgen.errors import UserError
 from bulkgen.io.fingerprint import check_same_names, check_unchanged
-from bulkgen.io.openai import is_openai_output, openai_summary
+from bulkgen.io.shard_summary import read_summary
 from bulkgen.run_config import settings_differences
 
 SETTINGS_FILE = "job.json"
@@ -33,7 +32,6 @@ TEMP_PREFIX = ".part-"  # a shard being written; never matches part-*
 # part-NNNNN, or part-wII-aAA-NNNNN: a data-parallel worker's attempt's own numbering
 # (bulkgen/parallel.py, io/fence.py); part-wII-NNNNN from before attempts were named.
 _SHARD = re.compile(r"part-((?:w\d+-(?:a\d+-)?)?)(\d+)\.(parquet|jsonl)")
-_SUMMARY_COLUMNS = ["id", "finish_reason", "prompt_tokens", "completion_tokens"]
 
 
 class OutputError(UserError):
@@ -246,21 +244,7 @@ class JobDir:
 
     def _read_summary(self, path: Path) -> pa.Table:
         try:
-            if path.suffix == ".parquet":
-                names = pq.read_schema(path).names
-                extra = ["sample"] if "sample" in names else []
-                return pq.read_table(path, columns=_SUMMARY_COLUMNS + extra)
-            if is_openai_output(path):
-                return openai_summary(path)
-            schema = pa.schema(
-                [("id", pa.string()), ("finish_reason", pa.string())]
-                + [(c, pa.int64()) for c in _SUMMARY_COLUMNS[2:]]
-                + [("sample", pa.int64())]
-            )
-            options = pajson.ParseOptions(
-                explicit_schema=schema, unexpected_field_behavior="ignore"
-            )
-            return pajson.read_json(path, parse_options=options)
+            return read_summary(path)
         except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as e:
             raise UserError(
                 f"shard {path} cannot be read ({e}); delete it to generate its rows again"
