@@ -5,8 +5,7 @@
 For T rows of the 8B shape: fused.silu_and_mul (bf16 out) beside silu_and_mul_fp8 in each of its
 forms (two passes over 2,048-wide runs, the whole 14,336-wide row in one tile, split: a
 program per 2,048-wide chunk of every row, in two launches, stash: split with the values kept
-between its launches, rows: stash in one launch through a scratch row a program (silu_fp8_rows_pN
-at N programs an SM), and staged: the bf16 op, then the quantizer; names ending _hw with the
+between its launches, and staged: the bf16 op, then the quantizer; names ending _hw with the
 e4m3 rounding left to the cast, fp8_kernels.HW_ROUNDING); and fp8_kernels.quantize_rows of a
 4,096-wide row (the attention output, o_proj's input) both ways.
 Median microseconds each, and whether the two forms gave the same bits. One JSON line per T; the
@@ -30,14 +29,12 @@ from bench_attention import steps_us
 from bulkgen.model import fused
 from bulkgen.model.fp8_fused import silu_and_mul_fp8
 from bulkgen.model.fp8_kernels import quantize_rows
-from bulkgen.model.fp8_silu_split import silu_rows
 from bulkgen.model.switches import HW_ROUNDING_ENV
 
 WIDTH, HIDDEN = 14336, 4096
 FORMS = {
     "silu": ("silu_fp8_two_pass", "silu_fp8_one_pass", "silu_fp8_split", "silu_fp8_staged")
-    + ("silu_fp8_stash", "silu_fp8_split_hw", "silu_fp8_staged_hw", "silu_fp8_stash_hw")
-    + ("silu_fp8_rows", "silu_fp8_rows_p2", "silu_fp8_rows_p8", "silu_fp8_rows_p16"),
+    + ("silu_fp8_stash", "silu_fp8_split_hw", "silu_fp8_staged_hw", "silu_fp8_stash_hw"),
     "quantize": ("quantize_two_pass", "quantize_one_pass", "quantize_one_pass_hw"),
 }
 LAYERS = 32  # calls a timed graph replays, each over its own input
@@ -78,13 +75,6 @@ def main() -> None:
             "quantize_two_pass": layers_us(lambda x: quantize_rows(x, one_pass=False), xs),
             "quantize_one_pass": layers_us(lambda x: quantize_rows(x, one_pass=True), xs),
         }
-        times["silu_fp8_rows"] = layers_us(lambda g: silu_and_mul_fp8(g, "rows"), gate_ups)
-        same = same and same_bits(one, silu_and_mul_fp8(gate_up, "rows"))
-        for per_sm in (2, 8, 16):  # the rows form at other program counts (ROWS_PER_SM: 4)
-            programs = per_sm * torch.cuda.get_device_properties(0).multi_processor_count
-            times[f"silu_fp8_rows_p{per_sm}"] = layers_us(
-                functools.partial(rows_form, programs=programs), gate_ups
-            )
         os.environ[HW_ROUNDING_ENV] = "1"  # fp8_kernels.HW_ROUNDING: the rounding left to the cast
         hw = silu_and_mul_fp8(gate_up, "stash"), quantize_rows(x, one_pass=True)
         times["silu_fp8_split_hw"] = layers_us(lambda g: silu_and_mul_fp8(g, "split"), gate_ups)
@@ -98,13 +88,6 @@ def main() -> None:
         row = {"rows": rows, **{k: round(v, 1) for k, v in times.items()}, "same_bits": same}
         print(json.dumps(row), flush=True)
     print(json.dumps({"summary": "fp8 activation kernels", "faster": wins}), flush=True)
-
-
-def rows_form(gate_up: torch.Tensor, programs: int) -> None:
-    """The rows SiLU form at a given program count (into fresh outputs)."""
-    rows, width = gate_up.shape[0], gate_up.shape[1] // 2
-    q = torch.empty((rows, width), dtype=torch.float8_e4m3fn, device=gate_up.device)
-    silu_rows(gate_up, q, torch.empty((rows, 1), device=gate_up.device), programs=programs)
 
 
 def same_bits(a, b) -> bool:

@@ -16,7 +16,6 @@
 #   tune16: the same for a 16-bit cache (--kv-cache-dtype auto: 24 launches in the rows layout,
 #      stored under "auto"; about 2 minutes);
 #   silubig: the fused SiLU GEMM's launches timed up to 8,192 rows (SILU_WRITE=1: into the table's silu);
-#   rowsab: the rows SiLU form's GPU tests, trt FP8 with the stash form, then rows;
 #   siluab: trt FP8 (TRT_PROMPTS) with the fused SiLU GEMM off, then on;
 #   silu: two experiments dropping a launch a layer at few rows (BULKGEN_FP8_SILU_GEMM: the SiLU
 #      in gate_up's GEMM; BULKGEN_FP8_ATTN_ROWS: the decode merge writes o_proj's FP8 rows):
@@ -153,7 +152,7 @@ if want l2pf; then  # blog's FP8 GEMMs with their programs' first weight tiles a
   timeout 150 python3 scripts/bench_l2_prefetch.py 2>&1 | grep -v -i warn | tee "$OUT/l2pf.jsonl"
 fi
 if want fused; then  # the FP8 SiLU / quantize kernels' forms, 32 calls a CUDA graph
-  timeout 240 python3 scripts/bench_fp8_fused.py 2>&1 | grep -v -i warn | tee "$OUT/fused.jsonl" \
+  timeout 150 python3 scripts/bench_fp8_fused.py 2>&1 | grep -v -i warn | tee "$OUT/fused.jsonl" \
     | cut -c1-400
 fi
 if want tune; then
@@ -391,13 +390,6 @@ fi
 if want siluab; then  # trt FP8 with the fused SiLU GEMM off, then on (the table as it stands)
   for on in 0 1; do
     BULKGEN_FP8_SILU_GEMM=$on bench trt "${TRT_TIMEOUT_S:-200}" --workloads trt \
-      --engines bulkgen-fp8 --num-prompts "$TRT_PROMPTS"
-  done
-fi
-if want rowsab; then  # the rows SiLU form's GPU tests, then trt FP8 stash / rows (TRT_PROMPTS)
-  gpu_tests rows_tests 200 tests/test_fp8_fused.py tests/test_fp8_gemm_silu.py
-  for form in stash rows; do
-    BULKGEN_SILU_FORM=$form bench trt "${TRT_TIMEOUT_S:-200}" --workloads trt \
       --engines bulkgen-fp8 --num-prompts "$TRT_PROMPTS"
   done
 fi

@@ -80,22 +80,8 @@ def test_the_split_silu_takes_each_rows_scale_from_all_its_chunks():
     assert same(split, silu_and_mul_fp8(gate_up, form="two_pass"))
     assert same(split, quantize_rows(fused.silu_and_mul(gate_up)))
     assert same(silu_and_mul_fp8(gate_up, form="stash"), (split.q, split.scale))
-    assert same(silu_and_mul_fp8(gate_up, form="rows"), (split.q, split.scale))
     with pytest.raises(ValueError, match="form"):
         silu_and_mul_fp8(gate_up, form="three_pass")
-
-
-def test_the_rows_silu_takes_rows_in_turn_through_each_programs_scratch_row():
-    from bulkgen.model.fp8_silu_split import silu_rows
-
-    gate_up = torch.randn(7, 2 * (SPLIT_BLOCK + 300), device=DEVICE) * 4
-    gate_up[4] = 0.0  # a zero row between others through the same scratch row
-    ref = quantize_rows(fused.silu_and_mul(gate_up))
-    for programs in (1, 2, 3, 7, 50):
-        q = torch.empty(ref[0].shape, dtype=ref[0].dtype, device=DEVICE)
-        scale = torch.empty(ref[1].shape, device=DEVICE)
-        silu_rows(gate_up, q, scale, programs=programs)
-        assert same(Fp8Activation(q, scale), ref), programs
 
 
 def test_a_model_with_fused_input_quantization_computes_what_it_did_without(tiny_model_dir):
@@ -158,7 +144,7 @@ def test_fp8_norms_and_silu_on_cuda_at_8b_widths_match_the_unfused_path(rows):
     gate_up = torch.randn(rows, 2 * 14336, device="cuda", dtype=torch.bfloat16) * 4
     close(silu_and_mul_fp8(gate_up), quantize_rows(fused.silu_and_mul(gate_up)))
     one_pass = silu_and_mul_fp8(gate_up, form="one_pass")  # the same arithmetic: the same bits
-    for form in ("two_pass", "split", "stash", "rows"):
+    for form in ("two_pass", "split", "stash"):
         other = silu_and_mul_fp8(gate_up, form=form)
         assert torch.equal(one_pass.q.view(torch.uint8), other.q.view(torch.uint8)), form
         assert torch.equal(one_pass.scale, other.scale), form

@@ -27,7 +27,7 @@ from bulkgen.model import pdl
 from bulkgen.model.fp8 import FP8, Fp8Activation
 from bulkgen.model.fp8_gemm_silu import gate_up_silu
 from bulkgen.model.fp8_kernels import hw_rounding, quantize_rows, quantize_value, row_scale
-from bulkgen.model.fp8_silu_split import silu_rows, silu_split
+from bulkgen.model.fp8_silu_split import silu_split
 from bulkgen.model.fused import NORM_TILE, residual_for, silu_and_mul, silu_times_up
 from bulkgen.model.pdl import pdl_launch_dependents
 from bulkgen.model.switches import SILU_FORM_ENV
@@ -38,7 +38,7 @@ SILU_BLOCK = 2048  # elements of a row per loop iteration (two passes)
 # rows against two passes' 21.7/23.4/25.1, and lost at 512 and 1,024 (41.5 vs 34.2, 76.0 vs 63.8).
 ONE_PASS_MAX_ROWS = 256
 ONE_PASS_MAX_WIDTH = 16384  # 32 values a thread at 16 warps (the 8B shape's 14,336 fits)
-SILU_FORMS = ("one_pass", "two_pass", "split", "staged", "stash", "rows")
+SILU_FORMS = ("one_pass", "two_pass", "split", "staged", "stash")
 # The split forms up to this many rows: timed as a step runs it (bench_fp8_fused.py, 32 calls in
 # a CUDA graph, H200, 783479e) split took 6.2/10.5/15.8/26.8/49.2 us at 32/128/256/512/1,024 rows
 # against one pass's 9.8/10.5/19.3/36.6/71.3 and two passes' 18.6/18.9/21.2/29.5/58.7. At 135c9a6
@@ -202,8 +202,7 @@ def silu_and_mul_fp8(gate_up: torch.Tensor, form: str | None = None) -> Fp8Activ
     H200 against 10.6 us for the bf16 silu_and_mul (ec92f71, a bulk run's kernel profile);
     "split", SPLIT_BLOCK-wide chunks of every row, a program each, in two launches; "stash", the
     split form with the values kept in gate_up's dtype between its launches (fp8_silu_split.py:
-    silu computed once); "rows", stash in one launch, each program's values in a scratch row
-    of its own that stays in L2 (fp8_silu_split.silu_rows); "staged",
+    silu computed once); "staged",
     fused.silu_and_mul's bf16 rows, then quantize_rows over them (one pass): silu computed once
     and the rows written and read once more, where the others compute it twice (exact expf and
     an IEEE division, to match torch: at 2,048 rows the two-pass form took 98 us a layer on the
@@ -219,9 +218,6 @@ def silu_and_mul_fp8(gate_up: torch.Tensor, form: str | None = None) -> Fp8Activ
         return Fp8Activation(*quantize_rows(silu_and_mul(gate_up), one_pass=True))
     out = _outputs(T, I, gate_up.device)
     if T == 0:
-        return out
-    if form == "rows":
-        silu_rows(gate_up, out.q, out.scale)
         return out
     if form in ("split", "stash"):
         silu_split(gate_up, out.q, out.scale, stash=form == "stash")

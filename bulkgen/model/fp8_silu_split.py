@@ -10,9 +10,7 @@ kernels are bound by that arithmetic, not by memory (exact expf and IEEE divisio
 torch: 83.8 us a layer at 2,048 rows against 43.6 for the bf16 op, which computes it once).
 "stash" has the first launch also store each silu(gate) * up value in gate_up's dtype (the value
 is rounded to it already, so storing it is exact) and the second quantize from those: silu
-computed once, for 2 bytes a value written and read once more (bf16). "rows" is stash in one
-launch, a program a row at a time, its values kept in a scratch row of its own small enough to
-stay in L2: gate_up read once and the FP8 rows written, no [T, I] buffer through DRAM.
+computed once, for 2 bytes a value written and read once more (bf16).
 """
 
 from __future__ import annotations
@@ -83,79 +81,6 @@ def _silu_quantize_kernel(
     tl.store(q_ptr + row * I + cols, q.to(q_ptr.dtype.element_ty), mask=cols < I)
     if chunk == 0:
         tl.store(scale_ptr + row, scale)
-
-
-@triton.jit(do_not_specialize=["T"])
-def _silu_rows_kernel(
-    gate_up_ptr,
-    scratch_ptr,  # [programs, I] in gate_up's dtype: each program's row of values
-    q_ptr,
-    scale_ptr,
-    T,
-    I,
-    stride_row,
-    BLOCK: tl.constexpr,
-    LIBDEVICE_EXP: tl.constexpr,
-    PDL: tl.constexpr,
-    HW_ROUND: tl.constexpr,  # fp8_kernels.HW_ROUNDING
-):
-    """The stash form in one launch: program p takes rows p, p + programs, ...; a row's values
-    go to the program's own scratch row while their absmax is taken, then come back (from L2:
-    the scratch rows together are a few MB, rewritten row after row) to be quantized."""
-    if PDL:
-        pdl_launch_dependents()
-    pid = tl.program_id(0)
-    scratch = scratch_ptr + pid.to(tl.int64) * I
-    for row in range(pid, T, tl.num_programs(0)):
-        row64 = tl.cast(row, tl.int64)  # a plain int under the interpreter
-        row_ptr = gate_up_ptr + row64 * stride_row
-        absmax = tl.zeros([BLOCK], dtype=tl.float32)
-        for start in range(0, I, BLOCK):
-            cols = start + tl.arange(0, BLOCK)
-            value = silu_times_up(row_ptr, cols, I, LIBDEVICE_EXP)
-            tl.store(scratch + cols, value.to(scratch_ptr.dtype.element_ty), mask=cols < I)
-            absmax = tl.maximum(absmax, tl.abs(value))
-        scale = row_scale(tl.max(absmax, axis=0))
-        tl.debug_barrier()  # the row's values stored before any thread reads them back
-        q_row = q_ptr + row64 * I
-        for start in range(0, I, BLOCK):
-            cols = start + tl.arange(0, BLOCK)
-            value = tl.load(scratch + cols, mask=cols < I, other=0.0).to(tl.float32)
-            q = quantize_value(value, scale, HW_ROUND)
-            tl.store(q_row + cols, q.to(q_ptr.dtype.element_ty), mask=cols < I)
-        tl.store(scale_ptr + row, scale)
-        tl.debug_barrier()  # read back before the next row overwrites them
-
-
-ROWS_PER_SM = 4  # programs an SM for the rows form (its scratch: 28 KB each at the 8B width)
-
-
-def silu_rows(
-    gate_up: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, programs: int | None = None
-) -> None:
-    """silu(gate) * up of gate_up [T, 2I] into fp8 q [T, I] and scales [T, 1] in one launch of
-    _silu_rows_kernel: `programs` of them (ROWS_PER_SM an SM where None), at most T."""
-    T, I = gate_up.shape[0], gate_up.shape[1] // 2
-    if programs is None:
-        sms = 132  # off CUDA: the interpreter, where the count changes nothing but the order
-        if gate_up.is_cuda:
-            sms = torch.cuda.get_device_properties(gate_up.device).multi_processor_count
-        programs = sms * ROWS_PER_SM
-    programs = max(1, min(T, programs))
-    scratch = torch.empty((programs, I), dtype=gate_up.dtype, device=gate_up.device)
-    _silu_rows_kernel[(programs,)](
-        gate_up,
-        scratch,
-        q,
-        scale,
-        T,
-        I,
-        gate_up.stride(0),
-        BLOCK=SPLIT_BLOCK,
-        LIBDEVICE_EXP=gate_up.is_cuda,
-        PDL=pdl.enabled(gate_up.device),
-        HW_ROUND=hw_rounding(gate_up.device),
-    )
 
 
 def silu_split(
