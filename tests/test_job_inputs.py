@@ -236,3 +236,28 @@ def test_a_finished_or_header_only_csv_job_has_nothing_to_generate(tmp_path, tin
     result = bulkgen("run", *args)
     assert result.exit_code == 0
     assert "nothing to generate: all 2 input rows are in complete shards already" in result.stderr
+
+
+def test_a_job_recorded_by_another_run_after_the_check_is_refused_under_the_lock(tmp_path):
+    # Run B checks an empty folder, then loads its model; run A records a job there meanwhile.
+    # B must refuse A's settings once it holds the lock, not resume A's rows with its own.
+    from bulkgen.errors import UserError
+    from bulkgen.io.job import JobDir
+
+    out = tmp_path / "out"
+    settings_a, settings_b = {"sampling": {"max_tokens": 1}}, {"sampling": {"max_tokens": 12}}
+    inputs = {"/data/a.jsonl": {"source": "a"}}
+    run_b = JobDir(out)
+    run_b.check(settings_b, overwrite=False)  # nothing recorded yet
+    run_a = JobDir(out)
+    run_a.lock()
+    run_a.prepare({"settings": settings_a, "input_files": inputs}, overwrite=False)
+    run_a.unlock()
+    run_b.lock()
+    with pytest.raises(UserError, match=r"other settings \(sampling.max_tokens was 1, now 12\)"):
+        run_b.prepare({"settings": settings_b, "input_files": inputs}, overwrite=False)
+    renamed = {"/data/a.jsonl": {"source": "data/a"}}
+    with pytest.raises(UserError, match="as named now it gives 'data/a:<row>'"):
+        run_b.prepare({"settings": settings_a, "input_files": renamed}, overwrite=False)
+    run_b.prepare({"settings": settings_a, "input_files": inputs}, overwrite=False)  # the same
+    run_b.unlock()

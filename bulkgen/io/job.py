@@ -102,6 +102,9 @@ class JobDir:
                     "them"
                 )
             return
+        self._refuse_other_settings(recorded, settings)
+
+    def _refuse_other_settings(self, recorded: dict, settings: dict) -> None:
         diffs = settings_differences(recorded.get("settings", {}), settings)
         if diffs:
             raise UserError(
@@ -140,7 +143,8 @@ class JobDir:
             self._lock_fd = None
 
     def prepare(self, record: dict, overwrite: bool) -> Done:
-        """Clear the folder on overwrite, drop stray temporaries, record the job, scan shards."""
+        """Clear the folder on overwrite, drop stray temporaries, record the job (or, holding
+        the lock, refuse one recorded with other settings since check()), scan shards."""
         try:
             if overwrite:
                 for path in self._shards() + [self.path / STATS_FILE, self.path / SETTINGS_FILE]:
@@ -151,10 +155,13 @@ class JobDir:
                 path.unlink(missing_ok=True)
         except OSError as e:
             raise output_error(self.path, "remove old files", e) from None
-        if self._recorded() is None:
+        recorded = self._recorded()
+        if recorded is None:
             write_json_atomic(self.path / SETTINGS_FILE, record)
             self._recorded_here = True
-        else:
+        else:  # checked before the model loaded; another run may have recorded it since
+            self._refuse_other_settings(recorded, record["settings"])
+            check_same_names(recorded.get("input_files"), record.get("input_files", {}), self.path)
             self.update(record.get("input_files"), record.get("job_seed"))
         self.drop_duplicates()
         return self.scan()
