@@ -36,6 +36,7 @@ from bulkgen.run_stats import run_stats
 from bulkgen.samples import Resume, Samples
 from bulkgen.text.stage import Detokenize, Tokenize
 from bulkgen.text.stop import StopWatcher
+from bulkgen.text.token_bytes import TokenBytes
 
 if TYPE_CHECKING:
     from bulkgen.engine.interface import GenerationEngine
@@ -84,6 +85,7 @@ class _Run:
         self.model_dir: Path = model_dir
         self.tokenize: Tokenize = tokenize
         self.detokenize = Detokenize(tokenizer)
+        self.token_bytes = TokenBytes(tokenizer)  # --format openai logprobs' bytes
         self.vocab_size = vocab_size(model_dir, tokenizer)  # rows' logprobs may ask this many
         self.guards = [RowGuard("the tokenizer stage"), RowGuard("the detokenizer")]
         self.stop = threading.Event()
@@ -151,6 +153,7 @@ class _Run:
                 final=None if self.worker is None else self.worker.final,
                 token_ids=self.config.output_token_ids,
                 keep_types=self.reader.keep_types,
+                token_bytes=self.token_bytes,
             )
             seed = self.job.job_seed()
             samples = Samples(self.config.sampling, self.config.n, seed, self.vocab_size)

@@ -9,8 +9,10 @@ read bulkgen's too.
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -22,6 +24,8 @@ _URLS = {"/v1/chat/completions": "chat", "/v1/completions": "text"}
 _SAME = ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "n")
 _SAME += ("presence_penalty", "frequency_penalty", "repetition_penalty")  # the last as vLLM's
 _SAME += ("response_format",)  # structured output, for chat and completions alike
+# A token's UTF-8 bytes from its id and its text (text/token_bytes.py's TokenBytes).
+TokenBytes = Callable[[int, str], list[int]]
 
 
 def is_batch_record(record: object) -> bool:
@@ -73,9 +77,16 @@ def _hex(*parts: object) -> str:
     return hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=12).hexdigest()
 
 
-def output_line(samples: list[Row], model: str, created: int, token_ids: bool = False) -> dict:
+def output_line(
+    samples: list[Row],
+    model: str,
+    created: int,
+    token_ids: bool = False,
+    token_bytes: TokenBytes | None = None,
+) -> dict:
     """The Batch API output line of one input row, from all of its samples; token_ids: each
-    choice also carries its generated ids (not a Batch API field: readers ignore it)."""
+    choice also carries its generated ids (not a Batch API field: readers ignore it);
+    token_bytes: each logprob token's own bytes (without it, its text's)."""
     first = samples[0]
     line = {"id": f"batch_req_{_hex('req', first.id)}", "custom_id": first.id}
     failed = next((r for r in samples if r.error is not None), None)
@@ -84,7 +95,8 @@ def output_line(samples: list[Row], model: str, created: int, token_ids: bool = 
         line["error"] = {"code": "invalid_request", "message": failed.error}
         return line
     chat = first.api != "text"
-    choices = [_choice(r, chat) for r in sorted(samples, key=lambda r: r.sample)]
+    token_bytes = token_bytes or _text_bytes
+    choices = [_choice(r, chat, token_bytes) for r in sorted(samples, key=lambda r: r.sample)]
     if token_ids:
         for choice, r in zip(choices, sorted(samples, key=lambda r: r.sample), strict=True):
             choice["token_ids"] = r.token_ids
@@ -106,32 +118,41 @@ def output_line(samples: list[Row], model: str, created: int, token_ids: bool = 
     return line
 
 
-def _choice(row: Row, chat: bool) -> dict:
+def _choice(row: Row, chat: bool, token_bytes: TokenBytes) -> dict:
     choice: dict = {"index": row.sample}
     if chat:
         choice["message"] = {"role": "assistant", "content": row.text}
     else:
         choice["text"] = row.text
-    choice["logprobs"] = _logprobs(row, chat) if row.token_logprobs is not None else None
+    lp = row.token_logprobs
+    choice["logprobs"] = _logprobs(row, chat, token_bytes) if lp is not None else None
     choice["finish_reason"] = row.finish_reason
     return choice
 
 
-def _logprobs(row: Row, chat: bool) -> dict:
+def _logprobs(row: Row, chat: bool, token_bytes: TokenBytes) -> dict:
     logprobs = row.token_logprobs.chosen.tolist()
     tokens = row.token_texts or [""] * len(logprobs)
+    spelled = list(map(token_bytes, row.token_ids, tokens))
     named = row.top_texts is not None
     tops = row.top_dicts() if named else [[] for _ in logprobs]
     if chat:
         content = []
-        for token, logprob, top in zip(tokens, logprobs, tops, strict=True):
-            alternatives = [_token(t["token"], t["logprob"]) for t in top]
-            content.append({**_token(token, logprob), "top_logprobs": alternatives})
+        for token, raw, logprob, top in zip(tokens, spelled, logprobs, tops, strict=True):
+            alternatives = [
+                _token(t["token"], t["logprob"], token_bytes(t["token_id"], t["token"]))
+                for t in top
+            ]
+            content.append({**_token(token, logprob, raw), "top_logprobs": alternatives})
         return {"content": content}
+    # Where each token starts in prompt + text, in characters (decoded as the text is, so a
+    # character split over tokens counts once): a token that ends inside a character moves the
+    # offset past whole characters only, and the next token starts at that character.
     offsets, at = [], len(row.prompt_text or "")
-    for token in tokens:
+    characters = codecs.getincrementaldecoder("utf-8")("replace")
+    for raw in spelled:
         offsets.append(at)
-        at += len(token)
+        at += len(characters.decode(bytes(raw)))
     return {
         "tokens": tokens,
         "token_logprobs": logprobs,
@@ -140,8 +161,12 @@ def _logprobs(row: Row, chat: bool) -> dict:
     }
 
 
-def _token(token: str, logprob: float) -> dict:
-    return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+def _token(token: str, logprob: float, raw: list[int]) -> dict:
+    return {"token": token, "logprob": logprob, "bytes": raw}
+
+
+def _text_bytes(token_id: int, text: str) -> list[int]:
+    return list(text.encode())
 
 
 # ---- resume ------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 from bulkgen.guard import fault
 from bulkgen.io.fence import Fenced
 from bulkgen.io.job import TEMP_PREFIX, fsync_dir, output_error, remove_quietly, shard_name
-from bulkgen.io.openai import output_line
+from bulkgen.io.openai import TokenBytes, output_line
 from bulkgen.io.validate import writable
 from bulkgen.row import Row
 from bulkgen.run_config import OUTPUT_COLUMNS
@@ -55,17 +55,20 @@ class ShardWriter:
         token_ids: bool = False,
         keep_types: dict[str, pa.DataType] | None = None,
         final: Callable[[list[Row]], None] | None = None,
+        token_bytes: TokenBytes | None = None,
     ) -> None:
         """samples: write a `sample` column; logprobs: `logprobs` and `top_logprobs` columns;
         model: the model name of --format openai lines; prefix: in shard names after `part-`
         (a data-parallel worker's `wII-aAA-`); fence: called before a shard is made final,
         raises io.fence.Fenced if a newer attempt of this worker exists; keep_types: the job's
         kept-column types (see io/schema.py), which every shard uses; final: called with a
-        shard's rows once it is final (a data-parallel worker tells its parent)."""
+        shard's rows once it is final (a data-parallel worker tells its parent); token_bytes:
+        each logprob token's bytes in --format openai lines (text/token_bytes.py)."""
         self.prefix = prefix
         self.fence = fence
         self.final = final
         self.token_ids = token_ids  # a token_ids column (--output-token-ids)
+        self.token_bytes = token_bytes
         self.out = Path(out)
         self.fmt = fmt
         self.samples = samples
@@ -212,7 +215,10 @@ class ShardWriter:
         return "\n".join(lines).encode()
 
     def _openai(self, groups: list[list[Row]]) -> bytes:
-        lines = [output_line(g, self.model, self._created, self.token_ids) for g in groups]
+        lines = [
+            output_line(g, self.model, self._created, self.token_ids, self.token_bytes)
+            for g in groups
+        ]
         return "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines).encode()
 
 
