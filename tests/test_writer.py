@@ -96,7 +96,7 @@ def test_scan_finds_the_ids_and_totals_of_complete_shards_and_drops_temporaries(
     writer = ShardWriter(job.path, "parquet", shard_size=2)
     writer.add(done_rows(5))
     (job.path / ".part-00002.parquet.tmp").write_bytes(b"half a shard")
-    done = job.prepare({}, overwrite=False)
+    done = job.prepare({"settings": config(tmp_path).job_settings()}, overwrite=False)
     assert done.ids == {"r0", "r1", "r2", "r3"}
     assert (done.rows, done.prompt_tokens, done.completion_tokens) == (4, 12, 0 + 1 + 2 + 0)
     assert done.next_index == 2
@@ -187,7 +187,7 @@ def test_jsonl_rows_keeping_custom_id_and_response_columns_resume_as_rows(tmp_pa
     for row in rows:
         row.extra = {"custom_id": "same", "response": response}
     writer.add(rows)
-    done = job.prepare({}, overwrite=False)
+    done = job.prepare({"settings": {}}, overwrite=False)
     assert done.ids == {"r0", "r1", "r2", "r3"}
     assert (done.rows, done.errors) == (4, 0)
     assert sorted(p.name for p in job.path.glob("part-*")) == [
