@@ -109,6 +109,9 @@ def _value(path: Path, name: str, param: click.Parameter, value, command: click.
             f"recipe {path}: field 'choice': YAML reads yes/no/on/off as true/false; quote the "
             "strings: choice: ['yes', 'no']"
         )
+    if isinstance(param.type, click.types.IntParamType | click.types.FloatParamType):
+        for number in value if many else [value]:
+            _check_number(path, name, param.type, number)
     if name in ("inputs", "input", "out"):
         value = [_near(path, v) for v in value] if many else _near(path, value)
     elif name == "prompt_template" and isinstance(value, str) and value.startswith("@"):
@@ -121,6 +124,17 @@ def _value(path: Path, name: str, param: click.Parameter, value, command: click.
     except click.BadParameter as e:
         raise UserError(f"recipe {path}: field {name!r}: {e.message}") from e
     return value
+
+
+def _check_number(path: Path, name: str, kind: click.ParamType, value) -> None:
+    """YAML reads a number as one, which click's int() would truncate (seed: 1.5 runs seed 1),
+    and true/false as bools, which it takes as 1 and 0: both refused, as the command line refuses
+    --seed 1.5, --seed 2.0 and --seed true."""
+    if isinstance(value, bool):
+        raise UserError(f"recipe {path}: field {name!r}: {str(value).lower()} is not a number")
+    if isinstance(value, float) and isinstance(kind, click.types.IntParamType):
+        whole = f" (write {int(value)})" if value.is_integer() else ""
+        raise UserError(f"recipe {path}: field {name!r}: {value} is not an integer{whole}")
 
 
 def _near(recipe: Path, value) -> str:

@@ -104,6 +104,37 @@ def test_a_bad_value_is_an_error_naming_the_field(tmp_path):
         load_recipe(path, run_command)
 
 
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("seed", 1.5, "1.5 is not an integer"),
+        ("n", 2.7, "2.7 is not an integer"),
+        ("max_tokens", 3.0, r"3.0 is not an integer \(write 3\)"),  # as --max-tokens 3.0
+        ("tensor_parallel", 1.5, "1.5 is not an integer"),
+        ("stop_token_id", [2, 2.5], "2.5 is not an integer"),
+        ("seed", True, "true is not a number"),
+        ("temperature", False, "false is not a number"),
+    ],
+)
+def test_a_number_click_would_truncate_is_an_error_naming_the_field(
+    tmp_path, field, value, message
+):
+    """YAML's numbers and bools reach click as they are, and int() truncates them silently."""
+    path = write_recipe(tmp_path, {field: value})
+    with pytest.raises(UserError, match=f"field '{field}': {message}"):
+        load_recipe(path, run_command)
+
+
+def test_the_cli_refuses_a_fractional_seed_in_a_recipe_in_one_line(tmp_path):
+    path = write_recipe(tmp_path, {"inputs": "a.jsonl", "out": "o", "seed": 1.5})
+    result = bulkgen("run", "--recipe", path)
+    assert result.exit_code == 1, result.output
+    assert result.stderr.strip().splitlines() == [
+        f"error: recipe {path}: field 'seed': 1.5 is not an integer"
+    ]
+    assert not (tmp_path / "o").exists()
+
+
 def test_a_bad_score_section_is_an_error(tmp_path):
     path = write_recipe(tmp_path, {"score": {"reference": "answer"}})
     with pytest.raises(UserError, match="unknown field 'score.reference'"):
