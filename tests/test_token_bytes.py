@@ -75,6 +75,7 @@ def test_sentencepiece_byte_fallback_pieces_join_back(sentencepiece_tokenizer):
     content = choice(row, tokenizer)["logprobs"]["content"]
     assert [t["bytes"] for t in content[1:4]] == [[0xE2], [0x82], [0xAC]]
     assert b"".join(bytes(t["bytes"]) for t in content[1:]) == "€é".encode()
+    assert content[0]["bytes"] == list(b" a")  # "▁a": its space (decoded alone it has none)
     assert content[4]["bytes"] == list("é".encode())  # a whole character's token: its text's
 
 

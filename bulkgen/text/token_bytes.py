@@ -4,8 +4,9 @@ A token's decoded text is not enough: a token that holds part of a multi-byte ch
 alone to U+FFFD, whose bytes are not the token's, so the pieces of the character no longer join.
 The bytes come from the vocabulary instead: a byte-level BPE (GPT-2's, Llama-3's, Qwen's) spells
 each byte as one printable character (GPT-2's bytes_to_unicode table), and a SentencePiece
-vocabulary with byte fallback has a token `<0xE2>` per byte. Any other token's bytes are its
-text's. Each id is worked out once: a job names the same few thousand ids over and over.
+vocabulary with byte fallback has a token `<0xE2>` per byte, and spells a space "▁" (which a
+token decoded alone loses at its start). Any other token's bytes are its text's. Each id is
+worked out once: a job names the same few thousand ids over and over.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import json
 import re
 
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+_SPACE = "\u2581"  # SentencePiece's word boundary, a space in the text
 
 
 def byte_level_table() -> dict[str, int]:
@@ -54,6 +56,8 @@ class TokenBytes:
             # A vocabulary's literal "<0xE2>" text decodes as itself; a byte token does not.
             if table is None and (byte := _BYTE_TOKEN.fullmatch(piece)) and text != piece:
                 return [int(byte.group(1), 16)]
+            if table is None and _SPACE in piece:  # SentencePiece: its own text, spaces kept
+                return list(piece.replace(_SPACE, " ").encode())  # (alone, decode drops one)
         return list(text.encode())
 
 
