@@ -226,3 +226,25 @@ def test_the_other_ranks_end_when_rank_0_is_killed(tmp_path, tiny_model_dir):
     job.wait()
     wait_until(lambda: not any(alive(pid) for pid in ranks), timeout=5)
     assert not any(alive(pid) for pid in ranks)
+
+
+def test_a_rank_ends_when_rank_0_is_killed_while_the_rank_starts(tmp_path, tiny_model_dir):
+    """Found by fuzzing: a rank took its parent's pid only after its imports (about a second), so
+    a rank 0 killed before then left it init's child, watching init, and alive in its rendezvous
+    until BULKGEN_TP_TIMEOUT_S (600 s). Rank 0 now passes its pid."""
+    prompts = write_prompts(tmp_path / "in.jsonl", 4)
+    job = run_cli([prompts, "-m", tiny_model_dir, "--device", "cpu", "-o", tmp_path / "out",
+                   "--tp", "2", "-q"])  # fmt: skip
+    ranks = []
+    deadline = time.monotonic() + 120
+    while not ranks and job.poll() is None and time.monotonic() < deadline:
+        ranks = rank_pids(job.pid)
+    job.kill()  # within a few ms of the rank's start: it is still importing torch
+    job.wait()
+    try:
+        assert len(ranks) == 1, "rank 1 was not seen"
+        wait_until(lambda: not any(alive(pid) for pid in ranks), timeout=5)
+        assert not any(alive(pid) for pid in ranks)
+    finally:
+        for pid in filter(alive, ranks):
+            os.kill(pid, signal.SIGKILL)

@@ -127,7 +127,8 @@ class RankGroup:
         self.logs.append(log)
         with open(log, "wb") as err:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "bulkgen.engine.tp_worker", str(path)],
+                # rank 0's pid: the rank checks that it is still its parent (tp_worker.py)
+                [sys.executable, "-m", "bulkgen.engine.tp_worker", str(path), str(os.getpid())],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL,
                 stderr=err,

@@ -1,7 +1,8 @@
-"""A tensor-parallel rank other than 0: `python -m bulkgen.engine.tp_worker SPEC` (tp_group.py
-starts it). It builds the same Engine as rank 0 on its own shard, so that loading, the KV-cache
-probe, the warm-up and the CUDA-graph capture run the same collectives in the same order on every
-rank, then replays rank 0's steps from its stdin until the stop frame (length 0) or EOF.
+"""A tensor-parallel rank other than 0: `python -m bulkgen.engine.tp_worker SPEC PID` (tp_group.py
+starts it; PID is rank 0's, its parent's). It builds the same Engine as rank 0 on its own shard, so
+that loading, the KV-cache probe, the warm-up and the CUDA-graph capture run the same collectives
+in the same order on every rank, then replays rank 0's steps from its stdin until the stop frame
+(length 0) or EOF. It ends at once when rank 0's process goes away.
 
 It does no host work beyond unpacking a step and enqueueing its kernels: no scheduler, sampler
 or text. Its error, if any, is the last line of its stderr (a log file rank 0 reads).
@@ -15,15 +16,18 @@ import sys
 import threading
 import time
 import traceback
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
 
-from bulkgen.engine.tp_group import FRAME, RankSpec
+if TYPE_CHECKING:
+    from bulkgen.engine.tp_group import RankSpec
 
 
 def follow(runner, inp: BinaryIO) -> None:
     """Replay rank 0's steps: forward with the same collectives, then take its sampled ids."""
+    from bulkgen.engine.tp_group import FRAME  # imports torch: only once the parent is watched
+
     while True:
         header = inp.read(FRAME.size)
         if len(header) < FRAME.size:
@@ -45,9 +49,12 @@ def follow(runner, inp: BinaryIO) -> None:
         runner.sample(runner.forward_packed(packed, None))
 
 
-def _watch_parent() -> None:
-    """End at once if rank 0's process goes away (it may have been killed with -9)."""
-    parent = os.getppid()
+def _watch_parent(parent: int) -> None:
+    """End at once if rank 0's process (parent, the pid it passed) is gone or goes away (it may
+    have been killed with -9). Not os.getppid() taken here: had rank 0 died while this process
+    started, it would be init's child already, and watch init (found by fuzzing)."""
+    if os.getppid() != parent:
+        os._exit(1)
 
     def watch() -> None:
         while os.getppid() == parent:
@@ -57,8 +64,8 @@ def _watch_parent() -> None:
     threading.Thread(target=watch, name="bulkgen-tp-parent", daemon=True).start()
 
 
-def main(spec_path: str) -> int:
-    _watch_parent()
+def main(spec_path: str, parent: int) -> int:
+    _watch_parent(parent)  # first: torch's import (the spec's) takes seconds
     with open(spec_path, "rb") as f:
         spec: RankSpec = pickle.load(f)
     try:
@@ -80,4 +87,4 @@ def main(spec_path: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main(sys.argv[1], int(sys.argv[2])))
