@@ -194,3 +194,20 @@ def test_jsonl_rows_keeping_custom_id_and_response_columns_resume_as_rows(tmp_pa
         "part-00000.jsonl",
         "part-00001.jsonl",
     ]
+
+
+def test_jsonl_lines_are_strict_json_with_non_finite_numbers_as_null(tmp_path):
+    from bulkgen.io.json_line import json_line
+
+    rows = done_rows(2)
+    rows[0].extra = {"score": float("nan"), "ok": 1.5}
+    rows[1].extra = {"score": float("-inf"), "ok": [float("inf"), 2.0]}
+    writer = ShardWriter(tmp_path, "jsonl", shard_size=2, keep_columns=("score", "ok"))
+    writer.add(rows)
+    lines = (tmp_path / "part-00000.jsonl").read_text().splitlines()
+
+    def strict(text):  # json.loads takes NaN and Infinity unless told not to
+        return json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} in {text}"))
+
+    assert [(r["score"], r["ok"]) for r in map(strict, lines)] == [(None, 1.5), (None, [None, 2.0])]
+    assert json_line({"a": "é", "b": 1.0}) == '{"a": "é", "b": 1.0}'  # the fast path as before

@@ -9,7 +9,6 @@ all of them have arrived, then written as the choices of one line (a row is done
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable
@@ -22,6 +21,7 @@ import pyarrow.parquet as pq
 from bulkgen.guard import fault
 from bulkgen.io.fence import Fenced
 from bulkgen.io.job import TEMP_PREFIX, fsync_dir, output_error, remove_quietly, shard_name
+from bulkgen.io.json_line import json_line
 from bulkgen.io.openai import TokenBytes, output_line
 from bulkgen.io.validate import writable
 from bulkgen.row import Row
@@ -210,7 +210,7 @@ class ShardWriter:
                 record["token_ids"] = r.token_ids
             for name in self.keep_columns:
                 record[name] = r.extra.get(name) if r.extra else None
-            lines.append(json.dumps(record, ensure_ascii=False, default=str))
+            lines.append(json_line(record))
         lines.append("")
         return "\n".join(lines).encode()
 
@@ -219,7 +219,7 @@ class ShardWriter:
             output_line(g, self.model, self._created, self.token_ids, self.token_bytes)
             for g in groups
         ]
-        return "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines).encode()
+        return "".join(json_line(line) + "\n" for line in lines).encode()
 
 
 def logprob_columns(rows: list[Row]) -> list[pa.Array]:
