@@ -115,7 +115,10 @@ def _run(inputs, model, out, prompt_column, prompt_template, id_column, keep_col
     except UserError as e:  # an unreadable --prompt-template or --json-schema file
         click.echo(f"error: {e}", err=True)
         sys.exit(1)
+    from bulkgen.recipes import after_run, check_score
+
     try:
+        check_score(click.get_current_context(), config.keep_columns)
         if workers is None and ray_address is None:
             stats = run_pipeline(config)
         else:
@@ -129,8 +132,6 @@ def _run(inputs, model, out, prompt_column, prompt_template, id_column, keep_col
         click.echo(f"nothing to generate: {stats['nothing_left']} ({out})", err=True)
     elif not quiet:
         click.echo(summary(stats, out, config.n), err=True)
-    from bulkgen.recipes import after_run
-
     try:
         after_run(click.get_current_context(), out, quiet)  # a recipe's score, if it has one
     except UserError as e:

@@ -176,6 +176,22 @@ def use_recipe(ctx: click.Context, param: click.Parameter, value: str | None) ->
     ctx.meta[_META] = recipe
 
 
+def check_score(ctx: click.Context, keep_columns: tuple[str, ...]) -> None:
+    """A UserError before any work if the recipe's score could not run once the run ends."""
+    recipe: Recipe | None = ctx.meta.get(_META)
+    if recipe is None or recipe.score is None:
+        return
+    column, references = recipe.score["reference_column"], recipe.score["references"]
+    if references is None and column not in keep_columns:
+        raise UserError(
+            f"recipe {recipe.path}: score reads the reference column {column!r} from the "
+            "results, and the run does not keep it: add it to keep_columns, or name a "
+            "score.references file"
+        )
+    if references is not None and not os.path.isfile(references):
+        raise UserError(f"recipe {recipe.path}: score.references {references} is not a file")
+
+
 def after_run(ctx: click.Context, out: str, quiet: bool) -> None:
     """What the recipe asks for once the run has ended: its score, written into stats.json."""
     recipe: Recipe | None = ctx.meta.get(_META)
