@@ -84,6 +84,12 @@ def test_completion_text_offsets_count_a_split_character_once(tiny_tokenizer):
     logprobs = choice(row, tiny_tokenizer)["logprobs"]
     # prompt "xy": ü starts at 2 (its 2 bytes' tokens), € at 3 (its 3 bytes' tokens)
     assert logprobs["text_offset"] == [2, 2, 3, 3, 3]
+    # Pieces of a character are named by their bytes, as OpenAI names them, so the top
+    # alternatives (each piece and the token after it, both U+FFFD alone) keep both entries.
+    spelled = [f"bytes:\\x{b:02x}" for b in TEXT.encode()]
+    assert logprobs["tokens"] == spelled
+    assert [list(top)[0] for top in logprobs["top_logprobs"]] == spelled
+    assert all(len(top) == 2 for top in logprobs["top_logprobs"])
 
 
 def test_a_run_writes_each_tokens_own_bytes(tmp_path, tiny_model_dir):

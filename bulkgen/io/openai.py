@@ -153,12 +153,28 @@ def _logprobs(row: Row, chat: bool, token_bytes: TokenBytes) -> dict:
     for raw in spelled:
         offsets.append(at)
         at += len(characters.decode(bytes(raw)))
+    top_logprobs = []
+    for top in tops:  # most likely first: a name two alternatives share keeps the likelier
+        named_top: dict[str, float] = {}
+        for t in top:
+            raw = token_bytes(t["token_id"], t["token"])
+            named_top.setdefault(_completion_token(t["token"], raw), t["logprob"])
+        top_logprobs.append(named_top)
     return {
-        "tokens": tokens,
+        "tokens": list(map(_completion_token, tokens, spelled)),
         "token_logprobs": logprobs,
-        "top_logprobs": [{t["token"]: t["logprob"] for t in top} for top in tops],
+        "top_logprobs": top_logprobs,
         "text_offset": offsets,
     }
+
+
+def _completion_token(text: str, raw: list[int]) -> str:
+    """A completions token's name: its text, or, for a piece of a character (its text alone
+    U+FFFD), "bytes:" and its bytes as OpenAI names them ("bytes:\\xe2\\x82"), so that the
+    pieces are told apart (as top_logprobs keys they collided, and one was lost)."""
+    if "\ufffd" in text and bytes(raw) != text.encode():
+        return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+    return text
 
 
 def _token(token: str, logprob: float, raw: list[int]) -> dict:
