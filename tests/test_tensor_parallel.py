@@ -243,8 +243,11 @@ def test_a_rank_ends_when_rank_0_is_killed_while_the_rank_starts(tmp_path, tiny_
     job.wait()
     try:
         assert len(ranks) == 1, "rank 1 was not seen"
+        spec = Path(Path(f"/proc/{ranks[0]}/cmdline").read_bytes().split(b"\0")[-3].decode())
         wait_until(lambda: not any(alive(pid) for pid in ranks), timeout=5)
         assert not any(alive(pid) for pid in ranks)
+        # The group's folder (specs, logs, rendezvous) goes with the rank: rank 0 could not.
+        assert spec.parent.name.startswith("bulkgen-tp-") and not spec.parent.exists()
     finally:
         for pid in filter(alive, ranks):
             os.kill(pid, signal.SIGKILL)

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import os
 import pickle
+import shutil
 import sys
 import threading
 import time
 import traceback
+from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
@@ -49,23 +51,30 @@ def follow(runner, inp: BinaryIO) -> None:
         runner.sample(runner.forward_packed(packed, None))
 
 
-def _watch_parent(parent: int) -> None:
+def _watch_parent(parent: int, folder: Path) -> None:
     """End at once if rank 0's process (parent, the pid it passed) is gone or goes away (it may
     have been killed with -9). Not os.getppid() taken here: had rank 0 died while this process
-    started, it would be init's child already, and watch init (found by fuzzing)."""
-    if os.getppid() != parent:
+    started, it would be init's child already, and watch init (found by fuzzing). The group's
+    folder (rank specs, logs, rendezvous) goes too: rank 0 removes it when it ends, -9 cannot."""
+
+    def leave() -> None:
+        if folder.name.startswith("bulkgen-tp-"):
+            shutil.rmtree(folder, ignore_errors=True)
         os._exit(1)
+
+    if os.getppid() != parent:
+        leave()
 
     def watch() -> None:
         while os.getppid() == parent:
             time.sleep(0.5)
-        os._exit(1)
+        leave()
 
     threading.Thread(target=watch, name="bulkgen-tp-parent", daemon=True).start()
 
 
 def main(spec_path: str, parent: int) -> int:
-    _watch_parent(parent)  # first: torch's import (the spec's) takes seconds
+    _watch_parent(parent, Path(spec_path).parent)  # first: torch's import takes seconds
     with open(spec_path, "rb") as f:
         spec: RankSpec = pickle.load(f)
     try:
