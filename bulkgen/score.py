@@ -6,7 +6,8 @@ An answer is extracted from each row's text and normalised before the comparison
   twenty), compared as a number;
 - any other reference takes the first clause (up to . ! ? ; or a comma) of the text's first
   non-empty line (of the part after an "answer is" mark, if it has one), lower-cased, without
-  punctuation, articles (a, an, the) or extra spaces. A clause that ends with the reference on a
+  punctuation, articles (a, an, the) or extra spaces (as many clauses as the reference has:
+  "Paris, France" or "St. Louis" are two). A clause that ends with the reference on a
   word boundary also counts ("The capital of France is Paris." for "Paris"): small models answer
   in sentences.
 A reference may list accepted alternatives, separated by "|" ("Pacific Ocean|Pacific") or as a
@@ -77,10 +78,14 @@ def extract_number(text: str) -> str | None:
     return str(_NUMBER_WORDS.index(words[-1])) if words else None
 
 
-def extract_phrase(text: str) -> str:
+def extract_phrase(text: str, clauses: int = 1) -> str:
+    """The text's first clauses (of its first non-empty line, after an "answer is" mark)."""
     line = next((line for line in text.splitlines() if line.strip()), "")
-    first_clause = re.split(r"(?<=[.!?;,])\s", _after_mark(line).strip())[0]
-    return normalize(first_clause)
+    return normalize(" ".join(_clauses(_after_mark(line))[:clauses]))
+
+
+def _clauses(text: str) -> list[str]:
+    return re.split(r"(?<=[.!?;,])\s", text.strip())
 
 
 def references(value) -> list[str]:
@@ -101,7 +106,8 @@ def is_correct(text: str | None, reference) -> bool:
             if extract_number(text) == number:
                 return True
             continue
-        want, got = normalize(ref), extract_phrase(text)
+        # as many clauses as the reference has: "Paris, France" is two, "St. Louis" too
+        want, got = normalize(ref), extract_phrase(text, len(_clauses(ref)))
         if want and (got == want or got.endswith(" " + want)):
             return True
     return False

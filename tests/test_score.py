@@ -63,6 +63,14 @@ def test_normalize_drops_case_punctuation_articles_and_spaces():
         ("Leonardo da Vinci", ["Leonardo da Vinci", "da Vinci"], True),
         (None, "4", False),
         ("4", None, False),
+        # A reference of several clauses takes as many of the text's (found by fuzzing: the
+        # text's first clause alone, "Paris", never equalled "Paris, France").
+        ("Paris, France", "Paris, France", True),
+        ("Washington, D.C.", "Washington, D.C.", True),
+        ("The city is St. Louis.", "St. Louis", True),
+        ("Yes; definitely", "Yes; definitely", True),
+        ("Paris, Texas", "Paris, France", False),
+        ("Paris, France", "Paris", True),
     ],
 )
 def test_exact_match_after_extraction(text, reference, correct):
