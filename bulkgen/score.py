@@ -139,12 +139,13 @@ def read_results(folder: str | Path) -> list[dict]:
     if not shards:
         raise UserError(f"{folder} holds no part-* shards: is it a bulkgen results folder?")
     rows: list[dict] = []
+    samples = _job_samples(folder)
     for path in shards:
         try:
             if path.suffix == ".parquet":
                 rows += pq.read_table(path).to_pylist()
             elif is_openai_output(path):
-                rows += _openai_rows(path)
+                rows += _openai_rows(path, samples)
             else:
                 rows += [json.loads(line) for line in path.read_text().splitlines() if line]
         except (OSError, ValueError, KeyError) as e:
@@ -152,10 +153,18 @@ def read_results(folder: str | Path) -> list[dict]:
     return rows
 
 
-def _openai_rows(path: Path) -> list[dict]:
+def _job_samples(folder: Path) -> int:
+    """The job's --n, from its job.json (1 where it says none or there is none)."""
+    try:
+        return max(1, int(json.loads((folder / "job.json").read_text())["settings"].get("n", 1)))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return 1
+
+
+def _openai_rows(path: Path, samples: int = 1) -> list[dict]:
     """A --format openai shard as result rows: one per choice (sample = its index when a line
-    has several), the text from the chat message or the completion; an error line is one error
-    record."""
+    has several), the text from the chat message or the completion; an error line is an error
+    record for each of the job's samples, as the Parquet and JSONL shards have one a sample."""
     rows = []
     for line in path.read_text().splitlines():
         if not line.strip():
@@ -163,7 +172,8 @@ def _openai_rows(path: Path) -> list[dict]:
         record = json.loads(line)
         body = (record.get("response") or {}).get("body")
         if record.get("error") is not None or not body:
-            rows.append({"id": record["custom_id"], "text": None, "finish_reason": "error"})
+            error = {"id": record["custom_id"], "text": None, "finish_reason": "error"}
+            rows += [{**error, "sample": k if samples > 1 else None} for k in range(samples)]
             continue
         choices = body["choices"]
         for choice in choices:

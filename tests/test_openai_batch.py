@@ -204,6 +204,11 @@ def test_an_openai_error_line_is_a_wrong_item_and_foreign_references_are_refused
     write_jsonl(tmp_path / "eval.jsonl", [{"id": "q1", "answer": "3"}, {"id": "q2", "answer": "4"}])
     section = score_folder(out, references=tmp_path / "eval.jsonl")
     assert (section["n"], section["correct"]) == (2, 1)
+    # With --n 2 an error line stands for both samples, as a Parquet shard's two error records
+    # do (found by fuzzing: it counted once, so the formats gave other n and accuracy).
+    (out / "job.json").write_text(json.dumps({"settings": {"n": 2}}))
+    section = score_folder(out, references=tmp_path / "eval.jsonl")
+    assert (section["n"], section["correct"]) == (3, 1)
     write_jsonl(tmp_path / "other.jsonl", [{"id": "x9", "answer": "4"}])
     with pytest.raises(UserError, match="none of the ids"):
         score_folder(out, references=tmp_path / "other.jsonl")
