@@ -178,11 +178,14 @@ def test_prompt_larger_than_the_whole_cache_fails_alone(tiny_model_dir):
     assert len(outs[1].token_ids) == 3
 
 
-def test_generation_stops_when_the_cache_is_full_for_a_lone_request(tiny_model_dir):
+def test_a_cache_smaller_than_the_context_is_the_context(tiny_model_dir):
+    # 16 tokens of cache against the model's 512: a sequence ends at 16 tokens, "length", as at
+    # the model's context (it preempted itself at the cache's end and was cut there unannounced).
     llm = LLM(str(tiny_model_dir), device="cpu", block_size=4, num_blocks=4)
+    assert llm.engine.max_model_len == 16
     out = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=50, ignore_eos=True))[0]
-    # 16 cached tokens, plus the one sampled from the last of them (its KV is never needed).
-    assert out.finish_reason == "length" and len(out.prompt_token_ids + out.token_ids) == 17
+    assert out.finish_reason == "length" and len(out.prompt_token_ids + out.token_ids) == 16
+    assert llm.engine.stats["preemptions"] == 0
 
 
 def test_text_prompts_and_per_prompt_params(tiny_model_dir):

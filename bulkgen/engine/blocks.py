@@ -24,9 +24,12 @@ then costs one block more than its table holds (cost, held). `partner` is every 
 from __future__ import annotations
 
 import hashlib
+import logging
 from array import array
 from collections import OrderedDict
 from typing import NamedTuple
+
+log = logging.getLogger(__name__)
 
 
 def block_digest(parent: bytes | None, tokens: tuple[int, ...]) -> bytes:
@@ -89,6 +92,21 @@ class BlockManager:
     def cost(self, num_tokens: int) -> int:
         """Blocks a sequence of num_tokens takes: its table's and its first block's partner."""
         return self.blocks_for(num_tokens) + (self.pair_first and num_tokens > 0)
+
+    def context_that_fits(self, max_model_len: int) -> int:
+        """max_model_len, or the most tokens one sequence can hold in the whole cache where that
+        is less (a cache sized by hand, num_blocks): a sequence ends there with finish_reason
+        "length", as at the model's context, never cut short by preempting itself."""
+        tokens = self.num_blocks * self.block_size
+        while tokens > 0 and self.cost(tokens) > self.num_blocks:
+            tokens -= self.block_size
+        if tokens >= max_model_len:
+            return max_model_len
+        log.warning(
+            "the KV cache holds %d tokens, less than the context of %d: a sequence ends at %d",
+            tokens, max_model_len, tokens,
+        )  # fmt: skip
+        return tokens
 
     def held(self, block_ids: list[int]) -> int:
         """Blocks a sequence with this table holds (its first block's partner counted, shared

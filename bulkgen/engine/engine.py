@@ -136,6 +136,7 @@ class Engine:
             self.group.busy = False  # started: the watcher's backstop now covers steps only
         blocks = BlockManager.for_engine(num_blocks, cfg)
         log.info("KV cache: %s, %d tokens", self.kv_dtype_name, num_blocks * cfg.block_size)
+        self.max_model_len = blocks.context_that_fits(self.max_model_len)
         self.scheduler = Scheduler(cfg, blocks, self.max_model_len, self.eos_token_ids)
         self._requests: dict[str, Request] = {}  # unfinished requests by id, for abort()
         self._watched: dict[str, Request] = {}  # the unfinished ones with stop strings

@@ -71,8 +71,9 @@ class Scheduler:
             return "empty prompt: it has no tokens"
         if n >= self.max_model_len:
             return (
-                f"prompt is {n} tokens; the model's context is {self.max_model_len} tokens "
-                "(prompt plus at least one generated token must fit): shorten the prompt"
+                f"prompt is {n} tokens; the context is {self.max_model_len} tokens (the model's, "
+                "or all the KV cache holds; prompt plus at least one generated token must fit): "
+                "shorten the prompt"
             )
         if self.blocks.cost(n + 1) > self.blocks.num_blocks:
             capacity = self.blocks.num_blocks * self.blocks.block_size
