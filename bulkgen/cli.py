@@ -159,8 +159,8 @@ def summary(stats: dict, out: str, n: int = 1) -> str:
     from bulkgen.progress import format_rate
 
     this = stats["this_run"]
-    if n > 1 and "input_rows" in this:
-        what = f"{this['input_rows']} input rows x {n} samples: {this['rows']} results"
+    if n > 1 and "input_rows" in this:  # a resumed row may run only its missing samples
+        what = f"{this['rows']} results ({n} samples a row) of {this['input_rows']} input rows"
         total = f"{stats['rows']} results in all"
     else:
         what, total = f"{this['rows']} rows", f"{stats['rows']} rows in all"

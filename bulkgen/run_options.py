@@ -178,7 +178,8 @@ _OPTIONS = [
         default=True,
         show_default=True,
         help="Reuse the KV cache of prompt prefixes shared between rows (a system prompt, "
-        "few-shot examples, the n samples of a row); outputs are the same either way.",
+        "few-shot examples, the n samples of a row); with --batch-invariant the outputs are the "
+        "same bits either way, without it they may round differently, as in another batch.",
     ),
     click.option(
         "--dtype",

@@ -52,7 +52,7 @@ def test_the_summary_counts_input_rows_and_samples_apart():
     stats = {"this_run": {"rows": 8, "errors": 0, "input_rows": 2}, "rows": 8,
              "wall_time_s": 2.0, "generated_tokens_per_s": 3.456}  # fmt: skip
     line = summary(stats, "out", n=4)
-    assert line.startswith("2 input rows x 4 samples: 8 results (0 errors) written to out")
+    assert line.startswith("8 results (4 samples a row) of 2 input rows (0 errors) written to out")
     assert "3.46 generated tokens/s" in line
 
 
