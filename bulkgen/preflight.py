@@ -169,9 +169,12 @@ def _use_template(config: RunConfig, tokenizer) -> bool:
 
 
 def vocab_size(model_dir: Path, tokenizer) -> int:
-    """The model's vocabulary can be larger than the tokenizer's (padded): allow either."""
+    """The model's vocabulary (its embedding's rows, its logits' width; config.json's), else the
+    tokenizer's: a prompt's ids and a row's logprobs must stay inside it. It may be larger than
+    the tokenizer's (padded) or smaller (a tokenizer with ids the model lacks: the rows whose
+    prompts hold them are error records, where the embedding's IndexError ended the job)."""
     try:
         vocab = json.loads((model_dir / "config.json").read_text()).get("vocab_size") or 0
     except (OSError, ValueError):
         vocab = 0
-    return max(int(vocab), len(tokenizer))
+    return int(vocab) or len(tokenizer)

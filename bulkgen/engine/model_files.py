@@ -4,6 +4,7 @@ alias), and the end-of-sequence ids its files declare."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import torch
@@ -12,6 +13,8 @@ import torch
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", name):  # torch.device took "tpu" to a traceback
+        raise ValueError(f"device must be cuda, cuda:N, cpu or auto, got {name!r}")
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {name!r} asked for, but no CUDA device is available")

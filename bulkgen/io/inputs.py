@@ -52,6 +52,8 @@ def find_sources(inputs: Sequence[str], exclude: str | Path | None = None) -> li
             sources += _from_folder(Path(arg), prefix="")
         elif os.path.isfile(arg):
             sources.append(_from_file(Path(arg), name=_strip_suffix(Path(arg).name)))
+        elif os.path.exists(arg):  # a FIFO, a device: reading it could block, or never end
+            raise UserError(f"input {arg} is not a regular file or a folder")
         else:
             raise UserError(f"input {arg} does not exist")
     if exclude is not None:
@@ -116,7 +118,7 @@ def _from_glob(pattern: str) -> list[Source]:
         rel = path.relative_to(base).as_posix() if path.is_relative_to(base) else path.name
         if path.is_dir():
             sources += _from_folder(path, prefix=rel + "/")
-        elif _kind(path):
+        elif _kind(path) and path.is_file():  # not a FIFO named *.jsonl (it blocked the run)
             sources.append(_from_file(path, name=_strip_suffix(rel)))
     if not sources:
         raise UserError(f"no {_KNOWN} files match {pattern}")

@@ -288,5 +288,11 @@ def copy_part(
     elif name.endswith(".input_scale"):
         value = tensor.float().reshape(())
         param.copy_(value if first else torch.maximum(param, value))
-    else:
-        param.narrow(0, start, size).copy_(tensor)
+    else:  # copy_ would broadcast a tensor of another shape, or fail in a traceback
+        dest = param.narrow(0, start, size)
+        if dest.shape != tensor.shape:
+            raise ValueError(
+                f"weight {name!r} is {tuple(tensor.shape)} in the checkpoint where the model, as "
+                f"config.json shapes it, takes {tuple(dest.shape)}"
+            )
+        dest.copy_(tensor)

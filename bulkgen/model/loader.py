@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 
 from bulkgen.model.attention import AttentionBackend
 from bulkgen.model.attention.kv_fp8 import load_kv_scale
@@ -143,22 +144,33 @@ def _iter_tensors(
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Each checkpoint tensor, or this rank's slice of it (only those bytes are read); an FP8
     checkpoint's scales sliced as their weights are (scale_shard; block: its weight blocks)."""
-    from safetensors import safe_open
-
     target = str(device) if device.type != "cuda" or device.index is not None else "cuda:0"
     for path in files:
-        with safe_open(str(path), framework="pt", device=target) as f:
-            for name in f.keys():
-                where = slices.slice_of(name)
-                if where is not None and name.rpartition(".")[2] not in ("weight", "bias"):
-                    where = scale_shard(name, where, f.get_slice(name).get_shape(), block)
-                if where is None:
-                    yield name, f.get_tensor(name)
-                    continue
-                dim, start, length = where
-                part = f.get_slice(name)
-                index = (slice(None),) * dim + (slice(start, start + length),)
-                yield name, part[index].to(target)  # a no-op where the slice is there already
+        try:
+            yield from _file_tensors(path, target, slices, block)
+        except SafetensorError as e:  # a truncated or damaged file: one line, not a traceback
+            raise ValueError(
+                f"{path} cannot be read ({e}): it is damaged or truncated; fetch or convert it "
+                "again"
+            ) from None
+
+
+def _file_tensors(path: Path, target: str, slices: WeightShard, block):
+    """_iter_tensors' tensors of one file."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt", device=target) as f:
+        for name in f.keys():
+            where = slices.slice_of(name)
+            if where is not None and name.rpartition(".")[2] not in ("weight", "bias"):
+                where = scale_shard(name, where, f.get_slice(name).get_shape(), block)
+            if where is None:
+                yield name, f.get_tensor(name)
+                continue
+            dim, start, length = where
+            part = f.get_slice(name)
+            index = (slice(None),) * dim + (slice(start, start + length),)
+            yield name, part[index].to(target)  # a no-op where the slice is there already
 
 
 def _load_safetensors(
@@ -199,8 +211,8 @@ def _load_safetensors(
             if name not in params:
                 raise ValueError(f"{model_dir}: unexpected weight {name!r} for {cfg.architecture}")
             dest = params[name]
-            if name in _VOCAB_TABLES:  # the last rank's rows end with padding past the vocab
-                dest = dest.narrow(0, 0, tensor.shape[0])
+            if name in _VOCAB_TABLES and tensor.dim() and tensor.shape[0] <= dest.shape[0]:
+                dest = dest.narrow(0, 0, tensor.shape[0])  # the last rank's rows end in padding
             copy_part(dest, tensor, name, 0, dest.shape[0] if dest.dim() else 1, first=True)
             missing.discard(f"{name}#0")
             continue

@@ -106,15 +106,14 @@ class Tokenize:
             pairs += zip(text_rows, self.encode(texts), strict=True)
         if plain:
             pairs += zip(plain, self.encode_plain([r.prompt for r in plain]), strict=True)
-        for row, ids in pairs:
-            if ids:
-                row.prompt_ids = ids
-            else:  # e.g. only whitespace, which some tokenizers drop
-                row.fail("prompt has no tokens")
         if chats:
             encoded = self.encoder.encode_rendered([r.prompt_text for r in chats])
-            for row, ids in zip(chats, encoded, strict=True):
-                row.prompt_ids = ids
+            pairs += zip(chats, encoded, strict=True)
+        for row, ids in pairs:  # checked too: a tokenizer may outgrow its model's vocabulary
+            if ids:
+                self._check_ids(row, ids)
+            else:  # e.g. only whitespace, which some tokenizers drop
+                row.fail("prompt has no tokens")
 
     def _check_ids(self, row: Row, ids: list[int]) -> None:
         low, high = min(ids), max(ids)
