@@ -32,7 +32,8 @@ def main() -> None:
 def run(**options) -> None:
     """Generate a completion for every row of INPUT... and write sharded results to --out.
 
-    INPUT is a .jsonl, .jsonl.gz or .parquet file, a folder or quoted glob of them, or a folder
+    INPUT is a .jsonl(.gz), .parquet, .csv(.gz) or .tsv(.gz) file (or an OpenAI Batch .jsonl),
+    a folder or quoted glob of them, or a folder
     written by the datasets library's save_to_disk. Rows that cannot be used (bad JSON, a null,
     empty or non-string prompt, a prompt longer than the model's context) are written as error
     records and the run goes on.

@@ -76,6 +76,7 @@ def test_a_full_disk_stops_in_one_line_and_the_rerun_resumes_exactly_once(job, m
     assert f"write shard part-00002.parquet in {out}" in line
     assert os.strerror(code) in line and errno.errorcode[code] in line
     assert "rerun the same command" in line
+    assert ("free space" in line) is (code == errno.ENOSPC)  # an I/O error: fix the folder
     assert sorted(p.name for p in out.iterdir() if p.name != ".lock") == [
         "job.json", "part-00000.parquet", "part-00001.parquet"]  # fmt: skip
     assert len(ids(out)) == 20

@@ -43,9 +43,11 @@ def output_error(folder: Path, what: str, error: OSError) -> OutputError:
     cause = error.strerror or str(error)
     if error.errno is not None and error.errno in errno.errorcode:
         cause += f" ({errno.errorcode[error.errno]})"
+    full = error.errno in (errno.ENOSPC, errno.EDQUOT)
+    fix = "free space" if full else "fix the folder (or choose another --out)"
     return OutputError(
-        f"cannot {what} in {folder}: {cause}; the complete shards are kept: free space "
-        "or fix the folder, then rerun the same command to resume"
+        f"cannot {what} in {folder}: {cause}; {fix}, then rerun the same command (complete "
+        "shards, if any, are kept and resumed after)"
     )
 
 
