@@ -162,9 +162,8 @@ def _job_samples(folder: Path) -> int:
 
 
 def _openai_rows(path: Path, samples: int = 1) -> list[dict]:
-    """A --format openai shard as result rows: one per choice (sample = its index when a line
-    has several), the text from the chat message or the completion; an error line is an error
-    record for each of the job's samples, as the Parquet and JSONL shards have one a sample."""
+    """A --format openai shard as result rows: one per choice (sample: its index, if several),
+    its message's or completion's text; an error line an error record for each of the samples."""
     rows = []
     for line in path.read_text().splitlines():
         if not line.strip():
@@ -263,6 +262,8 @@ def score_folder(
     if baseline is not None:
         base = scored(baseline)
         both = sorted(key for key in score.correct if key in base.correct)
+        if score.correct and base.correct and not both:  # as references of another set are
+            raise UserError(f"the baseline {baseline} holds none of the ids of {folder}")
         section["baseline"] = {
             "path": str(baseline),
             "accuracy": round(base.accuracy, 4),

@@ -137,6 +137,9 @@ def test_the_baseline_diff_lists_the_ids_that_changed(tmp_path):
     assert base["fixed"] == ["a"] and base["broken"] == ["b"]
     assert base["new"] == ["d"] and base["gone"] == ["old"]
     assert base["accuracy"] == 0.75
+    other = write_results(tmp_path / "other", [{"id": "z", "text": "x", "answer": "x"}])
+    with pytest.raises(UserError, match="holds none of the ids"):  # it said 0 fixed, 0 broken
+        score_folder(results, baseline=other)
 
 
 def test_a_missing_reference_column_names_the_flags(tmp_path):
