@@ -94,3 +94,10 @@ def test_a_fifo_is_refused_in_one_line_named_or_matched(job):
     assert "is not a regular file or a folder" in named
     matched = one_line(f"{folder}/*.jsonl", "-m", "unused", "-o", out)  # it blocked the run
     assert "files match" in matched
+
+
+def test_a_config_json_that_is_not_json_is_named_as_such(job):
+    model, prompts, out = job
+    (model / "config.json").write_text('{"vocab_size": 384,\n')  # cut short
+    line = one_line(prompts, "-m", model, "-o", out)
+    assert "its config.json is not JSON" in line  # it blamed the tokenizer
