@@ -119,16 +119,19 @@ def model_folder(name: str, weights: bool = True) -> Path:
 
 def check_fp8(config: RunConfig, model_dir: Path) -> None:
     """FP8 weights (--quantization fp8, or an FP8 checkpoint) need a GPU with FP8 tensor cores,
-    and a scheme bulkgen reads: a UserError now rather than after the threads start (and one
-    for a config.json that is not JSON, read here first)."""
+    and a scheme bulkgen reads: a UserError now rather than after the threads start. config.json
+    is checked here first, before the tokenizer reads it (a config.json that is not JSON was
+    blamed on the tokenizer; an unknown architecture came after a transformers warning)."""
+    from bulkgen.model.config import ModelConfig
+
     try:
         model_config = json.loads((model_dir / "config.json").read_text())
+        ModelConfig.from_dict(model_config)
     except OSError:
         return  # the engine names what is wrong with the folder
-    except ValueError as e:  # before the tokenizer, which reads it too and took the blame
-        raise UserError(
-            f"cannot load model {config.model}: its config.json is not JSON: {e}"
-        ) from None
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        what = "is not JSON" if isinstance(e, json.JSONDecodeError) else "cannot be used"
+        raise UserError(f"cannot load model {config.model}: its config.json {what}: {e}") from None
     if config.quantization is None and "quantization_config" not in model_config:
         return
     from bulkgen.engine.model_files import resolve_device

@@ -101,3 +101,12 @@ def test_a_config_json_that_is_not_json_is_named_as_such(job):
     (model / "config.json").write_text('{"vocab_size": 384,\n')  # cut short
     line = one_line(prompts, "-m", model, "-o", out)
     assert "its config.json is not JSON" in line  # it blamed the tokenizer
+
+
+def test_an_unknown_architecture_is_one_line_before_the_tokenizer_loads(job):
+    model, prompts, out = job
+    config = json.loads((model / "config.json").read_text())
+    config.update(architectures=["FooForCausalLM"], model_type="foo")
+    (model / "config.json").write_text(json.dumps(config))
+    line = one_line(prompts, "-m", model, "-o", out)  # a transformers warning line came first
+    assert "model architecture 'FooForCausalLM' is not supported" in line
