@@ -69,6 +69,8 @@ class RunConfig:
         object.__setattr__(self, "keep_columns", tuple(self.keep_columns))
         if not self.inputs:
             raise ValueError("no input given: pass one or more .jsonl/.parquet files or folders")
+        if not str(self.out).strip():  # an unset shell variable: never the current folder
+            raise ValueError("--out is empty: name the output folder (-o . for this one)")
         if self.format not in FORMATS:
             raise ValueError(f"format must be parquet, jsonl or openai, got {self.format!r}")
         if self.n < 1:

@@ -110,3 +110,9 @@ def test_an_unknown_architecture_is_one_line_before_the_tokenizer_loads(job):
     (model / "config.json").write_text(json.dumps(config))
     line = one_line(prompts, "-m", model, "-o", out)  # a transformers warning line came first
     assert "model architecture 'FooForCausalLM' is not supported" in line
+
+
+def test_an_empty_out_is_a_usage_error_not_the_current_folder(job):
+    _, prompts, _ = job
+    result = CliRunner().invoke(main, ["run", str(prompts), "-m", "unused", "-o", ""])
+    assert result.exit_code == 2 and "--out is empty" in result.output

@@ -181,3 +181,9 @@ def test_the_output_folder_is_never_read_as_input(tmp_path):
     pq.write_table(pa.table({"prompt": ["old"]}), tmp_path / "data" / "out" / "part-00000.parquet")
     sources = find_sources([str(tmp_path / "data")], exclude=tmp_path / "data" / "out")
     assert [s.name for s in sources] == ["p"]
+    # A file named as it is, in the output folder (run p.jsonl -o .), is read; a shard is not.
+    here = tmp_path / "data"
+    named = find_sources([str(here / "p.jsonl"), str(here / "out")], exclude=here)
+    assert [s.name for s in named] == ["p"]
+    with pytest.raises(UserError, match="nothing but the output folder"):
+        find_sources([str(here / "out" / "part-00000.parquet")], exclude=here)

@@ -42,9 +42,11 @@ class Source:
 def find_sources(inputs: Sequence[str], exclude: str | Path | None = None) -> list[Source]:
     """All sources named by the INPUT arguments, in order; a UserError for anything unusable.
 
-    Files under exclude (the output folder) are left out: a rerun must not read its own shards.
+    Files under exclude (the output folder) are left out: a rerun must not read its own shards;
+    a file named as it is (not a part-* shard) is read wherever it is (`run p.jsonl -o .`).
     """
     sources: list[Source] = []
+    named: set[Path] = set()  # files named as they are: read even inside the output folder
     for arg in inputs:
         if glob.has_magic(arg):
             sources += _from_glob(arg)
@@ -52,13 +54,19 @@ def find_sources(inputs: Sequence[str], exclude: str | Path | None = None) -> li
             sources += _from_folder(Path(arg), prefix="")
         elif os.path.isfile(arg):
             sources.append(_from_file(Path(arg), name=_strip_suffix(Path(arg).name)))
+            if not Path(arg).name.startswith("part-"):  # not one of the job's own shards
+                named.add(Path(arg).resolve())
         elif os.path.exists(arg):  # a FIFO, a device: reading it could block, or never end
             raise UserError(f"input {arg} is not a regular file or a folder")
         else:
             raise UserError(f"input {arg} does not exist")
     if exclude is not None:
         out = Path(exclude).resolve()
-        sources = [s for s in sources if not s.paths[0].resolve().is_relative_to(out)]
+        sources = [
+            s
+            for s in sources
+            if s.paths[0].resolve() in named or not s.paths[0].resolve().is_relative_to(out)
+        ]
         if not sources:
             raise UserError(f"the inputs hold nothing but the output folder {exclude}")
     return _deduplicated(sources)
