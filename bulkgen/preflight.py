@@ -47,7 +47,7 @@ def checked_parts(config: RunConfig, reader: Reader | None = None) -> tuple:
     template = None if config.prompt_template is None else PromptTemplate(config.prompt_template)
     reader = reader or checked_reader(config)
     model_dir = model_folder(config.model, weights=config.load_format != "dummy")
-    check_fp8(config, model_dir)
+    check_fp8(config, model_dir, model_config_of(config, model_dir))
     tokenizer = tokenizer_of(model_dir)
     vocab = vocab_size(model_dir, tokenizer)
     if (config.sampling.logprobs or 0) > vocab:
@@ -117,21 +117,28 @@ def model_folder(name: str, weights: bool = True) -> Path:
         raise UserError(str(e)) from e
 
 
-def check_fp8(config: RunConfig, model_dir: Path) -> None:
-    """FP8 weights (--quantization fp8, or an FP8 checkpoint) need a GPU with FP8 tensor cores,
-    and a scheme bulkgen reads: a UserError now rather than after the threads start. config.json
-    is checked here first, before the tokenizer reads it (a config.json that is not JSON was
-    blamed on the tokenizer; an unknown architecture came after a transformers warning)."""
+def model_config_of(config: RunConfig, model_dir: Path) -> dict | None:
+    """The folder's config.json, checked as the engine will read it, before the tokenizer reads
+    it (a config.json that is not JSON was blamed on the tokenizer; an unknown architecture came
+    after a transformers warning); None where it cannot be read (the engine names why)."""
     from bulkgen.model.config import ModelConfig
 
     try:
         model_config = json.loads((model_dir / "config.json").read_text())
         ModelConfig.from_dict(model_config)
     except OSError:
-        return  # the engine names what is wrong with the folder
+        return None
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         what = "is not JSON" if isinstance(e, json.JSONDecodeError) else "cannot be used"
         raise UserError(f"cannot load model {config.model}: its config.json {what}: {e}") from None
+    return model_config
+
+
+def check_fp8(config: RunConfig, model_dir: Path, model_config: dict | None) -> None:
+    """FP8 weights (--quantization fp8, or an FP8 checkpoint) need a GPU with FP8 tensor cores,
+    and a scheme bulkgen reads: a UserError now rather than after the threads start."""
+    if model_config is None:
+        return  # the engine names what is wrong with the folder
     if config.quantization is None and "quantization_config" not in model_config:
         return
     from bulkgen.engine.model_files import resolve_device

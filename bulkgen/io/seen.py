@@ -39,14 +39,13 @@ class FirstSeen:
         first = self._first.setdefault(key, where)
         if first == where:
             return
-        if row.error is not None:
-            pass  # a row failed as read has its default id, which another row has: keep its error
-        elif key in self._records:  # no earlier row has the id: a duplicate's record took it
+        # A row failed as read (its default id another row has) keeps its own error.
+        if row.error is None and key in self._records:  # a duplicate's record took the id
             row.fail(
                 f"id {shown(row.id)} is the id of the error record written for the repeated id at "
                 f"{self._describe(first)}: give this row another id"
             )
-        else:
+        elif row.error is None:
             row.fail(f"duplicate id {shown(row.id)} (first at {self._describe(first)})")
         row.prompt = row.messages = row.columns = None
         name, suffix = self.sources[source_number].name, ""
