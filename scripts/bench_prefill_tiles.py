@@ -39,9 +39,10 @@ PREFILL_TILINGS = (
 # The launches also timed with an 8-bit cache's products on fp16 operands (names ending f16).
 F16_TILINGS = ((64, 64, 4, 2), (128, 64, 4, 2), (128, 128, 8, 2))
 # (sequence lengths, query lengths): a bulk mixed step's chunk alone, three new prompts filling
-# one, a chunk behind 1,024 cached tokens, and a 16K prompt's last chunk.
+# one, a chunk behind 1,024 cached tokens, a 16K prompt's last chunk, and a `trt` step's prefill
+# (seven new 1,000-token prompts and the start of an eighth).
 PREFILL_CASES = (([1648], [1648]), ([300, 548, 800], [300, 548, 800]), ([2048], [1024]))
-PREFILL_CASES += (([16384], [2048]),)
+PREFILL_CASES += (([16384], [2048]), ([1000] * 7 + [303], [1000] * 7 + [303]))
 
 
 def bench_prefill_tiles(kv_dtype) -> list[dict]:
