@@ -19,6 +19,7 @@ blog FP8 the split form was the faster by 3 us a layer).
 
 from __future__ import annotations
 
+import argparse
 import functools
 import json
 import os
@@ -49,8 +50,17 @@ def layers_us(fn, inputs: list) -> float:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--forms", help="only these SiLU forms (a list), beside the bf16 op")
+    parser.add_argument("--rows", help="a list of row counts (default: ROWS)")
+    args = parser.parse_args()
+    rows_list = [int(r) for r in args.rows.split(",")] if args.rows else ROWS
+    if args.forms:
+        for rows in rows_list:
+            print(json.dumps(forms_line(rows, args.forms.split(","))), flush=True)
+        return
     wins = {kernel: {} for kernel in FORMS}
-    for rows in ROWS:
+    for rows in rows_list:
         calls = LAYERS if rows < 4096 else LAYERS // 4
         gate_ups = [
             torch.randn(rows, 2 * WIDTH, device="cuda", dtype=torch.bfloat16) * 4
@@ -88,6 +98,27 @@ def main() -> None:
         row = {"rows": rows, **{k: round(v, 1) for k, v in times.items()}, "same_bits": same}
         print(json.dumps(row), flush=True)
     print(json.dumps({"summary": "fp8 activation kernels", "faster": wins}), flush=True)
+
+
+def forms_line(rows: int, forms: list[str]) -> dict:
+    """Microseconds a call of the bf16 op and each of forms at rows x WIDTH, and the share of
+    values (and of rows' scales) each form puts elsewhere than the first form does (0.0: the same
+    bits)."""
+    calls = LAYERS if rows < 4096 else LAYERS // 4
+    gate_ups = [
+        torch.randn(rows, 2 * WIDTH, device="cuda", dtype=torch.bfloat16) * 4 for _ in range(calls)
+    ]
+    first = silu_and_mul_fp8(gate_ups[0], forms[0])
+    line = {"rows": rows, "silu_bf16": round(layers_us(fused.silu_and_mul, gate_ups), 1)}
+    for form in forms:
+        line[f"silu_fp8_{form}"] = round(
+            layers_us(functools.partial(silu_and_mul_fp8, form=form), gate_ups), 1
+        )
+        out = silu_and_mul_fp8(gate_ups[0], form)
+        differ = (out[0].view(torch.uint8) != first[0].view(torch.uint8)).float().mean().item()
+        line[f"differ_{form}"] = differ
+        line[f"scales_differ_{form}"] = (out[1] != first[1]).float().mean().item()
+    return line
 
 
 def same_bits(a, b) -> bool:

@@ -11,7 +11,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from bulkgen.model import fp8_fused, fp8_kernels, fp8_silu_split
+from bulkgen.model import fp8_fused, fp8_kernels, fp8_silu_rows, fp8_silu_split
 
 FP8_OUT = {"q_ptr": "*fp8e4nv", "scale_ptr": "*fp32"}
 SPLIT_IN = {"gate_up_ptr": "*bf16", "absmax_ptr": "*fp32", "stash_ptr": "*bf16"}
@@ -58,6 +58,15 @@ KERNELS = [
             ),
         )
     ),
+    # silu_and_mul_fp8(form="rows" / "rows_fast"): a row a program, held in registers
+    *(
+        (
+            fp8_silu_rows._silu_rows_kernel,
+            {"gate_up_ptr": "*bf16", **FP8_OUT, "I": "i32", "stride_row": "i32"},
+            {"BLOCK": 16384, "FAST": fast, "LIBDEVICE_EXP": True, "PDL": True, "HW_ROUND": False},
+        )
+        for fast in (False, True)
+    ),
 ]
 
 
@@ -66,6 +75,8 @@ def compile_ptx(fn, signature: dict, constexprs: dict) -> str:
     source = ASTSource(fn, signature, constexprs=constexprs)
     block = constexprs.get("BLOCK", constexprs.get("BLOCK_H"))
     warps = min(16, max(4, block // 512)) if constexprs.get("ONE_PASS") else 4
+    if fn is fp8_silu_rows._silu_rows_kernel:
+        warps = fp8_silu_rows.ROWS_WARPS
     target = GPUTarget("cuda", 90, 32)
     return triton.compile(source, target=target, options={"num_warps": warps}).asm["ptx"]
 

@@ -27,6 +27,7 @@ from bulkgen.model import pdl
 from bulkgen.model.fp8 import FP8, Fp8Activation
 from bulkgen.model.fp8_gemm_silu import gate_up_silu
 from bulkgen.model.fp8_kernels import hw_rounding, quantize_rows, quantize_value, row_scale
+from bulkgen.model.fp8_silu_rows import silu_rows
 from bulkgen.model.fp8_silu_split import silu_split
 from bulkgen.model.fused import NORM_TILE, residual_for, silu_and_mul, silu_times_up
 from bulkgen.model.pdl import pdl_launch_dependents
@@ -38,7 +39,9 @@ SILU_BLOCK = 2048  # elements of a row per loop iteration (two passes)
 # rows against two passes' 21.7/23.4/25.1, and lost at 512 and 1,024 (41.5 vs 34.2, 76.0 vs 63.8).
 ONE_PASS_MAX_ROWS = 256
 ONE_PASS_MAX_WIDTH = 16384  # 32 values a thread at 16 warps (the 8B shape's 14,336 fits)
-SILU_FORMS = ("one_pass", "two_pass", "split", "staged", "stash")
+SILU_FORMS = ("one_pass", "two_pass", "split", "staged", "stash", "rows")
+# Forms whose values may differ from the others' in rare e4m3 roundings (fp8_silu_rows.py).
+FAST_SILU_FORMS = ("rows_fast",)
 # The split forms up to this many rows: timed as a step runs it (bench_fp8_fused.py, 32 calls in
 # a CUDA graph, H200, 783479e) split took 6.2/10.5/15.8/26.8/49.2 us at 32/128/256/512/1,024 rows
 # against one pass's 9.8/10.5/19.3/36.6/71.3 and two passes' 18.6/18.9/21.2/29.5/58.7. At 135c9a6
@@ -206,14 +209,17 @@ def silu_and_mul_fp8(gate_up: torch.Tensor, form: str | None = None) -> Fp8Activ
     fused.silu_and_mul's bf16 rows, then quantize_rows over them (one pass): silu computed once
     and the rows written and read once more, where the others compute it twice (exact expf and
     an IEEE division, to match torch: at 2,048 rows the two-pass form took 98 us a layer on the
-    H200 against 42 for the bf16 op, a bulk mixed step's kernel profile at 9141486). None takes
-    default_silu_form(T, I).
+    H200 against 42 for the bf16 op, a bulk mixed step's kernel profile at 9141486); "rows", a
+    program a row holding it in registers (fp8_silu_rows.py: read once, silu once). Not bit for
+    bit: "rows_fast" (FAST_SILU_FORMS), rows with approximate silu and scaling, which may put
+    rare values one e4m3 step away. None takes default_silu_form(T, I).
     """
     assert gate_up.dim() == 2 and gate_up.stride(1) == 1 and gate_up.shape[1] % 2 == 0
     T, I = gate_up.shape[0], gate_up.shape[1] // 2
     form = form or default_silu_form(T, I)
-    if form not in SILU_FORMS:
-        raise ValueError(f"silu_and_mul_fp8 form must be one of {SILU_FORMS}, got {form!r}")
+    if form not in SILU_FORMS + FAST_SILU_FORMS:
+        choices = SILU_FORMS + FAST_SILU_FORMS
+        raise ValueError(f"silu_and_mul_fp8 form must be one of {choices}, got {form!r}")
     if form == "staged":  # quantize_rows reads a row of up to ONE_PASS_MAX_WIDTH in one pass
         return Fp8Activation(*quantize_rows(silu_and_mul(gate_up), one_pass=True))
     out = _outputs(T, I, gate_up.device)
@@ -221,6 +227,9 @@ def silu_and_mul_fp8(gate_up: torch.Tensor, form: str | None = None) -> Fp8Activ
         return out
     if form in ("split", "stash"):
         silu_split(gate_up, out.q, out.scale, stash=form == "stash")
+        return out
+    if form in ("rows", "rows_fast"):
+        silu_rows(gate_up, out.q, out.scale, fast=form == "rows_fast")
         return out
     one_pass = form == "one_pass" and I <= ONE_PASS_MAX_WIDTH
     block = triton.next_power_of_2(I) if one_pass else min(SILU_BLOCK, triton.next_power_of_2(I))
@@ -247,8 +256,8 @@ def default_silu_form(rows: int, width: int) -> str:
     A/B runs of the benchmark."""
     forced = os.environ.get(SILU_FORM_ENV)
     if forced:
-        if forced not in SILU_FORMS:
-            choices = ", ".join(SILU_FORMS)
+        if forced not in SILU_FORMS + FAST_SILU_FORMS:
+            choices = ", ".join(SILU_FORMS + FAST_SILU_FORMS)
             raise ValueError(f"{SILU_FORM_ENV} names a SiLU form, one of {choices}: {forced!r}")
         return forced
     if rows <= SPLIT_MAX_ROWS:
