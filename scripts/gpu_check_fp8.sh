@@ -17,7 +17,7 @@
 #      stored under "auto"; about 2 minutes);
 #   silubig: the fused SiLU GEMM's launches timed up to 8,192 rows (SILU_WRITE=1: into the table's silu);
 #   siluab: trt FP8 (TRT_PROMPTS) with the fused SiLU GEMM off, then on;
-#   rowsab: the SiLU's rows forms against stash (bench_fp8_fused.py --forms), their GPU tests,
+#   rowsab: the SiLU's rows_fast form against stash (bench_fp8_fused.py --forms), their GPU tests,
 #      trt FP8 with each of ROWS_AB_FORMS (default "stash rows_fast") and bulk FP8 with each of
 #      ROWS_BULK_FORMS (default none) forced through BULKGEN_SILU_FORM;
 #   silu: two experiments dropping a launch a layer at few rows (BULKGEN_FP8_SILU_GEMM: the SiLU
@@ -396,10 +396,10 @@ if want siluab; then  # trt FP8 with the fused SiLU GEMM off, then on (the table
       --engines bulkgen-fp8 --num-prompts "$TRT_PROMPTS"
   done
 fi
-if want rowsab; then  # the SiLU's rows forms (fp8_silu_rows.py): timed against stash at 1-8,192
+if want rowsab; then  # the SiLU's rows_fast form (fp8_silu_rows.py): timed against stash at 1-8,192
   # rows (bench_fp8_fused.py --forms), their GPU tests, then trt FP8 (TRT_PROMPTS) and bulk FP8
   # with each of ROWS_AB_FORMS forced (BULKGEN_SILU_FORM; each line's "env" says which)
-  timeout 120 python3 scripts/bench_fp8_fused.py --forms stash,rows,rows_fast \
+  timeout 120 python3 scripts/bench_fp8_fused.py --forms stash,rows_fast \
     --rows 1,32,128,256,512,889,1024,2048,4096,8192 2>&1 | grep -v -i warn | tee "$OUT/rows.jsonl"
   gpu_tests rows_tests 150 tests/test_fp8_silu_rows.py tests/test_fp8_fused.py tests/test_fp8.py
   for form in ${ROWS_AB_FORMS:-stash rows_fast}; do

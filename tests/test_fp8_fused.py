@@ -119,7 +119,7 @@ def test_the_fp8_kernels_compile_for_hopper():
     assert done.returncode == 0, done.stderr[-2000:]
     # Every kernel but the split SiLU's first launch (absmax, and the stash form's values in
     # bf16) writes e4m3.
-    assert done.stdout.count("cvt to e4m3: yes") == 9
+    assert done.stdout.count("cvt to e4m3: yes") == 8
     assert "_silu_absmax_kernel" in done.stdout and done.stdout.count("cvt to e4m3: no") == 2
 
 
@@ -142,7 +142,8 @@ def test_fp8_norms_and_silu_on_cuda_at_8b_widths_match_the_unfused_path(rows):
     close(out, quantize_rows(ref))
     assert torch.equal(new_res, ref_res)
     gate_up = torch.randn(rows, 2 * 14336, device="cuda", dtype=torch.bfloat16) * 4
-    close(silu_and_mul_fp8(gate_up), quantize_rows(fused.silu_and_mul(gate_up)))
+    # The default form there, rows_fast, approximates silu: test_fp8_silu_rows.py bounds it.
+    close(silu_and_mul_fp8(gate_up, "stash"), quantize_rows(fused.silu_and_mul(gate_up)))
     one_pass = silu_and_mul_fp8(gate_up, form="one_pass")  # the same arithmetic: the same bits
     for form in ("two_pass", "split", "stash"):
         other = silu_and_mul_fp8(gate_up, form=form)
@@ -154,6 +155,9 @@ def test_the_silu_form_follows_the_rows_and_the_override(monkeypatch):
     from bulkgen.model import fp8_fused
 
     monkeypatch.delenv("BULKGEN_SILU_FORM", raising=False)
+    for rows in (1, 32, 128, 512, 2048, 8192, fp8_fused.SPLIT_MAX_ROWS):
+        assert fp8_fused.default_silu_form(rows, 14336) == "rows_fast"  # test_fp8_silu_rows.py
+    monkeypatch.setattr(fp8_fused, "ROWS_MAX_WIDTH", 1024)  # the exact forms past its width
     for rows in (1, 32, 128, 512, 2048, 8192, fp8_fused.SPLIT_MAX_ROWS):
         assert fp8_fused.default_silu_form(rows, 14336) == "stash"
     assert fp8_fused.default_silu_form(128, fp8_fused.ONE_PASS_MAX_WIDTH + 1) == "stash"

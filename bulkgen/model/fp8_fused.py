@@ -27,7 +27,7 @@ from bulkgen.model import pdl
 from bulkgen.model.fp8 import FP8, Fp8Activation
 from bulkgen.model.fp8_gemm_silu import gate_up_silu
 from bulkgen.model.fp8_kernels import hw_rounding, quantize_rows, quantize_value, row_scale
-from bulkgen.model.fp8_silu_rows import silu_rows
+from bulkgen.model.fp8_silu_rows import ROWS_MAX_WIDTH, silu_rows
 from bulkgen.model.fp8_silu_split import silu_split
 from bulkgen.model.fused import NORM_TILE, residual_for, silu_and_mul, silu_times_up
 from bulkgen.model.pdl import pdl_launch_dependents
@@ -39,8 +39,8 @@ SILU_BLOCK = 2048  # elements of a row per loop iteration (two passes)
 # rows against two passes' 21.7/23.4/25.1, and lost at 512 and 1,024 (41.5 vs 34.2, 76.0 vs 63.8).
 ONE_PASS_MAX_ROWS = 256
 ONE_PASS_MAX_WIDTH = 16384  # 32 values a thread at 16 warps (the 8B shape's 14,336 fits)
-SILU_FORMS = ("one_pass", "two_pass", "split", "staged", "stash", "rows")
-# Forms whose values may differ from the others' in rare e4m3 roundings (fp8_silu_rows.py).
+SILU_FORMS = ("one_pass", "two_pass", "split", "staged", "stash")
+# Forms whose values may differ from those (bit for bit the same) in rare e4m3 roundings.
 FAST_SILU_FORMS = ("rows_fast",)
 # The split forms up to this many rows: timed as a step runs it (bench_fp8_fused.py, 32 calls in
 # a CUDA graph, H200, 783479e) split took 6.2/10.5/15.8/26.8/49.2 us at 32/128/256/512/1,024 rows
@@ -48,7 +48,10 @@ FAST_SILU_FORMS = ("rows_fast",)
 # (same timing) stash took 4.0/5.3/6.1/8.1/11.5/19.5/37.0/70.3/137.6/273.5 us at 1/32/64/128/256/
 # 512/1,024/2,048/4,096/8,192 rows against split's 4.6/6.1/7.2/10.0/14.8/25.0/45.9/84.4/164.8/
 # 324.0 and staged's 6.3/7.8/8.5/9.9/13.7/24.0/46.8/87.4/168.8/328.4 (the bf16 op: 1.5 ... 23.0
-# at 1,024, 171.3 at 8,192): stash at every count since.
+# at 1,024, 171.3 at 8,192): stash at every count since, until rows_fast (fp8_silu_rows.py) took
+# 3.3/4.0/4.7/7.0/11.9/19.3/21.4/39.1/74.4/144.4 us at 1/32/128/256/512/889/1,024/2,048/4,096/
+# 8,192 rows against stash's 3.5/5.2/7.8/11.3/19.2/32.3/36.6/69.7/136.1/272.0 (cd80261, the
+# same timing): rows_fast at every count where a row fits its registers, stash past that.
 SPLIT_MAX_ROWS = 1 << 30
 
 
@@ -209,10 +212,10 @@ def silu_and_mul_fp8(gate_up: torch.Tensor, form: str | None = None) -> Fp8Activ
     fused.silu_and_mul's bf16 rows, then quantize_rows over them (one pass): silu computed once
     and the rows written and read once more, where the others compute it twice (exact expf and
     an IEEE division, to match torch: at 2,048 rows the two-pass form took 98 us a layer on the
-    H200 against 42 for the bf16 op, a bulk mixed step's kernel profile at 9141486); "rows", a
-    program a row holding it in registers (fp8_silu_rows.py: read once, silu once). Not bit for
-    bit: "rows_fast" (FAST_SILU_FORMS), rows with approximate silu and scaling, which may put
-    rare values one e4m3 step away. None takes default_silu_form(T, I).
+    H200 against 42 for the bf16 op, a bulk mixed step's kernel profile at 9141486). Not bit for
+    bit those: "rows_fast" (FAST_SILU_FORMS; fp8_silu_rows.py), a program a row holding it in
+    registers (read once, silu once) with approximate silu and scaling, which puts rare values
+    one e4m3 step away. None takes default_silu_form(T, I).
     """
     assert gate_up.dim() == 2 and gate_up.stride(1) == 1 and gate_up.shape[1] % 2 == 0
     T, I = gate_up.shape[0], gate_up.shape[1] // 2
@@ -228,8 +231,8 @@ def silu_and_mul_fp8(gate_up: torch.Tensor, form: str | None = None) -> Fp8Activ
     if form in ("split", "stash"):
         silu_split(gate_up, out.q, out.scale, stash=form == "stash")
         return out
-    if form in ("rows", "rows_fast"):
-        silu_rows(gate_up, out.q, out.scale, fast=form == "rows_fast")
+    if form == "rows_fast":
+        silu_rows(gate_up, out.q, out.scale)
         return out
     one_pass = form == "one_pass" and I <= ONE_PASS_MAX_WIDTH
     block = triton.next_power_of_2(I) if one_pass else min(SILU_BLOCK, triton.next_power_of_2(I))
@@ -250,16 +253,19 @@ def silu_and_mul_fp8(gate_up: torch.Tensor, form: str | None = None) -> Fp8Activ
 
 
 def default_silu_form(rows: int, width: int) -> str:
-    """The form silu_and_mul_fp8 takes for rows x width: stash up to SPLIT_MAX_ROWS rows (every
-    count since 135c9a6), then two passes (one pass where ONE_PASS_MAX_ROWS allows, should the
-    split forms' limit fall below it). BULKGEN_SILU_FORM (one of SILU_FORMS) overrides it, for
-    A/B runs of the benchmark."""
+    """The form silu_and_mul_fp8 takes for rows x width: rows_fast where a row fits its registers
+    (fp8_silu_rows.ROWS_MAX_WIDTH), else stash up to SPLIT_MAX_ROWS rows (every count since
+    135c9a6), then two passes (one pass where ONE_PASS_MAX_ROWS allows, should the split forms'
+    limit fall below it). BULKGEN_SILU_FORM (a form's name) overrides it: A/B runs of the
+    benchmark, and stash for the bit-exact forms' values."""
     forced = os.environ.get(SILU_FORM_ENV)
     if forced:
         if forced not in SILU_FORMS + FAST_SILU_FORMS:
             choices = ", ".join(SILU_FORMS + FAST_SILU_FORMS)
             raise ValueError(f"{SILU_FORM_ENV} names a SiLU form, one of {choices}: {forced!r}")
         return forced
+    if width <= ROWS_MAX_WIDTH:
+        return "rows_fast"
     if rows <= SPLIT_MAX_ROWS:
         return "stash"
     return "one_pass" if rows <= ONE_PASS_MAX_ROWS and width <= ONE_PASS_MAX_WIDTH else "two_pass"
