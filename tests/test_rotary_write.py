@@ -130,7 +130,7 @@ pointers = dict(q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", positions_ptr="*i64
     k_cache_ptr="*fp8e4nv", v_cache_ptr="*fp8e4nv", slot_ptr="*i64",
     k_scales_ptr="*fp8e4nv", v_scales_ptr="*fp8e4nv", partners_ptr="*i32")
 constexprs = dict(Q_HEADS=32, Q_HEADS_PAD=32, K_HEADS=8, K_HEADS_PAD=8, HALF=64, HALF_PAD=64,
-    BLOCK_SIZE=64, QUANTIZE=True, KV_INT8=False, PAIRS=True)
+    BLOCK_SIZE=64, QUANTIZE=True, KV_INT8=False, PAIRS=True, WRITE_V=True)
 signature = {}
 for name in kernel.arg_names:
     if name in pointers:

@@ -116,7 +116,8 @@ class Attention(nn.Module):
             return Unrotated(q, k, v, positions, rotary.cos, rotary.sin, meta.slot_mapping)
         if self.backend.rotary_write_kv is not None:  # one launch, the same bits
             args = (q, k, v, positions, rotary.cos, rotary.sin, *cache)
-            return self.backend.rotary_write_kv(*args, q_out=q_out, **pairs)[0]
+            runs = not meta.decode_only  # a step with prefill: values stored in runs
+            return self.backend.rotary_write_kv(*args, q_out=q_out, v_runs=runs, **pairs)[0]
         q, k = self.ops.rotary(q, k, positions, rotary.cos, rotary.sin)
         self.backend.write_kv(k, v, *cache, **pairs)
         return q if q_out is None else q_out.copy_(q)

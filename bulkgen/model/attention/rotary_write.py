@@ -19,6 +19,7 @@ import triton.language as tl
 
 from bulkgen.model.attention.kv_fp8 import is_fp8
 from bulkgen.model.attention.triton_kv import check_cache, int8_scale_args, output_for
+from bulkgen.model.attention.triton_kv_runs import runs_apply, write_v_runs
 from bulkgen.model.attention.triton_kv_write import write_token
 from bulkgen.model.fused_rotary import rotate_token
 
@@ -73,6 +74,7 @@ def _rotary_write_kv_kernel(
     QUANTIZE: tl.constexpr,
     KV_INT8: tl.constexpr,
     PAIRS: tl.constexpr,
+    WRITE_V: tl.constexpr,  # False: triton_kv_runs.write_v_runs stores the values after
 ):
     t = tl.program_id(0).to(tl.int64)
     rotate_token(
@@ -88,7 +90,7 @@ def _rotary_write_kv_kernel(
         stride_v_block, stride_v_slot, stride_v_head, stride_v_dim,
         K_HEADS, k_inv_scale, v_inv_scale,
         k_scales_ptr, v_scales_ptr, stride_scale_block, stride_scale_slot, partners_ptr,
-        BLOCK_SIZE, K_HEADS_PAD, 2 * HALF, QUANTIZE, KV_INT8, PAIRS,
+        BLOCK_SIZE, K_HEADS_PAD, 2 * HALF, QUANTIZE, KV_INT8, PAIRS, WRITE_V,
     )  # fmt: skip
 
 
@@ -106,10 +108,13 @@ def rotary_write_kv(
     v_scale: float | torch.Tensor = 1.0,
     q_out: torch.Tensor | None = None,
     partners: torch.Tensor | None = None,
+    v_runs: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """fused_rotary.rotary(q, k, ...) and triton_kv_write.write_kv(rotated k, v, ...) in one launch;
     the rotated (q, k) as new contiguous tensors, q in q_out when given (contiguous, q's shape
-    and dtype: a static buffer of engine/mixed_graphs.py's pieces); partners: write_kv's."""
+    and dtype: a static buffer of engine/mixed_graphs.py's pieces); partners: write_kv's.
+    v_runs (a step with prefill): where triton_kv_runs.runs_apply, the values are stored by
+    write_v_runs, a second launch, the same bits."""
     T, q_heads, head_dim = q.shape
     k_heads, half = k.shape[1], head_dim // 2
     assert k.shape == v.shape == (T, k_heads, head_dim) and k.dtype == q.dtype == v.dtype
@@ -124,6 +129,7 @@ def rotary_write_kv(
     q_heads_pad, k_heads_pad = triton.next_power_of_2(q_heads), triton.next_power_of_2(k_heads)
     half_pad = triton.next_power_of_2(half)
     tile = (q_heads_pad + k_heads_pad) * half_pad * 2  # elements a program rotates
+    runs = v_runs and runs_apply(v_cache, partners)
     _rotary_write_kv_kernel[(T,)](
         q, k, v, positions, cos, sin, q_out, k_out, k_cache, v_cache, slot_mapping,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
@@ -135,7 +141,10 @@ def rotary_write_kv(
         Q_HEADS=q_heads, Q_HEADS_PAD=q_heads_pad, K_HEADS=k_heads, K_HEADS_PAD=k_heads_pad,
         HALF=half, HALF_PAD=half_pad, BLOCK_SIZE=k_cache.shape[1],
         QUANTIZE=is_fp8(k_cache), KV_INT8=int8, PAIRS=partners is not None and is_fp8(k_cache),
+        WRITE_V=not runs,
         num_warps=min(8, triton.next_power_of_2(max(1, tile // 1024))),  # the rotary's
         enable_fp_fusion=False,  # fused_rotary._rotate_heads' roundings
     )  # fmt: skip
+    if runs:
+        write_v_runs(v, v_cache, slot_mapping, v_scale)
     return q_out, k_out

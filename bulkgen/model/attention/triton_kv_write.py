@@ -116,6 +116,7 @@ def write_token(
     QUANTIZE: tl.constexpr,
     KV_INT8: tl.constexpr,
     PAIRS: tl.constexpr,
+    WRITE_V: tl.constexpr = True,  # False: the keys only (rotary_write's v_runs stores values)
 ):
     """Token t's keys and values into the caches (_write_kv_kernel's arguments)."""
     slot = tl.load(slot_ptr + t).to(tl.int64)
@@ -152,7 +153,8 @@ def write_token(
                 lo_v = v_lo.to(v_cache_ptr.dtype.element_ty)
                 tl.store(v_cache_ptr + dst_v + shift_v, lo_v, mask=mask)
         tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
-        tl.store(v_cache_ptr + dst_v, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+        if WRITE_V:
+            tl.store(v_cache_ptr + dst_v, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
 
 def write_kv(
