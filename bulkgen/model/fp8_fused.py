@@ -7,7 +7,8 @@ weights). These kernels end instead with the
 quantizer's epilogue: the bf16 value the op would have written (rounded exactly as fused.py
 rounds it) is scaled by its row's absmax / 448 and stored as float8_e4m3fn, with the row's scale.
 So a projection fed by one of them computes what it would have from the bf16 tensor: bit for bit
-the fused.py op followed by fp8_kernels.quantize_rows.
+the fused.py op followed by fp8_kernels.quantize_rows, but for the SiLU's default form,
+rows_fast (fp8_silu_rows.py: approximate arithmetic, rare values one e4m3 step away).
 
 fp8_ops() gives a layer's ops namespace with these in place of rms_norm, add_rms_norm and
 silu_and_mul; fp8.fuse_input_quantization() hands it to the modules whose ops feed only FP8
