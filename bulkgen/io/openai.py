@@ -9,7 +9,6 @@ read bulkgen's too.
 
 from __future__ import annotations
 
-import codecs
 import hashlib
 import json
 from collections.abc import Callable
@@ -18,6 +17,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from bulkgen.row import Row
+from bulkgen.text.utf8_offsets import token_offsets
 
 _URLS = {"/v1/chat/completions": "chat", "/v1/completions": "text"}
 # Body fields that map onto per-row sampling parameters, as bulkgen names them.
@@ -145,23 +145,29 @@ def _logprobs(row: Row, chat: bool, token_bytes: TokenBytes) -> dict:
             ]
             content.append({**_token(token, logprob, raw), "top_logprobs": alternatives})
         return {"content": content}
-    # Where each token starts in prompt + text, in characters (decoded as the text is, so a
-    # character split over tokens counts once): a token that ends inside a character moves the
-    # offset past whole characters only, and the next token starts at that character.
-    offsets, at = [], len(row.prompt_text or "")
-    characters = codecs.getincrementaldecoder("utf-8")("replace")
-    for raw in spelled:
-        offsets.append(at)
-        at += len(characters.decode(bytes(raw)))
+    # Where each token starts in prompt + text, in characters: the index of the character its
+    # first byte belongs to, the completion's bytes decoded as the text is (a character split
+    # over tokens counts once, a lead byte left dangling is a U+FFFD of its own; special tokens,
+    # which the text leaves out, add no character).
+    in_text = getattr(token_bytes, "in_text", None)
+    shown = [
+        bytes(raw) if in_text is None or in_text(i) else b""
+        for i, raw in zip(row.token_ids, spelled, strict=True)
+    ]
+    offsets = token_offsets(shown, len(row.prompt_text or ""))
+    names = list(map(_completion_token, tokens, spelled))
     top_logprobs = []
-    for top in tops:  # most likely first: a name two alternatives share keeps the likelier
+    for name, logprob, top in zip(names, logprobs, tops, strict=True):
         named_top: dict[str, float] = {}
-        for t in top:
+        for t in top:  # most likely first: a name two alternatives share keeps the likelier
             raw = token_bytes(t["token_id"], t["token"])
             named_top.setdefault(_completion_token(t["token"], raw), t["logprob"])
+        # The sampled token is always among them, as OpenAI's completions API says ("up to
+        # logprobs+1 elements"): with logprobs 0, the sampled token alone.
+        named_top.setdefault(name, logprob)
         top_logprobs.append(named_top)
     return {
-        "tokens": list(map(_completion_token, tokens, spelled)),
+        "tokens": names,
         "token_logprobs": logprobs,
         "top_logprobs": top_logprobs,
         "text_offset": offsets,

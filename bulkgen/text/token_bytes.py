@@ -35,6 +35,7 @@ class TokenBytes:
     def __init__(self, tokenizer) -> None:
         self._tokenizer = tokenizer
         self._known: dict[int, list[int]] = {}
+        self._shown: dict[int, bool] = {}
         self._table: dict[str, int] | None = None  # a byte-level BPE's, once looked at
         self._added: set[int] | None = None  # added tokens' ids: their text is as written
 
@@ -43,6 +44,18 @@ class TokenBytes:
         if known is None:
             known = self._known[token_id] = self._bytes(token_id, text)
         return known
+
+    def in_text(self, token_id: int) -> bool:
+        """Whether the token shows in a completion's text, which is decoded without special
+        tokens (a special token the model generates, <s> say, is named in logprobs but adds no
+        character to the text)."""
+        shown = self._shown.get(token_id)
+        if shown is None:
+            decode = self._tokenizer.decode
+            alone = decode([token_id], skip_special_tokens=True)
+            shown = alone != "" or decode([token_id], skip_special_tokens=False) == ""
+            self._shown[token_id] = shown
+        return shown
 
     def _bytes(self, token_id: int, text: str) -> list[int]:
         if self._added is None:
