@@ -63,7 +63,7 @@ def run_local(config: RunConfig, workers: int | str | None) -> dict:
     job.check(config.job_settings(), config.overwrite)
     reader, model_dir, _, _ = preflight.checked_parts(config)
     current = fingerprints(reader.sources)
-    job.check_inputs(current, config.allow_changed_input, config.overwrite)
+    reader.recorded_first(job.check_inputs(current, config.allow_changed_input, config.overwrite))
     total = reader.count()
     started = time.perf_counter()
     context = multiprocessing.get_context("spawn")  # never fork a process that may hold CUDA

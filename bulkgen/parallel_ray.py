@@ -82,7 +82,7 @@ def run_ray(config: RunConfig, workers: int | str | None, address: str | None) -
     job.check(config.job_settings(), config.overwrite)
     reader, model_dir, _, _ = preflight.checked_parts(config)
     current = fingerprints(reader.sources)
-    job.check_inputs(current, config.allow_changed_input, config.overwrite)
+    reader.recorded_first(job.check_inputs(current, config.allow_changed_input, config.overwrite))
     total = reader.count()
     connected = ray.is_initialized()
     if not connected:

@@ -62,7 +62,9 @@ def run(config: RunConfig, engine_factory: EngineFactory | None = None, worker=N
     reader = checked_reader(config)
     if worker is None:
         current = fingerprints(reader.sources)
-        job.check_inputs(current, config.allow_changed_input, config.overwrite)
+        reader.recorded_first(
+            job.check_inputs(current, config.allow_changed_input, config.overwrite)
+        )
         if (reason := nothing_left(config, job, reader)) is not None:
             return idle_stats(config, job, reason, current)  # the model is not even loaded
     reader, model_dir, tokenizer, tokenize = checked_parts(config, reader)

@@ -96,6 +96,24 @@ def test_a_parquet_messages_column_under_another_name(tmp_path, tiny_model_dir, 
     assert sent(["a"])["a"] == template_ids(tiny_tokenizer, CHAT)
 
 
+def test_a_conversation_in_the_prompt_column_under_messages_column_prompt(
+    tmp_path, tiny_model_dir, tiny_tokenizer
+):
+    """TRL's conversational datasets hold the conversation in "prompt": --messages-column prompt
+    renders it (it was every row's error); without the flag the error says what to pass."""
+    records = [{"id": "a", "prompt": CHAT}, {"id": "b", "prompt": "Hello"}]
+    path = write_jsonl(tmp_path / "in.jsonl", records)
+    run(make_config(tmp_path, tiny_model_dir, [path], messages_column="prompt"), factory())
+    ids = sent(["a", "b"])
+    assert ids["a"] == template_ids(tiny_tokenizer, CHAT)
+    assert ids["b"] == template_ids(tiny_tokenizer, [{"role": "user", "content": "Hello"}])
+    other = tmp_path / "other"
+    other.mkdir()
+    run(make_config(other, tiny_model_dir, [path]), factory())
+    rows = {r["id"]: r for r in output(other / "out")}
+    assert "--messages-column" in rows["a"]["error"] and rows["b"]["error"] is None
+
+
 def test_system_without_the_template_is_refused(tmp_path, tiny_model_dir):
     path = write_jsonl(tmp_path / "in.jsonl", [{"prompt": "Hello"}])
     config = make_config(tmp_path, tiny_model_dir, [path], chat_template=False, system="Hi")

@@ -78,3 +78,36 @@ def test_repeated_ids_resume_exactly_once(tmp_path, tiny_model_dir):
     assert duplicates == sorted(f"in:{i}" for i in range(20, 40))
     assert all(r["error"].startswith(f"duplicate id 'id{int(r['id'][3:]) - 20}' (first at ")
                for r in rows if r["error"])  # fmt: skip
+
+
+def test_a_new_file_sorting_first_with_a_generated_id_comes_after_the_recorded_ones(
+    tmp_path, tiny_model_dir
+):
+    """A folder job resumed after a file that sorts first, repeating a generated row's id, was
+    added: the row generated stays the id's first (its record is kept), the new file's row is the
+    duplicate's error record, and every input row appears once (before, the generated row was
+    also written again as a duplicate of the new row, which itself was never written)."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    write_jsonl(folder / "b.jsonl", [{"id": "x", "prompt": "from b"}, {"id": "y", "prompt": "b2"}])
+    config = RunConfig(inputs=(str(folder),), out=str(tmp_path / "out"), model=str(tiny_model_dir),
+                       quiet=True)  # fmt: skip
+    run(config, lambda c: FakeEngine(c))
+    write_jsonl(folder / "a.jsonl", [{"id": "x", "prompt": "from a"}, {"id": "z", "prompt": "a2"}])
+    for _ in range(2):  # the rerun that meets the new file, then one with nothing left
+        run(config, lambda c: FakeEngine(c))
+        rows = {r["id"]: r for r in output(tmp_path / "out")}
+        assert sorted(rows) == ["a:0", "x", "y", "z"]
+        assert rows["x"]["prompt"] == "from b" and rows["x"]["error"] is None
+        b_first = f"duplicate id 'x' (first at {folder / 'b.jsonl'} row 0, line 1)"
+        assert (rows["a:0"]["prompt"], rows["a:0"]["error"]) == ("from a", b_first)
+        assert rows["z"]["error"] is None
+
+
+def test_a_repeated_ids_record_keeps_its_text_prompt(tmp_path):
+    path = tmp_path / "d.jsonl"
+    write_jsonl(path, [{"id": "a", "prompt": "first"}, {"id": "a", "prompt": "second"}])
+    rows = [
+        r for batch in Reader(find_sources([str(path)]), "prompt", "id").batches() for r in batch
+    ]
+    assert rows[1].error.startswith("duplicate id 'a'") and rows[1].prompt_text == "second"

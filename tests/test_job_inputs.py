@@ -185,6 +185,44 @@ def test_an_empty_csv_has_no_rows_like_an_empty_jsonl(tmp_path, tiny_model_dir):
     assert [r["prompt"] for r in output(tmp_path / "c")] == ["hi"]
 
 
+def test_an_empty_csv_beside_a_good_one_with_kept_columns(tmp_path, tiny_model_dir):
+    """A CSV with no header (empty, or blank lines, gzipped too) has no columns to keep: it was a
+    KeyError traceback with --keep-columns."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / "a.csv").write_bytes(b"")
+    (folder / "b.csv.gz").write_bytes(gzip.compress(b"\n\n"))
+    (folder / "c.csv").write_text("prompt,k\nhi,1\n")
+    result = bulkgen("run", folder, "-m", tiny_model_dir, "-o", tmp_path / "out", "-q",
+                     "--keep-columns", "k")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert [(r["prompt"], r["k"]) for r in output(tmp_path / "out")] == [("hi", "1")]
+
+
+def test_csv_parameter_columns_kept_or_templated_stay_text(tmp_path, tiny_model_dir):
+    """A CSV column named as a row parameter is parsed as a number for sampling only: kept or
+    rendered by a template it is the file's text (it was the parsed number, and in Parquet
+    shards each such row became a write error record)."""
+    path = tmp_path / "in.csv"
+    path.write_text("id,prompt,temperature,seed,max_tokens\n1,hi,0.70,007,0004\n2,yo,1e-1,1e3, 3\n")
+    kept = ("--keep-columns", "temperature,seed,max_tokens")
+    for fmt in ("parquet", "jsonl"):
+        out = tmp_path / fmt
+        result = bulkgen("run", path, "-m", tiny_model_dir, "-o", out, "-q", "--format", fmt, *kept)
+        assert result.exit_code == 0, result.output
+        if fmt == "parquet":
+            rows = output(out)
+        else:
+            rows = [json.loads(line) for p in sorted(out.glob("part-*")) for line in open(p)]
+        got = {r["id"]: (r["temperature"], r["seed"], r["max_tokens"], r["error"]) for r in rows}
+        assert got == {"1": ("0.70", "007", "0004", None), "2": ("1e-1", "1e3", " 3", None)}
+    out = tmp_path / "template"
+    result = bulkgen("run", path, "-m", tiny_model_dir, "-o", out, "-q",
+                     "--prompt-template", "T={{ temperature }}")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert sorted(r["prompt"] for r in output(out)) == ["T=0.70", "T=1e-1"]
+
+
 def test_a_ragged_csv_row_or_an_unbalanced_quote_is_that_rows_error_record(
     tmp_path, tiny_model_dir
 ):

@@ -17,17 +17,24 @@ if TYPE_CHECKING:
     from bulkgen.io.reader import Reader
 
 
-def row_from(reader: Reader, values: dict, default_id: str, where: str) -> Row:
-    """The Row for one record; where ("row 3, line 4") names it in structural errors."""
+def row_from(
+    reader: Reader, values: dict, default_id: str, where: str, params: dict | None = None
+) -> Row:
+    """The Row for one record; where ("row 3, line 4") names it in structural errors. params:
+    the per-row parameters' values where they differ from values' (a CSV's, parsed as numbers:
+    the kept and template columns keep the text)."""
     row_id, bad_id = checked_id(values.get(reader.id_column), default_id)
     row = Row(row_id, None)
     if reader.keep_columns:
         row.extra = {name: values.get(name) for name in reader.keep_columns}
-    row.overrides = param_overrides({name: values.get(name) for name in PARAM_COLUMNS})
+    params = values if params is None else params
+    row.overrides = param_overrides({name: params.get(name) for name in PARAM_COLUMNS})
     prompt = values.get(reader.prompt_column)
     if reader.template_columns is not None:  # --prompt-template: the template makes the prompt
         row.prompt = prompt
         row.columns = {n: values[n] for n in reader.template_columns if n in values}
+    elif reader.messages_column == reader.prompt_column and is_conversation(prompt):
+        row.messages = prompt  # --messages-column naming the prompt column (TRL's "prompt")
     elif prompt is None and reader.messages_column in values:  # a conversation
         row.messages = values[reader.messages_column]
         if row.messages is None:
@@ -39,6 +46,11 @@ def row_from(reader: Reader, values: dict, default_id: str, where: str) -> Row:
     if bad_id is not None:
         row.fail(bad_id)
     return row
+
+
+def is_conversation(value: object) -> bool:
+    """Whether a prompt column's value is a list of messages (dicts) rather than of token ids."""
+    return isinstance(value, list) and bool(value) and all(isinstance(m, dict) for m in value)
 
 
 def finished(

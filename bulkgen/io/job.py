@@ -115,15 +115,19 @@ class JobDir:
                 "another --out"
             )
 
-    def check_inputs(self, current: dict[str, dict], allow_changed: bool, overwrite: bool) -> None:
+    def check_inputs(
+        self, current: dict[str, dict], allow_changed: bool, overwrite: bool
+    ) -> list[str]:
         """Refuse to resume a job whose input files changed (fingerprints: io/fingerprint.py),
         or whose files' rows would get other default ids (even with allow_changed: ids are what
-        a resume matches rows by)."""
+        a resume matches rows by). The recorded files in their order (Reader.recorded_first)."""
         recorded = None if overwrite else self._recorded()
-        if recorded is not None:
-            check_same_names(recorded.get("input_files"), current, self.path)
-            if not allow_changed:
-                check_unchanged(recorded.get("input_files"), current, self.path)
+        if recorded is None:
+            return []
+        check_same_names(recorded.get("input_files"), current, self.path)
+        if not allow_changed:
+            check_unchanged(recorded.get("input_files"), current, self.path)
+        return list(recorded.get("input_files") or ())
 
     def lock(self) -> None:
         """Hold an exclusive lock on the folder; the OS releases it if the process dies."""

@@ -71,6 +71,15 @@ class Reader:
         self.grammar_checks = GrammarChecks()  # rows' response_format, checked once per schema
         self.damaged: list[str] = []  # one line per input that broke midway
 
+    def recorded_first(self, recorded: list[str]) -> None:
+        """Read the files a resumed job recorded (job.json's input_files, in their order) before
+        new ones: which of two rows sharing an id is the first, the one generated, must not
+        change when a file that sorts before it is added to the inputs."""
+        rank = {path: i for i, path in enumerate(recorded)}
+        late = len(rank)
+        order = {id(s): rank.get(str(s.paths[0].resolve()), late) for s in self.sources}
+        self.sources.sort(key=lambda s: order[id(s)])  # stable: new files keep their order
+
     def check(self) -> None:
         """Open every source and check its columns, so a bad input fails before any work."""
         for source in self.sources:

@@ -68,7 +68,9 @@ def read_table(reader: Reader, source: Source) -> Iterator[list[Row]]:
         used.append(reader.messages_column)
     columns = [name for name in dict.fromkeys(used) if name in schema.names]
     types = reader.keep_types or {}
-    trusted = frozenset(n for n in reader.keep_columns if schema.field(n).type == types.get(n))
+    # (a CSV with no header, an empty file say, has no columns and no rows)
+    kept = [n for n in reader.keep_columns if n in schema.names]
+    trusted = frozenset(n for n in kept if schema.field(n).type == types.get(n))
     if source.kind == "csv":
         yield from _read_csv(reader, source, columns, trusted)
         return
@@ -129,11 +131,13 @@ def _row(reader, source, record: dict, default_id: str, index: int, trusted, lin
     bad = [name for name, value in record.items() if isinstance(value, Unreadable)]
     for name in bad:
         reason, record[name] = record[name].reason, None
-    if source.kind == "csv":
-        for name in PARAM_COLUMNS:
-            if name not in ("stop", "response_format") and isinstance(record.get(name), str):
-                record[name] = _number(record[name])
-    row = row_from(reader, record, default_id, f"row {index}")
+    params = None
+    if source.kind == "csv":  # parameters parsed as numbers; kept and template columns as text
+        params = {name: record.get(name) for name in PARAM_COLUMNS}
+        for name, value in params.items():
+            if name not in ("stop", "response_format") and isinstance(value, str):
+                params[name] = _number(value)
+    row = row_from(reader, record, default_id, f"row {index}", params)
     if bad and row.error is None:
         row.fail(f"column {bad[0]!r} cannot be read ({reason})")
     return finished(reader, row, index, line, trusted)

@@ -130,6 +130,10 @@ def _problem(prompt: object) -> str:
     if isinstance(prompt, list):
         if not prompt:
             return "prompt is an empty list"
+        if all(isinstance(m, dict) for m in prompt):  # a conversation in the prompt column
+            return (
+                "prompt is a list of messages, not of token ids: name its column --messages-column"
+            )
         return "prompt is a list but not of token ids (integers)"
     shown = repr(prompt)
     shown = shown if len(shown) <= 40 else shown[:37] + "..."
