@@ -16,6 +16,7 @@ from bulkgen.errors import UserError
 from bulkgen.io.fingerprint import fingerprints
 from bulkgen.io.inputs import find_sources
 from bulkgen.io.reader import Reader
+from bulkgen.io.schema import parquet_unwritable
 from bulkgen.io.tabular import table_schema
 from bulkgen.run_config import RunConfig
 from bulkgen.structured import check_job_constraint
@@ -38,6 +39,13 @@ def checked_reader(config: RunConfig) -> Reader:
         limit=config.limit,
     )
     reader.check()
+    if config.format == "parquet" and config.keep_columns:
+        unwritable = parquet_unwritable(reader.keep_schema())
+        if unwritable:
+            raise UserError(
+                f"--keep-columns: a Parquet shard cannot hold {'; '.join(unwritable)}: keep "
+                "it with --format jsonl, or leave it out"
+            )
     return reader
 
 

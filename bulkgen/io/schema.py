@@ -11,9 +11,11 @@ types from the job's existing Parquet shards. A later value that does not fit it
 
 from __future__ import annotations
 
+import io
 import json
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from bulkgen.row import Row
 
@@ -76,3 +78,32 @@ def _fit(value: object, kind: pa.DataType) -> tuple[object, bool]:
     except (pa.ArrowException, TypeError, ValueError, OverflowError):
         return value, False
     return value, True
+
+
+def kept_array(values: list, kind: pa.DataType | None) -> pa.Array:
+    """A kept column's values as an array of the job's type. Some extension types do not take
+    their own Python values back (bool8's bools, a permuted fixed_shape_tensor's lists): those
+    are built as their storage, then wrapped."""
+    try:
+        return pa.array(values, kind)
+    except Exception:
+        if not isinstance(kind, pa.BaseExtensionType):
+            raise
+    storage = kind.storage_type
+    try:
+        array = pa.array(values, storage)
+    except (pa.ArrowException, TypeError, ValueError):
+        array = pa.array(values).cast(storage)
+    return pa.ExtensionArray.from_storage(kind, array)
+
+
+def parquet_unwritable(types: dict[str, pa.DataType]) -> list[str]:
+    """The kept columns whose types a Parquet shard cannot hold (unions, month_day_nano
+    intervals), each as "name (type: why)"."""
+    bad = []
+    for name, kind in types.items():
+        try:
+            pq.write_table(pa.table({name: kept_array([], kind)}), io.BytesIO())
+        except (pa.ArrowException, NotImplementedError) as e:
+            bad.append(f"{name} ({kind}: {e})")
+    return bad

@@ -23,6 +23,7 @@ from bulkgen.io.fence import Fenced
 from bulkgen.io.job import TEMP_PREFIX, fsync_dir, output_error, remove_quietly, shard_name
 from bulkgen.io.json_line import json_line
 from bulkgen.io.openai import TokenBytes, output_line
+from bulkgen.io.schema import kept_array
 from bulkgen.io.validate import writable
 from bulkgen.row import Row
 from bulkgen.run_config import OUTPUT_COLUMNS
@@ -186,7 +187,7 @@ class ShardWriter:
         return pa.Table.from_arrays(columns, names=names)
 
     def _kept(self, name: str, values: list) -> pa.Array:
-        return pa.array(values, self.keep_types.get(name))
+        return kept_array(values, self.keep_types.get(name))
 
     def _jsonl(self, rows: list[Row]) -> bytes:
         lines = []
