@@ -3,10 +3,10 @@
 An answer is extracted from each row's text and normalised before the comparison:
 - a numeric reference ("42", "1,234", "2.50") takes the first number after an "answer is" or
   "answer:" mark, else the text's last number (or, with no digits, its last number word up to
-  twenty), compared as a number;
+  twenty; compounds are no number), compared as a number;
 - any other reference takes the first clause (up to . ! ? ; or a comma) of the text's first
   non-empty line (of the part after an "answer is" mark, if it has one), lower-cased, without
-  punctuation, articles (a, an, the) or extra spaces (as many clauses as the reference has:
+  punctuation, articles (a, an, the; kept where they are the whole reference) or extra spaces (as many clauses as the reference has:
   "Paris, France" or "St. Louis" are two). A clause that ends with the reference on a
   word boundary also counts ("The capital of France is Paris." for "Paris"): small models answer
   in sentences.
@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import gzip
 import json
-import re
 from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -31,86 +29,9 @@ import pyarrow.parquet as pq
 from bulkgen.errors import UserError
 from bulkgen.io.job import STATS_FILE, write_json_atomic
 from bulkgen.io.openai import is_openai_output
+from bulkgen.score_match import extract_number, extract_phrase, is_correct, normalize
 
-_NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
-_NUMBER_WORDS = (
-    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen "
-    "fifteen sixteen seventeen eighteen nineteen twenty"
-).split()
-_WORD_NUMBER = re.compile(r"\b(" + "|".join(_NUMBER_WORDS) + r")\b")
-# "Answer:", "The answer is", "the final answer to this question is": what follows is the answer.
-_ANSWER_MARK = re.compile(r"\banswer\b[^\n.:\d]{0,40}?(?:\bis\b|:)", re.I)
-_ARTICLES = re.compile(r"\b(?:a|an|the)\b")
-_PUNCTUATION = re.compile(r"[^\w\s]")
-
-
-def normalize(text: str) -> str:
-    text = _PUNCTUATION.sub(" ", text.lower())
-    return " ".join(_ARTICLES.sub(" ", text).split())
-
-
-def as_number(text: str) -> str | None:
-    """The canonical form of a text that is one number ("1,000.50" -> "1000.5"), else None."""
-    text = text.strip()
-    if not _NUMBER.fullmatch(text):
-        return None
-    try:
-        value = Decimal(text.replace(",", ""))
-    except InvalidOperation:
-        return None
-    return format(value.normalize(), "f") if value else "0"
-
-
-def _after_mark(text: str) -> str:
-    marks = list(_ANSWER_MARK.finditer(text))
-    return text[marks[-1].end() :] if marks else text
-
-
-def extract_number(text: str) -> str | None:
-    """The first number after an "answer is" mark, else the last number of the text."""
-    after = _after_mark(text)
-    if after is not text and (numbers := _NUMBER.findall(after)):
-        return as_number(numbers[0])
-    numbers = _NUMBER.findall(text)
-    if numbers:
-        return as_number(numbers[-1])
-    words = _WORD_NUMBER.findall(text.lower())
-    return str(_NUMBER_WORDS.index(words[-1])) if words else None
-
-
-def extract_phrase(text: str, clauses: int = 1) -> str:
-    """The text's first clauses (of its first non-empty line, after an "answer is" mark)."""
-    line = next((line for line in text.splitlines() if line.strip()), "")
-    return normalize(" ".join(_clauses(_after_mark(line))[:clauses]))
-
-
-def _clauses(text: str) -> list[str]:
-    return re.split(r"(?<=[.!?;,])\s", text.strip())
-
-
-def references(value) -> list[str]:
-    if value is None:
-        return []
-    if isinstance(value, list | tuple):
-        return [str(v) for v in value if v is not None]
-    return [part for part in str(value).split("|") if part.strip()]
-
-
-def is_correct(text: str | None, reference) -> bool:
-    """Whether the answer extracted from text matches one of the reference's alternatives."""
-    if text is None:
-        return False
-    for ref in references(reference):
-        number = as_number(ref)
-        if number is not None:
-            if extract_number(text) == number:
-                return True
-            continue
-        # as many clauses as the reference has: "Paris, France" is two, "St. Louis" too
-        want, got = normalize(ref), extract_phrase(text, len(_clauses(ref)))
-        if want and (got == want or got.endswith(" " + want)):
-            return True
-    return False
+__all__ = ["extract_number", "extract_phrase", "is_correct", "normalize", "score_folder"]
 
 
 @dataclass
@@ -146,11 +67,18 @@ def read_results(folder: str | Path) -> list[dict]:
                 rows += pq.read_table(path).to_pylist()
             elif is_openai_output(path):
                 rows += _openai_rows(path, samples)
-            else:
-                rows += [json.loads(line) for line in path.read_text().splitlines() if line]
-        except (OSError, ValueError, KeyError) as e:
+            else:  # lines end at "\n" only: a text may hold U+2028, which splitlines breaks at
+                rows += [json.loads(line) for line in _lines(path)]
+            for row in rows:
+                if not isinstance(row, dict) or "id" not in row:
+                    raise ValueError(f"a line that is not a result row: {str(row)[:80]}")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             raise UserError(f"cannot read shard {path}: {e!r}") from e
     return rows
+
+
+def _lines(path: Path) -> list[str]:
+    return [line for line in path.read_text(encoding="utf-8").split("\n") if line.strip()]
 
 
 def _job_samples(folder: Path) -> int:
@@ -165,9 +93,7 @@ def _openai_rows(path: Path, samples: int = 1) -> list[dict]:
     """A --format openai shard as result rows: one per choice (sample: its index, if several),
     its message's or completion's text; an error line an error record for each of the samples."""
     rows = []
-    for line in path.read_text().splitlines():
-        if not line.strip():
-            continue
+    for line in _lines(path):
         record = json.loads(line)
         body = (record.get("response") or {}).get("body")
         if record.get("error") is not None or not body:
@@ -203,10 +129,13 @@ def read_references(path: str | Path, column: str) -> dict[str, object]:
         raise UserError(f"cannot read the references {path}: {e}") from e
     if not records:
         raise UserError(f"the references {path} hold no rows")
-    key = next((k for k in ("id", "custom_id") if k in records[0]), None)
-    if key is None or not any(column in r for r in records):
+    first = records[0] if isinstance(records[0], dict) else {}
+    key = next((k for k in ("id", "custom_id") if k in first), None)
+    whole = key is not None and all(isinstance(r, dict) and key in r for r in records)
+    if not whole or not any(column in r for r in records):
         raise UserError(
-            f"the references {path} need an 'id' (or 'custom_id') column and the {column!r} column"
+            f"the references {path} need an 'id' (or 'custom_id') column and the {column!r} "
+            "column, every row an object with its id"
         )
     return {str(r[key]): r.get(column) for r in records}
 
@@ -261,6 +190,12 @@ def score_folder(
     }
     if baseline is not None:
         base = scored(baseline)
+        sampled = {any("#" in key for key in s.correct) for s in (score, base) if s.correct}
+        if len(sampled) > 1:  # items are (id, sample) pairs with --n, ids without
+            raise UserError(
+                f"the baseline {baseline} and {folder} were generated with different --n: "
+                "compare runs of the same n"
+            )
         both = sorted(key for key in score.correct if key in base.correct)
         if score.correct and base.correct and not both:  # as references of another set are
             raise UserError(f"the baseline {baseline} holds none of the ids of {folder}")
@@ -277,6 +212,8 @@ def score_folder(
     if stats_path.is_file():
         try:
             stats = json.loads(stats_path.read_text())
+            if not isinstance(stats, dict):
+                raise ValueError("not a JSON object")
         except ValueError as e:
             raise UserError(f"{stats_path} is damaged ({e}); delete it to score again") from e
     write_json_atomic(stats_path, {**stats, "score": section})

@@ -189,3 +189,60 @@ def test_the_score_command_takes_references_from_the_eval_set(tmp_path):
         bad.exit_code == 1
         and "need an 'id' (or 'custom_id') column and the 'answer' column" in bad.stderr
     )
+
+
+@pytest.mark.parametrize(
+    "text, reference, right",
+    [
+        ("A", "A", True),  # multiple choice: an article alone is the reference itself
+        ("The answer is (A).", "A", True),
+        ("B", "A", False),
+        ("Pacific", '["Pacific Ocean", "Pacific"]', True),  # a JSONL list kept as JSON text
+        ("The answer is 0.00001", 0.00001, True),  # a float column prints 1e-05
+        ("The answer is 10000000000000000", 1e16, True),
+        ("twenty-one", "1", False),  # a compound number word is no "one"
+        ("The answer is one hundred.", "1", False),
+        ("The answer is 1.5", ".5", False),  # ".5" is a number
+        ("The answer is 0.5", ".5", True),
+    ],
+)
+def test_references_that_were_scored_wrong(text, reference, right):
+    assert is_correct(text, reference) is right
+
+
+def test_jsonl_shards_with_line_separators_in_texts_are_read(tmp_path):
+    """A JSONL line may hold U+2028 or U+0085 raw (the writer leaves non-ASCII as it is); the
+    score read lines at them, and the folder could not be scored."""
+    out = tmp_path / "r"
+    out.mkdir()
+    rows = [{"id": "a", "text": "Paris\u2028is it", "answer": "Paris"},
+            {"id": "b", "text": "4\u0085", "answer": "4"}]  # fmt: skip
+    (out / "part-00000.jsonl").write_text(
+        "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+    )
+    assert score_folder(out)["correct"] == 2
+
+
+def test_malformed_inputs_are_one_line_errors(tmp_path):
+    results = write_results(tmp_path / "r", ROWS)
+    for line in ("5", "null", '{"id": "a", "answer": "x"}\n[1]', '{"answer": "x"}'):
+        (tmp_path / "refs.jsonl").write_text(line + "\n")
+        with pytest.raises(UserError, match="need an 'id'"):
+            score_folder(results, references=tmp_path / "refs.jsonl")
+    (results / "stats.json").write_text("[1]")
+    with pytest.raises(UserError, match="is damaged"):
+        score_folder(results)
+    (results / "stats.json").unlink()
+    (tmp_path / "j").mkdir()
+    for line in ("[1]", '{"text": "x"}'):
+        (tmp_path / "j" / "part-00000.jsonl").write_text(line + "\n")
+        with pytest.raises(UserError, match="cannot read shard"):
+            score_folder(tmp_path / "j")
+
+
+def test_a_baseline_of_another_n_is_named_so(tmp_path):
+    one = write_results(tmp_path / "one", ROWS)
+    rows = [{**r, "sample": s} for r in ROWS for s in range(2)]
+    two = write_results(tmp_path / "two", rows)
+    with pytest.raises(UserError, match="different --n"):
+        score_folder(two, baseline=one)
