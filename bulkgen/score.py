@@ -8,8 +8,8 @@ An answer is extracted from each row's text and normalised before the comparison
   non-empty line (of the part after an "answer is" mark, if it has one), lower-cased, without
   punctuation, articles (a, an, the; kept where they are the whole reference) or extra spaces
   (as many clauses as the reference has: "Paris, France" or "St. Louis" are two). A clause
-  that ends with the reference on a word boundary also counts ("The capital of France is Paris." for "Paris"): small models answer
-  in sentences.
+  that ends with the reference on a word boundary also counts ("The capital of France is
+  Paris." for "Paris"): small models answer in sentences.
 A reference may list accepted alternatives, separated by "|" ("Pacific Ocean|Pacific") or as a
 list. Error records count as wrong. With n samples per row, each (id, sample) pair is one item.
 Shards written with --format openai are read too (one item per choice). References may also come
