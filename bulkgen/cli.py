@@ -119,7 +119,7 @@ def _run(inputs, model, out, prompt_column, prompt_template, id_column, keep_col
     from bulkgen.recipes import after_run, check_score
 
     try:
-        check_score(click.get_current_context(), config.keep_columns)
+        check_score(click.get_current_context(), config.keep_columns, config.format)
         if workers is None and ray_address is None:
             stats = run_pipeline(config)
         else:

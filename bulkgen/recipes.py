@@ -60,9 +60,11 @@ def load_recipe(path: str | Path, command: click.Command) -> Recipe:
     """Read and check a recipe for `command`; a UserError names the bad field and the file."""
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as e:
         raise UserError(f"cannot read recipe {path}: {e.strerror}") from e
+    except UnicodeDecodeError as e:
+        raise UserError(f"recipe {path} is not UTF-8 text ({e.reason} at byte {e.start})") from e
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
@@ -76,7 +78,7 @@ def load_recipe(path: str | Path, command: click.Command) -> Recipe:
     params = _field_names(command)
     options: dict = {}
     for name, value in data.items():
-        if name in _RECIPE_FIELDS:
+        if name in _RECIPE_FIELDS or value is None:  # null: the field is not set
             continue
         param = params.get(name)
         if param is None:
@@ -99,11 +101,15 @@ def _value(path: Path, name: str, param: click.Parameter, value, command: click.
     elif name == "json_schema" and isinstance(value, str) and (path.parent / value).exists():
         value = _near(path, value)  # a schema file beside the recipe; else inline JSON
     if isinstance(value, list) and not many:
-        if param.type is not click.STRING:
+        if name != "keep_columns":
             raise UserError(f"recipe {path}: field {name!r} takes one value, not a list")
         value = ",".join(str(v) for v in value)  # keep_columns: [a, b] -> "a,b"
     if many:
         value = list(value) if isinstance(value, list | tuple) else [value]
+    for item in value if many else [value]:
+        if isinstance(item, dict | list | tuple) or item is None:
+            shown = "null" if item is None else type(item).__name__
+            raise UserError(f"recipe {path}: field {name!r} takes text or a number, not {shown}")
     if name == "choice" and any(isinstance(v, bool) for v in value):
         raise UserError(
             f"recipe {path}: field 'choice': YAML reads yes/no/on/off as true/false; quote the "
@@ -123,6 +129,8 @@ def _value(path: Path, name: str, param: click.Parameter, value, command: click.
             param.type_cast_value(ctx, value)
     except click.BadParameter as e:
         raise UserError(f"recipe {path}: field {name!r}: {e.message}") from e
+    except (TypeError, ValueError) as e:
+        raise UserError(f"recipe {path}: field {name!r}: {value!r} is not a valid value") from e
     return value
 
 
@@ -176,12 +184,17 @@ def use_recipe(ctx: click.Context, param: click.Parameter, value: str | None) ->
     ctx.meta[_META] = recipe
 
 
-def check_score(ctx: click.Context, keep_columns: tuple[str, ...]) -> None:
+def check_score(ctx: click.Context, keep_columns: tuple[str, ...], fmt: str = "parquet") -> None:
     """A UserError before any work if the recipe's score could not run once the run ends."""
     recipe: Recipe | None = ctx.meta.get(_META)
     if recipe is None or recipe.score is None:
         return
     column, references = recipe.score["reference_column"], recipe.score["references"]
+    if references is None and fmt == "openai":
+        raise UserError(
+            f"recipe {recipe.path}: score reads the reference column {column!r} from the "
+            "results, and --format openai lines keep no column: name a score.references file"
+        )
     if references is None and column not in keep_columns:
         raise UserError(
             f"recipe {recipe.path}: score reads the reference column {column!r} from the "

@@ -18,6 +18,10 @@ from bulkgen.cli import main
     [
         ({}, "score reads the reference column 'answer' from the results, and the run does not"),
         ({"score": {"references": "missing.jsonl"}}, "missing.jsonl is not a file"),
+        (  # Batch lines keep no column, though keep_columns names it
+            {"format": "openai", "keep_columns": "answer"},
+            "--format openai lines keep no column: name a score.references file",
+        ),
     ],
 )
 def test_a_score_that_could_not_run_stops_the_run_before_any_work(tmp_path, fields, words):

@@ -295,3 +295,31 @@ def test_options_added_to_run_are_fields_too(tmp_path):
     assert options["n"] == 3 and options["stop"] == ["###"] and options["system"] == "Be brief."
     path = write_recipe(tmp_path, {"stop": ["###", "\n\n"]})
     assert load_recipe(path, run_command).options["stop"] == ["###", "\n\n"]
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"temperature": {"a": 1}}, "field 'temperature' takes text or a number, not dict"),
+        ({"seed": {"a": 1}}, "field 'seed' takes text or a number, not dict"),
+        ({"system": ["Be brief", "be kind"]}, "field 'system' takes one value, not a list"),
+        ({"model": ["a", "b"]}, "field 'model' takes one value, not a list"),
+        ({"choice": [{"a": 1}]}, "field 'choice' takes text or a number, not dict"),
+        ({"stop": [None]}, "field 'stop' takes text or a number, not null"),
+    ],
+)
+def test_values_of_the_wrong_shape_are_one_line(tmp_path, fields, message):
+    """They were tracebacks, or lists joined with commas into one system message or model."""
+    with pytest.raises(UserError, match=message):
+        load_recipe(write_recipe(tmp_path, fields), run_command)
+
+
+def test_null_is_a_field_not_set_and_a_recipe_not_utf8_is_one_line(tmp_path):
+    """out: null wrote the results into a folder named None."""
+    recipe = load_recipe(write_recipe(tmp_path, {"out": None, "stop": None, "max_tokens": 5}),
+                         run_command)  # fmt: skip
+    assert recipe.options == {"max_tokens": 5}
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes("system: caf\xe9\n".encode("latin-1"))
+    with pytest.raises(UserError, match="is not UTF-8 text"):
+        load_recipe(path, run_command)
