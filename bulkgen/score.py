@@ -95,7 +95,8 @@ def _openai_rows(path: Path, samples: int = 1) -> list[dict]:
     rows = []
     for line in _lines(path):
         record = json.loads(line)
-        body = (record.get("response") or {}).get("body")
+        response = record.get("response") or {}  # a failed request (status 400) is an error
+        body = response.get("body") if response.get("status_code", 200) == 200 else None
         if record.get("error") is not None or not body:
             error = {"id": record["custom_id"], "text": None, "finish_reason": "error"}
             rows += [{**error, "sample": k if samples > 1 else None} for k in range(samples)]

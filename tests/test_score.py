@@ -246,3 +246,31 @@ def test_a_baseline_of_another_n_is_named_so(tmp_path):
     two = write_results(tmp_path / "two", rows)
     with pytest.raises(UserError, match="different --n"):
         score_folder(two, baseline=one)
+
+
+def test_an_openai_line_of_a_failed_request_is_an_error_item(tmp_path):
+    """OpenAI's own shape for a failed request (status 400, an error body) made the shard
+    unreadable (KeyError 'choices')."""
+    out = tmp_path / "r"
+    out.mkdir()
+    ok = {
+        "custom_id": "a",
+        "error": None,
+        "response": {
+            "status_code": 200,
+            "body": {
+                "choices": [{"index": 0, "message": {"content": "4"}, "finish_reason": "stop"}]
+            },
+        },
+    }
+    failed = {"custom_id": "b", "error": None, "response": {"status_code": 400, "body": {
+        "error": {"message": "bad"}}}}  # fmt: skip
+    (out / "part-00000.jsonl").write_text(json.dumps(ok) + "\n" + json.dumps(failed) + "\n")
+    (tmp_path / "refs.jsonl").write_text(
+        json.dumps({"custom_id": "a", "answer": "4"})
+        + "\n"
+        + json.dumps({"custom_id": "b", "answer": "4"})
+        + "\n"
+    )
+    section = score_folder(out, references=tmp_path / "refs.jsonl")
+    assert (section["n"], section["correct"]) == (2, 1)
