@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import fields, replace
 
@@ -29,6 +30,7 @@ class LLM:
         self.engine = Engine(EngineConfig(model=model, **engine_kwargs))
         self._tokenizer = None
         self._calls = 0  # generate() calls: their requests' ids begin with it
+        self._lock = threading.Lock()  # one generate() at a time: the engine is one loop
 
     def close(self) -> None:
         """Free the engine; with tensor_parallel > 1, stop its other ranks' processes (they also
@@ -52,7 +54,12 @@ class LLM:
         """One output per prompt in input order; with n > 1, n per prompt: outs[i * n + k] is
         completion k (its `sample`) of prompt i. With a seed, completion 0 uses it and
         completion k a seed derived from (seed, k), as `bulkgen run --n` does for a row's seed
-        column, so every completion is reproducible."""
+        column, so every completion is reproducible. Calls from several threads run one after
+        another (each waits for the one before), each with its own outputs."""
+        with self._lock:
+            return self._generate(prompts, sampling_params, n)
+
+    def _generate(self, prompts, sampling_params, n: int) -> list[RequestOutput]:
         if n < 1:
             raise ValueError(f"n (completions per prompt) must be >= 1, got {n}")
         if isinstance(prompts, str):

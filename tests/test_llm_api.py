@@ -113,3 +113,25 @@ def test_a_call_that_raised_leaves_nothing_behind(tiny_model_dir):
             llm.generate([bad, "ok"], params)
         assert not llm.engine.has_unfinished()
     assert [o.token_ids for o in llm.generate(["Bonjour", "Hello"], params)] == expected
+
+
+def test_calls_from_two_threads_each_get_their_own_outputs(tiny_model_dir):
+    """Two threads calling generate on one LLM got each other's or wrong outputs (or a
+    KeyError): calls now run one after the other."""
+    import threading
+
+    llm = LLM(str(tiny_model_dir), device="cpu")
+    greedy = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    prompts = {t: [f"The quick {t} {i}" for i in range(4)] for t in range(2)}
+    alone = {t: [o.token_ids for o in llm.generate(p, greedy)] for t, p in prompts.items()}
+    got = {}
+
+    def work(t):
+        got[t] = [o.token_ids for o in llm.generate(prompts[t], greedy)]
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in prompts]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert got == alone
