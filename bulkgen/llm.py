@@ -117,13 +117,16 @@ class LLM:
         return ids
 
     def _discard(self, names: list[str]) -> None:
-        """End a failed call's requests and step until the engine holds none of them."""
+        """End a failed call's requests, step until the engine holds none of them, and drop the
+        free blocks from the prefix cache (the call may have raised between a block's
+        registration and the write of its KV: later calls read it as cached)."""
         for name in names:
             self.engine.abort(name)
         for _ in range(8):  # aborted requests leave at the next step's end
             if not self.engine.has_unfinished():
-                return
+                break
             self.engine.step()
+        self.engine.scheduler.blocks.forget_free()
 
     def _decode(self, outputs: list[RequestOutput], params: list[SamplingParams]) -> None:
         """Fill each output's text; cut those holding a stop string (text and tokens alike)."""

@@ -135,3 +135,24 @@ def test_calls_from_two_threads_each_get_their_own_outputs(tiny_model_dir):
     for thread in threads:
         thread.join(timeout=120)
     assert got == alone
+
+
+def test_a_call_interrupted_before_its_kv_was_written_leaves_no_cached_block(tiny_model_dir):
+    """A Ctrl-C inside a prefill's launch left blocks registered in the prefix cache (at plan
+    time) whose KV was never written: every later call with that prompt reused them."""
+    prompts = [("The quick brown fox jumps over the lazy dog. " * 4) + str(i) for i in range(4)]
+    greedy = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    llm = LLM(str(tiny_model_dir), device="cpu", dtype="float32")  # prefix cache on
+    runner = llm.engine.runner
+    launch = runner.launch
+
+    def interrupted(plan):
+        runner.launch = launch  # once: where a real Ctrl-C lands, in the step's forward
+        raise KeyboardInterrupt
+
+    runner.launch = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        llm.generate(prompts, greedy)
+    got = [o.token_ids for o in llm.generate(prompts, greedy)]
+    fresh = LLM(str(tiny_model_dir), device="cpu", dtype="float32", prefix_cache=False)
+    assert got == [o.token_ids for o in fresh.generate(prompts, greedy)]

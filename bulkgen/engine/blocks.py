@@ -171,6 +171,17 @@ class BlockManager:
                 del self.cached[key[0]]
             self.block_key[block] = None
 
+    def forget_free(self) -> None:
+        """Drop every free block from the prefix cache: after a step that raised (Ctrl-C in
+        LLM.generate), blocks registered at plan time may never have had their KV written."""
+        for block in range(self.num_blocks):
+            if self.ref_counts[block] == 0 and self.block_key[block] is not None:
+                self._forget(block)
+                if self.partner[block] >= 0:
+                    self._idle_partners -= 1
+                    self._drop_partner(block)
+                self.free_ids.move_to_end(block, last=False)  # nothing to keep: reuse it first
+
     def key_of(self, block: int) -> ChainKey:
         """The chain key of a cached block (as lookup() returned it)."""
         return ChainKey(self.block_key[block][0], block, self.serial[block])
