@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import math
 import numbers
 from dataclasses import dataclass
+
+from bulkgen.constraint_check import check_constraint
 
 # Bounds of integer parameters: they travel to the device as int32/int64 tensors.
 _INT32 = 2**31
@@ -55,7 +56,7 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         self._check_penalties()
-        self._check_constraint()
+        check_constraint(self)
         for name in ("max_tokens", "top_k", "seed", "logprobs"):
             value = getattr(self, name)
             if value is not None and (
@@ -85,11 +86,22 @@ class SamplingParams:
         if self.logprobs is not None and not 0 <= self.logprobs < _INT32:
             raise ValueError(f"logprobs must be in [0, 2**31), got {self.logprobs}")
         # Lists are accepted for convenience and stored as tuples so params stay hashable.
-        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
-        if any(not 0 <= t < _INT32 for t in self.stop_token_ids):
-            raise ValueError(f"stop token ids must be in [0, 2**31), got {self.stop_token_ids}")
-        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        ids, stop = self.stop_token_ids or (), self.stop or ()
+        stop = (stop,) if isinstance(stop, str) else tuple(stop)
+        if (
+            isinstance(ids, str)
+            or not all(map(_is_int, ids))
+            or not all(isinstance(t, str) for t in stop)
+        ):
+            raise ValueError(
+                f"stop_token_ids must be integers and stop strings, got {ids!r}, {stop!r}"
+            )
+        if any(not 0 <= t < _INT32 for t in ids):
+            raise ValueError(f"stop token ids must be in [0, 2**31), got {ids}")
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in ids))
         object.__setattr__(self, "stop", stop)
+        if not isinstance(self.ignore_eos, bool):
+            raise ValueError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
         temperature = 0.0 if self.greedy else self.temperature  # top_k=1 is greedy too
         penalties = (self.repetition_penalty, self.presence_penalty, self.frequency_penalty)
         floats = (temperature, self.top_p, self.min_p, *penalties)
@@ -105,37 +117,12 @@ class SamplingParams:
             )
         for name in ("presence_penalty", "frequency_penalty"):
             v = getattr(self, name)
-            if not (isinstance(v, int | float) and math.isfinite(v) and -2.0 <= v <= 2.0):
+            if isinstance(v, bool) or not (
+                isinstance(v, int | float) and math.isfinite(v) and -2.0 <= v <= 2.0
+            ):
                 raise ValueError(
                     f"{name} must be a number in [-2, 2] as in OpenAI's API (0.0 is off), got {v!r}"
                 )
-
-    def _check_constraint(self) -> None:
-        schema = self.json_schema
-        if schema is not None:
-            if isinstance(schema, str):
-                try:
-                    schema = json.loads(schema)
-                except ValueError as e:
-                    raise ValueError(f"invalid JSON schema: not JSON ({e})") from None
-            if not isinstance(schema, dict):
-                kind = type(schema).__name__
-                raise ValueError(f"invalid JSON schema: must be a JSON object, got a {kind}")
-            # Compact, keys in their given order: the grammar writes an object's properties in
-            # the schema's order, so sorting them would change the output (answer before
-            # question); two schemas that differ only in key order generate differently.
-            canonical = json.dumps(schema, separators=(",", ":"))
-            object.__setattr__(self, "json_schema", canonical)
-        if self.regex is not None and not isinstance(self.regex, str):
-            raise ValueError(f"regex must be a string, got {self.regex!r}")
-        if self.choice is not None:
-            choice = (self.choice,) if isinstance(self.choice, str) else tuple(self.choice)
-            if not choice or not all(isinstance(c, str) and c for c in choice):
-                raise ValueError(f"choice must be a list of non-empty strings, got {self.choice!r}")
-            object.__setattr__(self, "choice", choice)
-        given = [n for n in ("json_schema", "regex", "choice") if getattr(self, n) is not None]
-        if len(given) > 1:
-            raise ValueError(f"give at most one of json_schema, regex and choice, got {given}")
 
     @property
     def constrained(self) -> bool:

@@ -6,10 +6,11 @@ import threading
 from collections.abc import Sequence
 from dataclasses import fields, replace
 
-from bulkgen.config import EngineConfig, SamplingParams
+from bulkgen.config import EngineConfig, SamplingParams, _is_int
 from bulkgen.engine.engine import Engine
 from bulkgen.engine.request import RequestOutput
 from bulkgen.samples import sample_seed
+from bulkgen.text.chat import checked_messages
 from bulkgen.text.stop import cut_at_stop, keep_first_tokens, kept_token_counts
 
 _STOP_CONTEXT = 16  # earlier tokens re-decoded with each step's new ones when watching stops
@@ -110,7 +111,7 @@ class LLM:
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if not ids:
             raise ValueError(f"prompt {i} is empty")
-        if bad := [t for t in ids if isinstance(t, bool) or not 0 <= t < vocab]:
+        if bad := [t for t in ids if not _is_int(t) or not 0 <= t < vocab]:
             raise ValueError(
                 f"prompt {i} holds token id {bad[0]!r}, outside the model's vocabulary ({vocab})"
             )
@@ -172,7 +173,7 @@ class LLM:
             conversations = [conversations]
         prompts = []
         for messages in conversations:
-            messages = list(messages)
+            messages = checked_messages(list(messages))  # as bulkgen run: text parts joined
             if system is not None and (not messages or messages[0].get("role") != "system"):
                 messages = [{"role": "system", "content": system}, *messages]
             ids = self.tokenizer.apply_chat_template(

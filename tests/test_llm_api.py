@@ -156,3 +156,39 @@ def test_a_call_interrupted_before_its_kv_was_written_leaves_no_cached_block(tin
     got = [o.token_ids for o in llm.generate(prompts, greedy)]
     fresh = LLM(str(tiny_model_dir), device="cpu", dtype="float32", prefix_cache=False)
     assert got == [o.token_ids for o in fresh.generate(prompts, greedy)]
+
+
+def test_values_of_the_wrong_type_are_a_value_error_before_any_request(tiny_model_dir):
+    """Fractional token ids ran as if rounded down; SamplingParams took stop=[..., 5] (a
+    TypeError mid-call), stop_token_ids="12" (as 1 and 2), ignore_eos="no" (truthy)."""
+    llm = LLM(str(tiny_model_dir), device="cpu")
+    greedy = SamplingParams(max_tokens=4, temperature=0.0)
+    for ids in ([1.5, 2.0], [1, 2.7]):
+        with pytest.raises(ValueError, match="outside the model's vocabulary"):
+            llm.generate([ids], greedy)
+    assert not llm.engine.has_unfinished()
+    bad = [{"stop": ["END", 5]}, {"stop_token_ids": "12"}, {"stop_token_ids": [2.7]},
+           {"ignore_eos": "no"}, {"presence_penalty": True},
+           {"frequency_penalty": False}]  # fmt: skip
+    for kw in bad:
+        with pytest.raises(ValueError):
+            SamplingParams(**kw)
+    assert SamplingParams(stop=None, stop_token_ids=None).stop == ()
+
+
+def test_chat_joins_text_content_parts_as_bulkgen_run_does(tiny_model_dir, tiny_tokenizer):
+    """OpenAI-style text parts were rendered as their Python repr."""
+    llm = LLM(str(tiny_model_dir), device="cpu")
+    greedy = SamplingParams(max_tokens=4, temperature=0.0)
+    parts = [
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "Hel"}, {"type": "text", "text": "lo"}],
+        }
+    ]
+    joined = [{"role": "user", "content": "Hello"}]
+    assert (
+        llm.chat(parts, greedy)[0].prompt_token_ids == llm.chat(joined, greedy)[0].prompt_token_ids
+    )
+    with pytest.raises(ValueError, match="no string content"):
+        llm.chat([{"role": "user"}], greedy)
