@@ -219,8 +219,13 @@ class EngineConfig:
             or self.block_size & (self.block_size - 1)
         ):
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")
+        for name in ("num_blocks", "max_batch_tokens", "max_model_len"):  # before the < below
+            if (value := getattr(self, name)) is not None and not _is_int(value):
+                raise ValueError(f"{name} must be an integer, got {value!r}")
         if self.num_blocks is not None and self.num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1 or None, got {self.num_blocks}")
+        if isinstance(self.kv_memory, bool) or not isinstance(self.kv_memory, int | float):
+            raise ValueError(f"kv_memory must be a number, got {self.kv_memory!r}")
         if not 0.0 < self.kv_memory <= 1.0:
             raise ValueError(f"kv_memory must be a fraction in (0, 1], got {self.kv_memory}")
         for name in ("fp8_fast_accum", "fp8_kv_pair_first_block", "mixed_graphs"):

@@ -192,3 +192,14 @@ def test_chat_joins_text_content_parts_as_bulkgen_run_does(tiny_model_dir, tiny_
     )
     with pytest.raises(ValueError, match="no string content"):
         llm.chat([{"role": "user"}], greedy)
+
+
+@pytest.mark.parametrize(
+    "option, value",
+    [("num_blocks", 2.5), ("max_batch_tokens", 100.5), ("max_model_len", 100.5),
+     ("max_batch_tokens", True), ("num_blocks", "8"), ("kv_memory", "0.5")],
+)  # fmt: skip
+def test_engine_options_of_the_wrong_type_name_the_option(tiny_model_dir, option, value):
+    """They failed deep inside torch (empty(): argument 'size'...) or in a bare comparison."""
+    with pytest.raises(ValueError, match=option):
+        LLM(str(tiny_model_dir), device="cpu", **{option: value})
