@@ -203,6 +203,9 @@ def check_score(ctx: click.Context, keep_columns: tuple[str, ...], fmt: str = "p
         )
     if references is not None and not os.path.isfile(references):
         raise UserError(f"recipe {recipe.path}: score.references {references} is not a file")
+    baseline = recipe.score["baseline"]
+    if baseline is not None and not os.path.isdir(baseline):
+        raise UserError(f"recipe {recipe.path}: score.baseline {baseline} is not a folder")
 
 
 def after_run(ctx: click.Context, out: str, quiet: bool) -> None:

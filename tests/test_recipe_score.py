@@ -18,6 +18,10 @@ from bulkgen.cli import main
     [
         ({}, "score reads the reference column 'answer' from the results, and the run does not"),
         ({"score": {"references": "missing.jsonl"}}, "missing.jsonl is not a file"),
+        (
+            {"keep_columns": "answer", "score": {"baseline": "yesterday"}},
+            "score.baseline " + "{tmp}/yesterday is not a folder",
+        ),
         (  # Batch lines keep no column, though keep_columns names it
             {"format": "openai", "keep_columns": "answer"},
             "--format openai lines keep no column: name a score.references file",
@@ -32,5 +36,6 @@ def test_a_score_that_could_not_run_stops_the_run_before_any_work(tmp_path, fiel
     result = CliRunner().invoke(main, ["run", "--recipe", str(path)])
     assert result.exit_code == 1, result.output
     lines = result.stderr.strip().splitlines()
+    words = words.format(tmp=tmp_path)
     assert len(lines) == 1 and lines[0].startswith(f"error: recipe {path}: ") and words in lines[0]
     assert not (tmp_path / "out").exists()
