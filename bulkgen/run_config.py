@@ -81,6 +81,11 @@ class RunConfig:
             raise ValueError(f"shard size must be >= 1 row, got {self.shard_size}")
         if not self.prompt_column:
             raise ValueError("the prompt column name is empty")
+        if self.keep_columns and self.format == "openai":
+            raise ValueError(
+                "--keep-columns with --format openai: Batch API output lines hold no input "
+                "columns; use --format parquet or jsonl to keep them"
+            )
         for i, name in enumerate(self.keep_columns):
             if name in self.keep_columns[:i]:
                 raise ValueError(f"--keep-columns names {name!r} twice")

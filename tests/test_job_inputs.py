@@ -299,3 +299,12 @@ def test_a_job_recorded_by_another_run_after_the_check_is_refused_under_the_lock
         run_b.prepare({"settings": settings_a, "input_files": renamed}, overwrite=False)
     run_b.prepare({"settings": settings_a, "input_files": inputs}, overwrite=False)  # the same
     run_b.unlock()
+
+
+def test_kept_columns_with_the_openai_format_are_refused_in_one_line(tmp_path, tiny_model_dir):
+    """Batch output lines hold no input column: they were accepted and silently dropped."""
+    write_prompts(tmp_path / "in.jsonl", 2)
+    result = bulkgen("run", tmp_path / "in.jsonl", "-m", tiny_model_dir, "-o", tmp_path / "out",
+                     "--format", "openai", "--keep-columns", "prompt2")  # fmt: skip
+    assert result.exit_code == 2 and "--keep-columns with --format openai" in result.output
+    assert not (tmp_path / "out").exists()

@@ -22,8 +22,8 @@ from bulkgen.cli import main
             {"keep_columns": "answer", "score": {"baseline": "yesterday"}},
             "score.baseline " + "{tmp}/yesterday is not a folder",
         ),
-        (  # Batch lines keep no column, though keep_columns names it
-            {"format": "openai", "keep_columns": "answer"},
+        (  # Batch lines keep no column
+            {"format": "openai"},
             "--format openai lines keep no column: name a score.references file",
         ),
     ],
