@@ -65,7 +65,7 @@ def extract_number(text: str) -> str | None:
     if numbers:
         return as_number(numbers[-1])
     runs = _WORD_RUN.findall(text.lower())
-    if not runs or len(_WORD_NUMBER.findall(runs[-1])) > 1 or not _WORD_NUMBER.fullmatch(runs[-1]):
+    if not runs or not _WORD_NUMBER.fullmatch(runs[-1]):
         return None  # none, or a compound ("twenty-one", "one hundred") read as no number
     return str(_NUMBER_WORDS.index(runs[-1]))
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 
 from bulkgen.io.inputs import Source
-from bulkgen.io.validate import shown, writable
+from bulkgen.io.validate import as_record, shown
 from bulkgen.row import Row
 
 _LINE_BITS = _INDEX_BITS = 48
@@ -47,9 +47,7 @@ class FirstSeen:
             )
         elif row.error is None:
             row.fail(f"duplicate id {shown(row.id)} (first at {self._describe(first)})")
-        if isinstance(row.prompt, str) and row.prompt_text is None:  # as validate.check_row's
-            row.prompt_text = writable(row.prompt)  # records: shows which row it was
-        row.prompt = row.messages = row.columns = None
+        as_record(row)
         name, suffix = self.sources[source_number].name, ""
         while (key := _key(f"{name}:{row.index}{suffix}")) in self._first:
             suffix += "~"  # its default id is some other row's id too

@@ -113,10 +113,14 @@ def check_row(row: Row, grammar_checks: GrammarChecks | None = None) -> None:
                 except ValueError as e:
                     row.fail(f"bad sampling parameter: column 'response_format': {e}")
     if row.error is not None:
-        # Only what the error record writes must be writable; the rest is dropped. A text
-        # prompt stays in the record's prompt column, to show which row failed.
-        if isinstance(row.prompt, str) and row.prompt_text is None:
-            row.prompt_text = writable(row.prompt)
-        row.prompt = row.messages = row.columns = row.overrides = None
-        if row.extra is not None:
-            row.extra = {k: writable(v) for k, v in row.extra.items()}
+        as_record(row)
+
+
+def as_record(row: Row) -> None:
+    """A failed row reduced to what its error record writes, made writable; the rest dropped. A
+    text prompt stays in the record's prompt column, to show which row failed."""
+    if isinstance(row.prompt, str) and row.prompt_text is None:
+        row.prompt_text = writable(row.prompt)
+    row.prompt = row.messages = row.columns = row.overrides = None
+    if row.extra is not None:
+        row.extra = {k: writable(v) for k, v in row.extra.items()}
