@@ -5,11 +5,10 @@ attention shape, the engine's launches (decode_tilings.json) and split counts, c
 CONTEXT tokens, bf16 and fp8 caches; no L2 clear between replays (bench_decode_layers.py's way).
 
     PYTHONPATH=. python scripts/bench_decode_rotary.py [--rows 1,8,32,64,128,256,512]
-        [--context 1024] [--caches bf16,fp8] [--forms apart,fused,deferred]
+        [--context 1024] [--caches bf16,fp8]
 
-One JSON line per (cache, rows): microseconds per layer apart, in one launch and (fp8, --forms
-deferred) with the values stored by the decode launch (decode_values.py), and each form's ratio
-to apart (fused_over_apart < 1: the one launch is faster). A graph's launches back to back are not a
+One JSON line per (cache, rows): microseconds per layer apart and in one launch, and their ratio
+(fused_over_apart < 1: the one launch is faster). A graph's launches back to back are not a
 step: in a step the GEMMs before and after overlap the attention launches' heads and tails.
 """
 
@@ -26,7 +25,6 @@ from bench_commit import git_commit
 
 from bulkgen.model.attention.decode_rotary import Unrotated
 from bulkgen.model.attention.decode_tiling import decode_launch, fp8_v_slots_inner
-from bulkgen.model.attention.decode_values import DeferredValues
 from bulkgen.model.attention.kv_fp8 import FP8_DTYPE
 from bulkgen.model.attention.kv_layout import block_size_for, to_slots_inner
 from bulkgen.model.attention.rotary_write import rotary_write_kv
@@ -70,17 +68,6 @@ def fused(step, k_cache, v_cache, seq_lens, tables, launch):
                         launch=launch, rotate=step)  # fmt: skip
 
 
-def deferred(step, k_cache, v_cache, seq_lens, tables, launch):
-    """rotary_write's keys only, then the decode launch storing the values (decode_values.py)."""
-    q = rotary_write_kv(step.q, step.k, step.v, step.positions, step.cos, step.sin, k_cache,
-                        v_cache, step.slot_mapping, write_v=False)[0]  # fmt: skip
-    return paged_decode(q, k_cache, v_cache, seq_lens, tables, HEAD_DIM**-0.5, launch=launch,
-                        rotate=DeferredValues(q, step.v, step.slot_mapping))  # fmt: skip
-
-
-FORMS = {"apart": apart, "fused": fused, "deferred": deferred}
-
-
 def timed(calls: list) -> float:
     """steps_us (bench_attention.py): microseconds per call, the calls in one CUDA graph."""
     return steps_us(calls)
@@ -91,9 +78,6 @@ def main() -> None:
     parser.add_argument("--rows", default="1,8,32,64,128,256,512")
     parser.add_argument("--context", type=int, default=1024)
     parser.add_argument("--caches", default="bf16,fp8", help=f"of {', '.join(CACHES)}")
-    parser.add_argument(
-        "--forms", default="apart,fused", help=f"of {', '.join(FORMS)}, apart first"
-    )
     args = parser.parse_args()
     commit = git_commit()
     for name in args.caches.split(","):
@@ -103,15 +87,12 @@ def main() -> None:
             launch = decode_launch(HEAD_DIM, fp8, rows, "fp8" if fp8 else "auto")
             layers = [layer_inputs(rows, args.context, kv_dtype) for _ in range(LAYERS)]
             us = {}
-            for form in args.forms.split(","):
-                if form == "deferred" and not fp8:
-                    continue  # an fp8 cache's only
-                calls = [functools.partial(FORMS[form], *layer, launch) for layer in layers]
-                us[form] = timed(calls)
+            for form in (apart, fused):
+                calls = [functools.partial(form, *layer, launch) for layer in layers]
+                us[form.__name__] = timed(calls)
             line = {"cache": name, "rows": rows, "context": args.context}
             line |= {f"{k}_us": round(v, 2) for k, v in us.items()}
-            others = [k for k in us if k != "apart"]
-            line |= {f"{k}_over_apart": round(us[k] / us["apart"], 4) for k in others}
+            line["fused_over_apart"] = round(us["fused"] / us["apart"], 4)
             print(json.dumps({**line, "git_commit": commit}), flush=True)
             del layers
             torch.cuda.empty_cache()

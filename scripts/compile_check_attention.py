@@ -124,7 +124,6 @@ def decode_source(
     mma: bool = False,
     block_n: int | None = None,
     rotate: bool = False,
-    defer_v: bool = False,
 ) -> ASTSource:
     v_signature, v_constants = _v_strides(v_slots_inner)
     signature = {
@@ -151,7 +150,7 @@ def decode_source(
         **_scalars(
             "GROUP GROUP_PAD HEAD_DIM BLOCK_SIZE BLOCK_N DOT_PRECISION KV_FP8 KV_INT8 DOT_F16 "
             "V_IN_REGISTERS V_SLOTS_INNER PREFETCH_BLOCKS PAIRS INT8_ASM MMA_FP8 ROUND_MMA "
-            "ROTATE ROUND_PTX HEADS_FIRST DEFER_V",
+            "ROTATE ROUND_PTX HEADS_FIRST",
             "constexpr",
         ),
     }
@@ -176,7 +175,6 @@ def decode_source(
         "ROTATE": rotate,
         "ROUND_PTX": rotate,  # as on a GPU (decode_rotary.round_in_ptx)
         "HEADS_FIRST": False,  # the same kernel body in another launch order
-        "DEFER_V": defer_v,
         **v_constants,
     }
     attrs = _aligned(signature)
@@ -186,12 +184,6 @@ def decode_source(
 def decode_prefetch_source(cache: str) -> ASTSource:
     """The engine's 8-bit layout (values slots inner) with each tile's block ids loaded ahead."""
     return decode_source(cache, v_slots_inner=True, prefetch_blocks=True)
-
-
-def decode_values_source(prefetch_blocks: bool = True) -> ASTSource:
-    """The new token's fp8 value stored after the loop (decode_values.py), in the engine's fp8
-    layout (values slots inner; block ids loaded ahead, as the launches above 64 rows do)."""
-    return decode_source("fp8", v_slots_inner=True, prefetch_blocks=prefetch_blocks, defer_v=True)
 
 
 def decode_rotary_source(cache: str) -> ASTSource:

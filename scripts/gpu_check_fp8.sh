@@ -29,9 +29,7 @@
 #   rotary: a decode step's rotary and KV write in the decode launch (BULKGEN_DECODE_ROTARY): its
 #      GPU tests, blog bf16 and FP8 off/on twice (about 9 minutes); rotarybulk: bulk the same;
 #      rotarytests: its GPU tests alone; rotarylayers: scripts/bench_decode_rotary.py (the launch
-#      against rotary_write then decode at 1-512 rows, 32 layers a graph; ROTARY_ARGS: its
-#      arguments); deferv: big decode steps' fp8 values stored by the decode launch
-#      (BULKGEN_DECODE_DEFER_V): its GPU tests, the forms at DEFER_ROWS, trt and bulk FP8 off/on;
+#      against rotary_write then decode at 1-512 rows, 32 layers a graph; not yet run);
 #   regsweep: the fp8 decode launches at 857 rows unbounded and bounded to 96 and 80 registers
 #      (5-6 CTAs an SM against 4-5), each also heads first (sweep_decode_large.py; not yet run);
 #   kheads: keys stored heads outer (BULKGEN_K_HEADS_OUTER): GPU tests, the decode kernel over
@@ -360,23 +358,8 @@ if want kheads; then  # keys stored heads outer (BULKGEN_K_HEADS_OUTER, kv_layou
   done
 fi
 if want rotarylayers; then  # the one launch against rotary_write + decode by rows, 32 layers a graph
-  timeout 200 python3 scripts/bench_decode_rotary.py ${ROTARY_ARGS:-} 2>&1 | grep -v -i warn \
+  timeout 200 python3 scripts/bench_decode_rotary.py 2>&1 | grep -v -i warn \
     | tee "$OUT/rotary_layers.jsonl"
-fi
-if want deferv; then  # big decode steps' fp8 values stored by the decode launch (decode_values.py):
-  # its GPU tests, the three forms at DEFER_ROWS x 1,500 tokens (32 layers a graph), then trt FP8
-  # (TRT_PROMPTS), trt FP8 KV only and bulk FP8 with BULKGEN_DECODE_DEFER_V off, then on
-  gpu_tests defer_tests 200 tests/test_decode_values.py
-  timeout 240 python3 scripts/bench_decode_rotary.py --caches fp8 --context 1500 \
-    --rows "${DEFER_ROWS:-128,256,512,889}" --forms apart,fused,deferred 2>&1 | grep -v -i warn \
-    | tee "$OUT/defer_layers.jsonl"
-  for on in 0 1; do
-    BULKGEN_DECODE_DEFER_V=$on bench trt "${TRT_TIMEOUT_S:-200}" --workloads trt \
-      --engines "${DEFER_TRT_ENGINES:-bulkgen-fp8}" --num-prompts "$TRT_PROMPTS"
-  done
-  for on in ${DEFER_BULK:-0 1}; do
-    BULKGEN_DECODE_DEFER_V=$on bench bulk 150 --workloads bulk --engines bulkgen-fp8 --num-prompts 512
-  done
 fi
 if want rotarybulk; then  # the same in bulk (512 prompts): bf16 and FP8, off then on
   for on in 0 1; do

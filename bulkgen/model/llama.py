@@ -20,7 +20,6 @@ from torch import nn
 
 from bulkgen.model.attention import AttentionBackend
 from bulkgen.model.attention.decode_rotary import Unrotated, defers
-from bulkgen.model.attention.decode_values import DeferredValues, defers_values
 from bulkgen.model.attention.metadata import AttnMetadata
 from bulkgen.model.config import ModelConfig
 from bulkgen.model.fp8 import Fp8Activation, Fp8Linear
@@ -96,10 +95,9 @@ class Attention(nn.Module):
         rotary: Rotary,
         kv: tuple[torch.Tensor, ...],
         q_out: torch.Tensor | None = None,
-    ) -> torch.Tensor | Unrotated | DeferredValues:
+    ) -> torch.Tensor:
         """The rotated queries [T, heads, head_dim] (in q_out when given); keys and values are
-        written to the cache (at meta.slot_mapping: the only metadata read here), or left to
-        the decode launch (an Unrotated, or DeferredValues: the values only)."""
+        written to the cache (at meta.slot_mapping: the only metadata read here)."""
         cfg = self.cfg
         q, k, v = self.qkv_proj(x).split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
         q = q.view(-1, cfg.num_heads, cfg.head_dim)
@@ -119,12 +117,7 @@ class Attention(nn.Module):
         if self.backend.rotary_write_kv is not None:  # one launch, the same bits
             args = (q, k, v, positions, rotary.cos, rotary.sin, *cache)
             runs = not meta.decode_only  # a step with prefill: values stored in runs
-            # a big decode step's fp8 values: stored by the decode launch (decode_values.py)
-            deferred = self.defers_values(meta, q, q_out, v_cache)
-            q = self.backend.rotary_write_kv(
-                *args, q_out=q_out, v_runs=runs, write_v=not deferred, **pairs
-            )[0]
-            return DeferredValues(q, v, meta.slot_mapping) if deferred else q
+            return self.backend.rotary_write_kv(*args, q_out=q_out, v_runs=runs, **pairs)[0]
         q, k = self.ops.rotary(q, k, positions, rotary.cos, rotary.sin)
         self.backend.write_kv(k, v, *cache, **pairs)
         return q if q_out is None else q_out.copy_(q)
@@ -137,26 +130,19 @@ class Attention(nn.Module):
             return False
         return defers(k_cache, meta.kv_partners is not None, q.shape[0])
 
-    def defers_values(self, meta: AttnMetadata, q, q_out, v_cache: torch.Tensor) -> bool:
-        """Whether the decode launch stores this step's values (decode_values.defers_values), in
-        a decode-only step outside mixed_graphs' pieces of a backend whose decode launch can."""
-        if not self.backend.decode_rotary or not meta.decode_only or q_out is not None:
-            return False
-        return defers_values(v_cache, meta.kv_partners is not None, q.shape[0])
-
     def attend(
         self,
-        q: torch.Tensor | Unrotated | DeferredValues,
+        q: torch.Tensor | Unrotated,
         meta: AttnMetadata,
         kv: tuple[torch.Tensor, ...],
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Attention of the queries over the cache: [T, heads, head_dim] (in out when given);
         queries qkv_cache left unrotated are rotated, and their keys and values written, by
-        the decode launch; DeferredValues' values are stored by it."""
+        the decode launch."""
         k_cache, v_cache, *scales = kv
         k_scale, v_scale = scales if scales else (self.k_scale, self.v_scale)
-        rotate = {"rotate": q} if isinstance(q, (Unrotated, DeferredValues)) else {}
+        rotate = {"rotate": q} if isinstance(q, Unrotated) else {}
         q = q.q if rotate else q
         args = (q, k_cache, v_cache, meta, self.scale, k_scale, v_scale)
         if out is None and self.fp8_rows():  # a decode step's output may come as FP8 rows

@@ -26,13 +26,12 @@ ATTN_ROWS_ENV = "BULKGEN_FP8_ATTN_ROWS"  # 0: o_proj quantizes attention's outpu
 DECODE_MMA_ENV = "BULKGEN_FP8_DECODE_MMA"  # 1: fp8-cache decode on e4m3 products (decode_mma.py)
 DECODE_ROTARY_ENV = "BULKGEN_DECODE_ROTARY"  # 0: a decode step's rotary apart (decode_rotary.py)
 K_HEADS_OUTER_ENV = "BULKGEN_K_HEADS_OUTER"  # 1: keys stored heads outer (kv_layout.py)
-DECODE_DEFER_V_ENV = "BULKGEN_DECODE_DEFER_V"  # 0: fp8 values apart in big decode steps
 KV_RUNS_ENV = "BULKGEN_KV_RUNS"  # 0: prefill's fp8 values a token a program (triton_kv_runs)
 KERNEL_SWITCHES = (PDL_ENV, SILU_FORM_ENV, HW_ROUNDING_ENV, PREFILL_F16_ENV, BLAS_ENV)
 KERNEL_SWITCHES += (BF16_ARGMAX_ENV, ATTN_FP8_PV_ENV, INT8_V_SLOTS_INNER_ENV, INT8_F16_ASM_ENV)
 KERNEL_SWITCHES += (SILU_GEMM_ENV, ATTN_ROWS_ENV, DECODE_MMA_ENV, "BULKGEN_FP8_GEMM_TABLE")
 KERNEL_SWITCHES += (DECODE_ROTARY_ENV, "BULKGEN_DECODE_TILINGS", K_HEADS_OUTER_ENV)
-KERNEL_SWITCHES += (KV_RUNS_ENV, DECODE_DEFER_V_ENV)
+KERNEL_SWITCHES += (KV_RUNS_ENV,)
 BLAS_LIBRARIES = ("cublas", "cublaslt")
 # cuBLASLt picks its kernels by other heuristics than cuBLAS (torch's default): on the H200 at
 # 161440a (one call, bf16) blog ran 5,233 tok/s through cuBLASLt, 5,071 through cuBLAS (decode
@@ -58,7 +57,7 @@ def apply_switches(device: torch.device) -> None:
     load in one line, not a step mid-run) and BULKGEN_BLAS's library set (blas_library)."""
     on_off = (HW_ROUNDING_ENV, PREFILL_F16_ENV, BF16_ARGMAX_ENV, ATTN_FP8_PV_ENV)
     for name in (*on_off, SILU_GEMM_ENV, ATTN_ROWS_ENV, DECODE_MMA_ENV, DECODE_ROTARY_ENV,
-                 K_HEADS_OUTER_ENV, KV_RUNS_ENV, DECODE_DEFER_V_ENV):  # fmt: skip
+                 K_HEADS_OUTER_ENV, KV_RUNS_ENV):  # fmt: skip
         switch(name, False)
     blas_library(device)
 

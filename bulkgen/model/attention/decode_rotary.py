@@ -69,15 +69,10 @@ def round_in_ptx(device: torch.device) -> bool:
     return device.type == "cuda" and os.environ.get("TRITON_INTERPRET") != "1"
 
 
-def rotation_args(rotate, q: torch.Tensor, k_scale, v_scale) -> tuple:
-    """The decode kernel's ROTATE arguments (k_new_ptr ... v_inv_scale) for an Unrotated, DEFER_V's
-    for a decode_values.DeferredValues (values, slots, v_inv_scale), placeholders for None."""
+def rotation_args(rotate: Unrotated | None, q: torch.Tensor, k_scale, v_scale) -> tuple:
+    """The decode kernel's ROTATE arguments (k_new_ptr ... v_inv_scale), placeholders without."""
     if rotate is None:
         return (q, q, 0, 0, 0, 0, q, q, q, 0, 0, q, 1.0, 1.0)
-    if not isinstance(rotate, Unrotated):  # DeferredValues
-        v, slots = rotate.v, rotate.slot_mapping
-        assert v.stride(-1) == 1 and slots.shape == v.shape[:1]
-        return (v, v, 0, 0, v.stride(0), v.stride(1), slots, v, v, 0, 0, slots, 1.0, 1.0 / v_scale)
     k, v, cos, sin = rotate.k, rotate.v, rotate.cos, rotate.sin
     assert k.stride(-1) == v.stride(-1) == 1 and cos.shape[-1] * 2 == q.shape[-1]
     assert k.shape == v.shape and rotate.positions.shape == rotate.slot_mapping.shape

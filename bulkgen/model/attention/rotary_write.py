@@ -109,14 +109,12 @@ def rotary_write_kv(
     q_out: torch.Tensor | None = None,
     partners: torch.Tensor | None = None,
     v_runs: bool = False,
-    write_v: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """fused_rotary.rotary(q, k, ...) and triton_kv_write.write_kv(rotated k, v, ...) in one launch;
     the rotated (q, k) as new contiguous tensors, q in q_out when given (contiguous, q's shape
     and dtype: a static buffer of engine/mixed_graphs.py's pieces); partners: write_kv's.
     v_runs (a step with prefill): where triton_kv_runs.runs_apply, the values are stored by
-    write_v_runs, a second launch, the same bits. write_v False: the keys only (the decode
-    launch stores the values: decode_values.py)."""
+    write_v_runs, a second launch, the same bits."""
     T, q_heads, head_dim = q.shape
     k_heads, half = k.shape[1], head_dim // 2
     assert k.shape == v.shape == (T, k_heads, head_dim) and k.dtype == q.dtype == v.dtype
@@ -131,7 +129,7 @@ def rotary_write_kv(
     q_heads_pad, k_heads_pad = triton.next_power_of_2(q_heads), triton.next_power_of_2(k_heads)
     half_pad = triton.next_power_of_2(half)
     tile = (q_heads_pad + k_heads_pad) * half_pad * 2  # elements a program rotates
-    runs = write_v and v_runs and runs_apply(v_cache, partners)
+    runs = v_runs and runs_apply(v_cache, partners)
     _rotary_write_kv_kernel[(T,)](
         q, k, v, positions, cos, sin, q_out, k_out, k_cache, v_cache, slot_mapping,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
@@ -143,7 +141,7 @@ def rotary_write_kv(
         Q_HEADS=q_heads, Q_HEADS_PAD=q_heads_pad, K_HEADS=k_heads, K_HEADS_PAD=k_heads_pad,
         HALF=half, HALF_PAD=half_pad, BLOCK_SIZE=k_cache.shape[1],
         QUANTIZE=is_fp8(k_cache), KV_INT8=int8, PAIRS=partners is not None and is_fp8(k_cache),
-        WRITE_V=write_v and not runs,
+        WRITE_V=not runs,
         num_warps=min(8, triton.next_power_of_2(max(1, tile // 1024))),  # the rotary's
         enable_fp_fusion=False,  # fused_rotary._rotate_heads' roundings
     )  # fmt: skip

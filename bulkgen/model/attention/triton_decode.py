@@ -47,7 +47,6 @@ from bulkgen.model.attention.decode_merge import merge_splits, merge_splits_to_f
 from bulkgen.model.attention.decode_mma import mma_fp8
 from bulkgen.model.attention.decode_rotary import Unrotated, rotation_args, round_in_ptx
 from bulkgen.model.attention.decode_tiling import DecodeLaunch, decode_launch, num_kv_splits
-from bulkgen.model.attention.decode_values import DeferredValues
 from bulkgen.model.attention.kv_fp8 import is_fp8
 from bulkgen.model.attention.kv_layout import v_slots_inner
 from bulkgen.model.attention.triton_decode_kernel import _decode_split_kernel
@@ -82,7 +81,7 @@ def paged_decode(
     out: torch.Tensor | None = None,
     partners: torch.Tensor | None = None,
     fp8_rows: bool = False,
-    rotate: Unrotated | DeferredValues | None = None,
+    rotate: Unrotated | None = None,
 ) -> torch.Tensor | Fp8Activation:
     """Attention of one query row per sequence, q [B, Hq, D], over its cached context.
 
@@ -92,8 +91,7 @@ def paged_decode(
     is split, the merge writes FP8 rows [B, Hq * D] for an FP8 o_proj instead (an Fp8Activation,
     decode_merge.merge_splits_to_fp8); unsplit, the output as always. rotate: q is unrotated,
     and the launch rotates it and writes the step's keys and values (decode_rotary.py; an fp8,
-    16-bit or float32 cache without partners); a DeferredValues: the keys are in the cache, and
-    the launch stores the values after reading the rest (decode_values.py; an fp8 cache)."""
+    16-bit or float32 cache without partners)."""
     batch, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     check_cache(k_cache, v_cache, head_dim)
@@ -115,8 +113,6 @@ def paged_decode(
     pairs = partners is not None and fp8
     assert rotate is None or not (int8 or pairs), "decode_rotary.defers: neither"
     mma = mma_fp8(q, v_cache, block_n, pairs)
-    defer_v = isinstance(rotate, DeferredValues)
-    assert not defer_v or (fp8 and not mma and not pairs), "decode_values.defers_values: neither"
     if batch == 0:
         return out
     # Allocated per call: inside a CUDA graph they come from the graph's private pool.
@@ -163,10 +159,9 @@ def paged_decode(
         INT8_ASM=int8 and int8_asm(q.device),
         MMA_FP8=mma,
         ROUND_MMA=mma and not hw_rounding(q.device),
-        ROTATE=isinstance(rotate, Unrotated),
-        ROUND_PTX=isinstance(rotate, Unrotated) and round_in_ptx(q.device),
+        ROTATE=rotate is not None,
+        ROUND_PTX=rotate is not None and round_in_ptx(q.device),
         HEADS_FIRST=launch.heads_first,
-        DEFER_V=defer_v,
         num_warps=launch.num_warps,
         **({"num_stages": launch.num_stages} if launch.num_stages else {}),
         **launch_registers(launch, pairs, q.device),

@@ -1,7 +1,6 @@
 """The split-KV decode kernel itself: triton_decode.py (paged_decode launches it) says how it is
 built and why; each program's loop body is decode_tile.py's, its variants' parts live in
-decode_mma.py (MMA_FP8), triton_decode_rotary.py (ROTATE), triton_decode_values.py (DEFER_V) and
-triton_kv_pairs.py (PAIRS)."""
+decode_mma.py (MMA_FP8), triton_decode_rotary.py (ROTATE) and triton_kv_pairs.py (PAIRS)."""
 
 from __future__ import annotations
 
@@ -11,7 +10,6 @@ import triton.language as tl
 from bulkgen.model.attention.decode_mma import attend_mma
 from bulkgen.model.attention.decode_tile import decode_tile
 from bulkgen.model.attention.triton_decode_rotary import rotate, write_at_its_split
-from bulkgen.model.attention.triton_decode_values import add_new_token, holds_new_token
 from bulkgen.model.attention.triton_kv import kv_tile_blocks
 from bulkgen.model.attention.triton_kv_pairs import first_partner
 
@@ -44,7 +42,7 @@ def _decode_split_kernel(
     stride_v_head,
     stride_v_dim,
     k_new_ptr,  # ROTATE's (decode_rotary.py): the step's unrotated keys and values [B, Hkv, D]
-    v_new_ptr,  # and DEFER_V's values (decode_values.py; with slot_ptr and v_inv_scale)
+    v_new_ptr,
     stride_knt,
     stride_knh,
     stride_vnt,
@@ -76,7 +74,6 @@ def _decode_split_kernel(
     ROTATE: tl.constexpr,  # q unrotated; rotate it, and rotate and write the step's k and v
     ROUND_PTX: tl.constexpr,  # ROTATE's roundings through PTX (decode_rotary.round_to)
     HEADS_FIRST: tl.constexpr,  # grid (Hkv, B, S) rather than (B, Hkv, S) (DecodeLaunch)
-    DEFER_V: tl.constexpr,  # the new token's value stored here, after the loop (decode_values.py)
 ):
     if HEADS_FIRST:
         kv_head = tl.program_id(0)
@@ -118,9 +115,6 @@ def _decode_split_kernel(
             stride_cache_slot, stride_cache_head, stride_v_block, stride_v_slot, stride_v_head,
             stride_v_dim, q_ptr.dtype.element_ty, HEAD_DIM, BLOCK_SIZE, BLOCK_N, KV_FP8, ROUND_PTX,
         )  # fmt: skip
-    if DEFER_V:  # the split holding the last position leaves it to add_new_token below
-        new, new_slot = holds_new_token(b, split, seq_len, tiles_per_split, slot_ptr, BLOCK_N)
-        hi = tl.where(new, hi - 1, hi)
 
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
@@ -175,14 +169,6 @@ def _decode_split_kernel(
                 DOT_PRECISION, KV_FP8, KV_INT8, DOT_F16, V_IN_REGISTERS, V_SLOTS_INNER, False,
                 INT8_ASM,
             )  # fmt: skip
-
-    if DEFER_V:
-        acc, l_i, m_i = add_new_token(
-            acc, l_i, m_i, q, new, new_slot, b, kv_head, k_cache_ptr, v_cache_ptr, v_new_ptr,
-            stride_vnt, stride_vnh, qk_scale, v_inv_scale, stride_cache_block, stride_cache_slot,
-            stride_cache_head, stride_v_block, stride_v_slot, stride_v_head, stride_v_dim,
-            HEAD_DIM, BLOCK_SIZE, KV_FP8, DOT_F16,
-        )  # fmt: skip
 
     # An empty split (or a padding row with seq_len 0) has l_i == 0: write out = 0, lse = -inf.
     has_work = l_i > 0
