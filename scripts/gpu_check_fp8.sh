@@ -29,7 +29,8 @@
 #   rotary: a decode step's rotary and KV write in the decode launch (BULKGEN_DECODE_ROTARY): its
 #      GPU tests, blog bf16 and FP8 off/on twice (about 9 minutes); rotarybulk: bulk the same;
 #      rotarytests: its GPU tests alone; rotarylayers: scripts/bench_decode_rotary.py (the launch
-#      against rotary_write then decode at 1-512 rows, 32 layers a graph; not yet run);
+#      against rotary_write then decode at 1-512 rows, 32 layers a graph; ROTARY_ARGS: its
+#      arguments, e.g. "--caches fp8 --context 1500 --rows 128,256,512,889": 56555ac, README);
 #   regsweep: the fp8 decode launches at 857 rows unbounded and bounded to 96 and 80 registers
 #      (5-6 CTAs an SM against 4-5), each also heads first (sweep_decode_large.py; not yet run);
 #   kheads: keys stored heads outer (BULKGEN_K_HEADS_OUTER): GPU tests, the decode kernel over
@@ -358,7 +359,7 @@ if want kheads; then  # keys stored heads outer (BULKGEN_K_HEADS_OUTER, kv_layou
   done
 fi
 if want rotarylayers; then  # the one launch against rotary_write + decode by rows, 32 layers a graph
-  timeout 200 python3 scripts/bench_decode_rotary.py 2>&1 | grep -v -i warn \
+  timeout 200 python3 scripts/bench_decode_rotary.py ${ROTARY_ARGS:-} 2>&1 | grep -v -i warn \
     | tee "$OUT/rotary_layers.jsonl"
 fi
 if want rotarybulk; then  # the same in bulk (512 prompts): bf16 and FP8, off then on
