@@ -11,8 +11,11 @@ from bulkgen.engine.monitor import GpuMonitor
 
 def monitor(samples: list[int], clocks: list | None = None) -> GpuMonitor:
     m = GpuMonitor.__new__(GpuMonitor)  # no device: the samples and counters only
-    m.copy_bandwidth, m.decode_s, m.decode_bytes, m._samples = 4e12, 0.0, 0.0, samples
-    m._clocks, m._max_clock, m._failed = clocks or [(None, None, None)] * len(samples), None, set()
+    m.copy_bandwidth, m.decode_s, m.decode_bytes = 4e12, 0.0, 0.0
+    m._max_clock, m._failed = None, set()
+    m._start_counts()
+    for util, with_it in zip(samples, clocks or [(None, None, None)] * len(samples), strict=True):
+        m._add(util, *with_it)
     return m
 
 
@@ -20,6 +23,24 @@ def test_busy_over_the_run_starts_at_nvmls_first_busy_sample():
     stats = monitor([0, 0, 0, 100, 100, 0, 100, 0]).stats  # lag, run with one idle, end
     assert stats["gpu_busy_pct"] == round(300 / 8, 1)
     assert stats["gpu_busy_run_pct"] == round(300 / 4, 1)
+    stats = monitor([0, 40, 0, 0, 90, 0, 0]).stats  # partly busy samples count as busy
+    assert stats["gpu_busy_run_pct"] == round(130 / 4, 1)
+
+
+def test_a_run_of_hours_keeps_bounded_samples_and_counts_every_one():
+    """200,000 samples (2.8 hours at 20 a second): the clock and power series keep at most
+    step_series.KEEP values; the counts, the busy share and the limits' shares are exact."""
+    from bulkgen.engine.step_series import KEEP
+
+    n = 200_000
+    clocks = [(1500 + 10 * (i % 3), 690.0, 0x4 if i % 4 == 0 else 0) for i in range(n)]
+    m = monitor([0] + [100] * n + [0], [(None, None, None)] + clocks + [(None, None, None)])
+    assert len(m._clock_mhz.values) == KEEP == len(m._power_w.values) and m._clock_mhz.count == n
+    stats = m.stats
+    assert stats["gpu_busy_run_pct"] == 100.0
+    assert stats["gpu_busy_pct"] == round(100 * n / (n + 2), 1)
+    assert stats["gpu_sm_clock_mhz_median"] == 1510 and stats["gpu_power_w_median"] == 690.0
+    assert stats["gpu_power_capped_pct"] == 25.0 and stats["gpu_thermal_pct"] == 0.0
 
 
 def test_no_busy_sample_gives_no_run_figure():
@@ -65,7 +86,8 @@ def test_the_sampler_asks_nvml_and_stops_asking_what_failed(monkeypatch):
     waits = iter([False, False, True])  # three samples, then stopped
     m._stop.wait = lambda timeout: next(waits)
     m._sample()
-    assert m._samples == [97, 97, 97] and m._clocks == [(1755, 612.5, None)] * 3
+    assert (m._num_samples, m._util_sum, m._reason_samples) == (3, 291, 0)
+    assert list(m._clock_mhz) == [1755] * 3 and list(m._power_w) == [612.5] * 3
     assert calls["reasons"] == 1
     stats = m.stats
     assert stats["gpu_sm_clock_mhz_median"] == 1755 and stats["gpu_sm_clock_mhz_max"] == 1980

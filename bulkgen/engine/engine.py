@@ -17,7 +17,6 @@ the steps this one plans.
 
 from __future__ import annotations
 
-import array
 import dataclasses
 import json
 import logging
@@ -40,6 +39,7 @@ from bulkgen.engine.request import Request, RequestOutput
 from bulkgen.engine.runner import ModelRunner, kv_bytes_per_block
 from bulkgen.engine.scheduler import Scheduler
 from bulkgen.engine.step import Step
+from bulkgen.engine.step_series import Series
 from bulkgen.engine.tp_group import RankGroup, RankSpec, join
 from bulkgen.engine.tp_membership import leave_group
 from bulkgen.engine.warmup import warmup_plans
@@ -145,7 +145,7 @@ class Engine:
         self.tokenizer = None  # for grammars; else loaded from the model folder when first needed
         self._grammars: GrammarCompiler | None = None
         self.num_constrained = 0  # unfinished constrained requests: none, no mask work at all
-        self.mask_s = array.array("d")  # host seconds filling masks, per constrained step
+        self.mask_s = Series()  # host seconds filling masks, per constrained step
         self.async_loop = cfg.async_loop  # settable, so one loaded engine can run both loops
         self.num_steps = 0
         self.host_times = HostTimes()  # each step's host time, by kind and phase (stats.json)

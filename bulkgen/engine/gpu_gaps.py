@@ -21,12 +21,11 @@ the CPU steps carry no events and the stats are empty.
 
 from __future__ import annotations
 
-import array
-
 import torch
 
 from bulkgen.engine.monitor import step_time_stats
 from bulkgen.engine.step import Step
+from bulkgen.engine.step_series import Series
 
 
 def mark(stream: torch.cuda.Stream) -> torch.cuda.Event:
@@ -42,8 +41,9 @@ class StepGaps:
         self.last_done = None
         self.span_s = 0.0  # the closed segments'
         self.segments = 0
-        self.gaps = {"decode": array.array("d"), "mixed": array.array("d")}  # by the next step
-        self.steps = {"decode": array.array("d"), "mixed": array.array("d")}  # begin to done
+        # in bounded memory (step_series.py); gaps over 1 ms counted
+        self.gaps = {"decode": Series(over=1e-3), "mixed": Series(over=1e-3)}  # by the next step
+        self.steps = {"decode": Series(), "mixed": Series()}  # begin to done
 
     def add(self, step: Step) -> None:
         """A completed step (its done event has fired), steps in launch order; a step without
@@ -73,17 +73,18 @@ class StepGaps:
             span_s += self.first_begin.elapsed_time(self.last_done) / 1e3
         if not self.segments:
             return {}
-        every = [*self.gaps["decode"], *self.gaps["mixed"]]
-        idle_s = sum(every)
+        gaps = self.gaps.values()
+        idle_s = sum(g.total for g in gaps)
+        longest = max((g.max for g in gaps if g.count), default=0.0)
         return {
             "gpu_steps_span_s": round(span_s, 3),
             "gpu_step_gaps_s": round(idle_s, 4),
-            "gpu_step_gaps_before_mixed_s": round(sum(self.gaps["mixed"]), 4),
-            "gpu_step_gap_max_ms": round(max(every, default=0.0) * 1e3, 3),
-            "gpu_step_gaps_over_1ms": sum(g > 1e-3 for g in every),
+            "gpu_step_gaps_before_mixed_s": round(self.gaps["mixed"].total, 4),
+            "gpu_step_gap_max_ms": round(longest * 1e3, 3),
+            "gpu_step_gaps_over_1ms": sum(g.num_over for g in gaps),
             "gpu_gapless_pct": round(100 * (1 - idle_s / span_s), 2) if span_s > 0 else None,
             "gpu_step_segments": self.segments,  # > 1: the engine ran dry between them
-            "gpu_decode_steps_s": round(sum(self.steps["decode"]), 4),
-            "gpu_mixed_steps_s": round(sum(self.steps["mixed"]), 4),
+            "gpu_decode_steps_s": round(self.steps["decode"].total, 4),
+            "gpu_mixed_steps_s": round(self.steps["mixed"].total, 4),
             **step_time_stats(gpu_decode=self.steps["decode"], gpu_mixed=self.steps["mixed"]),
         }

@@ -5,25 +5,24 @@ applying the previous step's ids and collecting finished requests), so that a sl
 where its time went. The launch phase is also timed on the engine thread's CPU clock
 (host_{decode,mixed}_launch_cpu_*): what the wall clock has beyond it is time the thread did not
 run, waiting for the interpreter (another stage holding it) or blocked in a driver call that
-sleeps; a driver that spins counts as CPU."""
+sleeps; a driver that spins counts as CPU. Each series in bounded memory (step_series.py)."""
 
 from __future__ import annotations
 
-import array
-
 from bulkgen.engine.monitor import step_time_stats
+from bulkgen.engine.step_series import Series
 
 PHASES = ("schedule", "launch", "update")
 
 
 class HostTimes:
     def __init__(self) -> None:
-        self.total = array.array("d")
-        self.kind = {"decode": array.array("d"), "mixed": array.array("d")}
-        self.phase = {name: array.array("d") for name in PHASES}
+        self.total = Series()
+        self.kind = {"decode": Series(), "mixed": Series()}
+        self.phase = {name: Series() for name in PHASES}
         # The launch phase by kind, on the wall clock and on the engine thread's CPU clock.
-        self.launch = {"decode": array.array("d"), "mixed": array.array("d")}
-        self.launch_cpu = {"decode": array.array("d"), "mixed": array.array("d")}
+        self.launch = {"decode": Series(), "mixed": Series()}
+        self.launch_cpu = {"decode": Series(), "mixed": Series()}
 
     def record(
         self, decode_only: bool, phases: tuple[float, float, float], launch_cpu: float
@@ -46,10 +45,9 @@ class HostTimes:
         host_{decode,mixed}_ms_per_step_*, host_{phase}_ms_per_step_*,
         host_{decode,mixed}_launch_ms_per_step_* and host_{decode,mixed}_launch_cpu_*."""
         slowest = {}
-        if self.total:
-            most = max(self.total)
-            slowest = {"host_ms_per_step_max": round(1e3 * most, 3)}
-            slowest["host_max_step"] = self.total.index(most)
+        if self.total.count:
+            slowest = {"host_ms_per_step_max": round(1e3 * self.total.max, 3)}
+            slowest["host_max_step"] = self.total.max_index
         return slowest | step_time_stats(
             host=self.total,
             **{f"host_{kind}_launch": seconds for kind, seconds in self.launch.items()},

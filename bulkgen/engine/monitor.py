@@ -23,6 +23,8 @@ import time
 
 import torch
 
+from bulkgen.engine.step_series import Series
+
 
 def measure_copy_bandwidth(device: torch.device, nbytes: int = 256 << 20) -> float:
     """Bytes per second of a large device-to-device copy, counting bytes read and written."""
@@ -56,15 +58,42 @@ class GpuMonitor:
         self.decode_bytes = 0.0
         self.decode_s = 0.0
         self._last_decode: float | None = None
-        self._samples: list[int] = []
-        # (SM clock MHz, power W, clock-event reasons) with each utilisation sample; None where
-        # NVML cannot say (a query that fails once is not asked again).
-        self._clocks: list[tuple[int | None, float | None, int | None]] = []
+        self._start_counts()
         self._max_clock: int | None = None
         self._failed: set[str] = set()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._nvml_handle = self._nvml(device)
+
+    def _start_counts(self) -> None:
+        """NVML's samples, counted as they come (a run of hours takes 72,000 an hour: none is
+        kept but in the bounded clock and power series, step_series.py)."""
+        self._num_samples, self._util_sum = 0, 0
+        self._before_busy: tuple[int, int] | None = None  # (samples, util sum) before 1st busy
+        self._through_busy = (0, 0)  # (samples, util sum) through the last busy sample
+        # With each busy sample: the SM clock (MHz), the board's power (W), whether the
+        # clock-event reasons held the power cap or a thermal limit; where NVML can say (a query
+        # that fails once is not asked again).
+        self._clock_mhz, self._power_w = Series(), Series()
+        self._reason_samples, self._capped, self._thermal = 0, 0, 0
+
+    def _add(self, util: int, clock: int | None, power: float | None, reasons: int | None) -> None:
+        """One NVML sample: utilisation (%), then what went with it (None: NVML cannot say)."""
+        if util > 0 and self._before_busy is None:
+            self._before_busy = (self._num_samples, self._util_sum)
+        self._num_samples += 1
+        self._util_sum += util
+        if util <= 0:
+            return
+        self._through_busy = (self._num_samples, self._util_sum)
+        if clock is not None:
+            self._clock_mhz.append(clock)
+        if power is not None:
+            self._power_w.append(power)
+        if reasons is not None:
+            self._reason_samples += 1
+            self._capped += bool(reasons & POWER_CAP)
+            self._thermal += bool(reasons & THERMAL)
 
     @staticmethod
     def _nvml(device: torch.device):
@@ -110,14 +139,13 @@ class GpuMonitor:
 
         self._max_clock = self._query("nvmlDeviceGetMaxClockInfo", pynvml.NVML_CLOCK_SM)
         while True:  # one sample at least, however short the job
-            self._samples.append(pynvml.nvmlDeviceGetUtilizationRates(self._nvml_handle).gpu)
+            util = pynvml.nvmlDeviceGetUtilizationRates(self._nvml_handle).gpu
             power = self._query("nvmlDeviceGetPowerUsage")  # milliwatts
-            self._clocks.append(
-                (
-                    self._query("nvmlDeviceGetClockInfo", pynvml.NVML_CLOCK_SM),
-                    None if power is None else power / 1e3,
-                    self._reasons(),
-                )
+            self._add(
+                util,
+                self._query("nvmlDeviceGetClockInfo", pynvml.NVML_CLOCK_SM),
+                None if power is None else power / 1e3,
+                self._reasons(),
             )
             if self._stop.wait(0.05):
                 return
@@ -142,12 +170,12 @@ class GpuMonitor:
     @property
     def stats(self) -> dict:
         out = {"copy_bandwidth_gbs": round(self.copy_bandwidth / 1e9, 1)}
-        if self._samples:
-            out["gpu_busy_pct"] = round(sum(self._samples) / len(self._samples), 1)
-            busy = [i for i, util in enumerate(self._samples) if util > 0]
-            if busy:  # NVML trails the GPU by its own sample period: read from its first busy one
-                run = self._samples[busy[0] : busy[-1] + 1]
-                out["gpu_busy_run_pct"] = round(sum(run) / len(run), 1)
+        if self._num_samples:
+            out["gpu_busy_pct"] = round(self._util_sum / self._num_samples, 1)
+            if self._before_busy is not None:  # NVML trails the GPU by its own sample period:
+                # read from its first busy sample to its last
+                (n0, sum0), (n1, sum1) = self._before_busy, self._through_busy
+                out["gpu_busy_run_pct"] = round((sum1 - sum0) / (n1 - n0), 1)
             out.update(self._clock_stats())
         if self.decode_s > 0:
             achieved = self.decode_bytes / self.decode_s
@@ -157,21 +185,16 @@ class GpuMonitor:
 
     def _clock_stats(self) -> dict:
         """Clock, power and limits over the samples NVML saw busy."""
-        # strict=False: read while the sampler runs, a sample may have its utilisation only
-        busy = [c for util, c in zip(self._samples, self._clocks, strict=False) if util > 0]
         out = {}
-        clocks = [c for c, _, _ in busy if c is not None]
-        if clocks:
-            out["gpu_sm_clock_mhz_median"] = round(statistics.median(clocks))
+        if self._clock_mhz.count:  # (read while the sampler runs: copies of the kept values)
+            out["gpu_sm_clock_mhz_median"] = round(statistics.median(list(self._clock_mhz)))
             if self._max_clock:
                 out["gpu_sm_clock_mhz_max"] = self._max_clock
-        powers = [p for _, p, _ in busy if p is not None]
-        if powers:
-            out["gpu_power_w_median"] = round(statistics.median(powers), 1)
-        reasons = [r for _, _, r in busy if r is not None]
-        if reasons:
-            for key, bits in (("gpu_power_capped_pct", POWER_CAP), ("gpu_thermal_pct", THERMAL)):
-                out[key] = round(100 * sum(1 for r in reasons if r & bits) / len(reasons), 1)
+        if self._power_w.count:
+            out["gpu_power_w_median"] = round(statistics.median(list(self._power_w)), 1)
+        if reasons := self._reason_samples:
+            out["gpu_power_capped_pct"] = round(100 * self._capped / reasons, 1)
+            out["gpu_thermal_pct"] = round(100 * self._thermal / reasons, 1)
         return out
 
 
