@@ -187,3 +187,18 @@ def test_the_output_folder_is_never_read_as_input(tmp_path):
     assert [s.name for s in named] == ["p"]
     with pytest.raises(UserError, match="nothing but the output folder"):
         find_sources([str(here / "out" / "part-00000.parquet")], exclude=here)
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "parquet"])
+def test_an_id_column_named_but_missing_is_one_clear_error(tmp_path, kind):
+    """--id-column named on purpose and not in a file: its rows would have taken <file>:<row>
+    ids silently (a typo made every rerun's ids other rows' than the user meant)."""
+    path = tmp_path / f"d.{kind}"
+    if kind == "jsonl":
+        write_jsonl(path, [{"prompt": "a", "uid": 1}])
+    else:
+        pq.write_table(pa.table({"prompt": ["a"], "uid": [1]}), path)
+    with pytest.raises(UserError, match=r"d\.\w+ has no column 'key' .*--id-column"):
+        read_all(path, id_column="key")
+    assert [r.id for r in read_all(path, id_column="uid")] == ["1"]
+    assert [r.id for r in read_all(path)] == ["d:0"]  # the default id column may be absent

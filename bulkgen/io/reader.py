@@ -41,6 +41,9 @@ FIRST_BATCH_ROWS = 64
 _COUNT_JSONL_BYTES = 4 << 30
 
 
+DEFAULT_ID_COLUMN = "id"  # run_config.RunConfig's: a file without it numbers its rows
+
+
 class Reader:
     def __init__(
         self,
@@ -91,7 +94,12 @@ class Reader:
             needed = [] if self.template_columns is not None else [self.prompt_column]
             if self.messages_column in names or self._is_batch_file(source):
                 needed = []
-            for column, flag in [(c, "--prompt-column") for c in needed] + [
+            # An id column named on purpose must be there: where it is not, every row would take
+            # a <file>:<row> id and a rerun's ids would not say which rows are done.
+            if self.id_column != DEFAULT_ID_COLUMN and not self._is_batch_file(source):
+                needed = [*needed, self.id_column]
+            flags = {self.id_column: "--id-column"}
+            for column, flag in [(c, flags.get(c, "--prompt-column")) for c in needed] + [
                 (c, "--keep-columns") for c in self.keep_columns
             ]:
                 if column not in names:
