@@ -28,22 +28,39 @@ class LLM:
         unknown = set(engine_kwargs) - known
         if unknown:
             raise ValueError(f"unknown LLM option(s): {', '.join(sorted(unknown))}")
-        self.engine = Engine(EngineConfig(model=model, **engine_kwargs))
+        self.engine: Engine | None = Engine(EngineConfig(model=model, **engine_kwargs))
+        self._model_dir = self.engine.model_dir
         self._tokenizer = None
         self._calls = 0  # generate() calls: their requests' ids begin with it
         self._lock = threading.Lock()  # one generate() at a time: the engine is one loop
 
     def close(self) -> None:
-        """Free the engine; with tensor_parallel > 1, stop its other ranks' processes (they also
-        end by themselves when this process does)."""
-        self.engine.close()
+        """End the engine and let its memory go (weights, KV cache, graphs: back to the device as
+        soon as nothing else holds them, at the latest when the next engine loads); with
+        tensor_parallel > 1, stop its other ranks' processes (they also end by themselves when
+        this process does). Calls after it raise; closing again does nothing."""
+        engine, self.engine = self.engine, None
+        if engine is not None:
+            with self._lock:  # not under a generate() running in another thread
+                engine.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _open_engine(self) -> Engine:
+        if self.engine is None:
+            raise RuntimeError("this LLM is closed: make a new one")
+        return self.engine
 
     @property
     def tokenizer(self):
-        if self._tokenizer is None and self.engine.model_dir is not None:
+        if self._tokenizer is None and self._model_dir is not None:
             from transformers import AutoTokenizer
 
-            self._tokenizer = AutoTokenizer.from_pretrained(self.engine.model_dir)
+            self._tokenizer = AutoTokenizer.from_pretrained(self._model_dir)
         return self._tokenizer
 
     def generate(
@@ -57,7 +74,8 @@ class LLM:
         completion k a seed derived from (seed, k), as `bulkgen run --n` does for a row's seed
         column, so every completion is reproducible. Calls from several threads run one after
         another (each waits for the one before), each with its own outputs."""
-        with self._lock:
+        with self._lock:  # close() takes it too: the engine stays while a call runs
+            self._open_engine()
             return self._generate(prompts, sampling_params, n)
 
     def _generate(self, prompts, sampling_params, n: int) -> list[RequestOutput]:

@@ -203,3 +203,28 @@ def test_engine_options_of_the_wrong_type_name_the_option(tiny_model_dir, option
     """They failed deep inside torch (empty(): argument 'size'...) or in a bare comparison."""
     with pytest.raises(ValueError, match=option):
         LLM(str(tiny_model_dir), device="cpu", **{option: value})
+
+
+def test_a_closed_llm_lets_its_engine_go_and_refuses_calls(tiny_model_dir):
+    """`with LLM(...) as llm` closes it; close() drops the engine (its memory goes back once
+    nothing holds it: on a GPU, before the next engine sizes its cache) and later calls raise
+    instead of running on an ended engine; closing twice is fine."""
+    import gc
+    import weakref
+
+    params = SamplingParams(max_tokens=4, temperature=0.0)
+    with LLM(str(tiny_model_dir), dtype="float32", device="cpu") as llm:
+        first = llm.generate([[1, 2, 3]], params)[0].token_ids
+        engine = weakref.ref(llm.engine)
+    assert llm.engine is None
+    gc.collect()
+    assert engine() is None  # nothing kept it
+    with pytest.raises(RuntimeError, match="closed"):
+        llm.generate([[1, 2, 3]], params)
+    with pytest.raises(RuntimeError, match="closed"):
+        llm.chat([{"role": "user", "content": "hi"}], params)
+    llm.close()
+    assert llm.tokenizer is not None  # still there for decoding what the calls returned
+    again = LLM(str(tiny_model_dir), dtype="float32", device="cpu")
+    assert again.generate([[1, 2, 3]], params)[0].token_ids == first
+    again.close()
