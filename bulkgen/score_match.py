@@ -71,9 +71,13 @@ def extract_number(text: str) -> str | None:
 
 
 def extract_phrase(text: str, clauses: int = 1, articles: bool = False) -> str:
-    """The text's first clauses (of its first non-empty line, after an "answer is" mark)."""
-    line = next((line for line in text.splitlines() if line.strip()), "")
-    return normalize(" ".join(_clauses(_after_mark(line))[:clauses]), articles)
+    """The text's first clauses (of its first non-empty line, after an "answer is" mark; of
+    the next non-empty line where the mark ends its line: "Answer:\nParis")."""
+    lines = [line for line in text.splitlines() if line.strip()] or [""]
+    after = _after_mark(lines[0])
+    if after is not lines[0] and not any(c.isalnum() for c in after) and len(lines) > 1:
+        after = lines[1]
+    return normalize(" ".join(_clauses(after)[:clauses]), articles)
 
 
 def _clauses(text: str) -> list[str]:

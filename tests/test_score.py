@@ -39,6 +39,9 @@ def test_a_number_is_the_one_after_answer_is_else_the_last(text, number):
         ("The Pacific Ocean. It is the largest.", "pacific ocean"),
         ("Answer: an apple", "apple"),
         ("H2O", "h2o"),
+        ("Answer:\nParis", "paris"),  # the mark ends its line: the answer is on the next
+        ("The final answer is:\n\n  The Nile.\nIt flows north.", "nile"),
+        ("Answer:", ""),
     ],
 )
 def test_a_phrase_is_the_first_clause_normalised(text, phrase):
