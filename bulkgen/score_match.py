@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import unicodedata
 from decimal import Decimal, InvalidOperation
 
 _NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
@@ -30,9 +31,11 @@ _PUNCTUATION = re.compile(r"[^\w\s]")
 
 
 def normalize(text: str, articles: bool = False) -> str:
-    """Lower case, no punctuation, single spaces, and no articles unless `articles` (a reference
-    that is an article alone, multiple choice's "A", keeps it)."""
-    text = _PUNCTUATION.sub(" ", text.lower())
+    """Unicode's compatibility composition (NFKC: "e" + a combining accent is "é", as a
+    precomposed "é" is; a full-width "Ｐａｒｉｓ" is "Paris"), lower case, no punctuation, single
+    spaces, and no articles unless `articles` (a reference that is an article alone, multiple
+    choice's "A", keeps it)."""
+    text = _PUNCTUATION.sub(" ", unicodedata.normalize("NFKC", text).lower())
     return " ".join((text if articles else _ARTICLES.sub(" ", text)).split())
 
 

@@ -52,6 +52,15 @@ def test_normalize_drops_case_punctuation_articles_and_spaces():
     assert normalize("  The  Great-Wall, of China! ") == "great wall of china"
 
 
+def test_normalize_composes_unicode_so_equal_text_matches():
+    """A decomposed accent (NFD, as macOS file names and some tokenizers give it) or full-width
+    letters match the same text composed: they did not (a reference never matched)."""
+    decomposed, composed = "Cafe\u0301 Mu\u0308ller", "Caf\u00e9 M\u00fcller"
+    assert normalize(decomposed) == normalize(composed) == "caf\u00e9 m\u00fcller"
+    assert is_correct(decomposed, composed) and is_correct(composed, decomposed)
+    assert normalize("\uff30\uff41\uff52\uff49\uff53") == "paris"
+
+
 @pytest.mark.parametrize(
     "text, reference, correct",
     [
