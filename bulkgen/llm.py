@@ -127,7 +127,7 @@ class LLM:
     def _prompt_ids(self, i: int, prompt, vocab: int) -> list[int]:
         """Prompt i's token ids (text encoded); ValueError for an id the model has not."""
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        if not ids:
+        if not ids or prompt == "":  # "" is empty even where the tokenizer adds a BOS
             raise ValueError(f"prompt {i} is empty")
         if bad := [t for t in ids if not _is_int(t) or not 0 <= t < vocab]:
             raise ValueError(

@@ -77,6 +77,18 @@ class RunConfig:
             raise ValueError(f"n (samples per row) must be >= 1, got {self.n}")
         if self.limit is not None and self.limit < 1:
             raise ValueError(f"--limit must be >= 1 row, got {self.limit}")
+        # Text options from a shell whose bytes are not UTF-8 arrive as lone surrogates, which
+        # the tokenizer and the writers refuse far from here.
+        texts = [("--system", self.system), ("--prompt-template", self.prompt_template)]
+        texts += [("--stop", s) for s in self.sampling.stop]
+        for name, text in texts:
+            try:
+                (text or "").encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise ValueError(
+                    f"{name} holds {text[e.start]!r} at character {e.start}, which is not valid "
+                    "UTF-8 (is the shell's locale UTF-8?)"
+                ) from None
         if self.shard_size < 1:
             raise ValueError(f"shard size must be >= 1 row, got {self.shard_size}")
         if not self.prompt_column:

@@ -117,6 +117,17 @@ def test_a_bad_flag_value_is_a_usage_error(tmp_path, prompts_file):
     assert result.exit_code == 2 and "temperature must be >= 0" in result.output
 
 
+@pytest.mark.parametrize("flag", ["--system", "--prompt-template", "--stop"])
+def test_a_text_option_that_is_not_utf8_is_a_usage_error(tmp_path, prompts_file, flag):
+    """A Latin-1 shell's "caf\\xe9" reaches Python as a lone surrogate: --system ended the run in
+    a tokenizer traceback, --prompt-template made every row a row fault, --stop never matched."""
+    value = "caf\udce9 {{ prompt }}"  # as Python decodes the bytes b"caf\xe9" from argv
+    result = bulkgen("run", prompts_file, "-o", tmp_path / "out", flag, value)
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert f"{flag} holds" in result.output and "not valid UTF-8" in result.output
+    assert not (tmp_path / "out").exists()
+
+
 def test_models_lists_the_aliases():
     result = bulkgen("models")
     assert result.exit_code == 0

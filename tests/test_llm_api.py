@@ -228,3 +228,16 @@ def test_a_closed_llm_lets_its_engine_go_and_refuses_calls(tiny_model_dir):
     again = LLM(str(tiny_model_dir), dtype="float32", device="cpu")
     assert again.generate([[1, 2, 3]], params)[0].token_ids == first
     again.close()
+
+
+def test_an_empty_text_prompt_is_refused_where_the_tokenizer_adds_a_bos(tiny_model_dir):
+    """"" encodes to [BOS] with Llama-3's or Mistral's tokenizer: it ran from BOS alone where
+    README (and bulkgen run's error record) call an empty prompt an error."""
+    llm = LLM(str(tiny_model_dir), dtype="float32", device="cpu")
+    tokenizer = llm.tokenizer
+    bos = type("WithBos", (), {"encode": lambda self, text: [1, *tokenizer.encode(text)]})()
+    llm._tokenizer = bos
+    with pytest.raises(ValueError, match="prompt 1 is empty"):
+        llm.generate(["hi", ""], SamplingParams(max_tokens=2))
+    assert not llm.engine.has_unfinished()
+    llm.close()

@@ -109,3 +109,29 @@ def test_a_run_writes_each_tokens_own_bytes(tmp_path, tiny_model_dir):
     [text] = results["text"]["response"]["body"]["choices"]
     assert text["text"] == TEXT and len(text["logprobs"]["tokens"]) == 5  # a byte a token
     assert text["logprobs"]["text_offset"] == [6, 6, 7, 7, 7]  # after the prompt "Say it"
+
+
+def test_sentencepiece_offsets_and_names_keep_the_spaces_text_keeps(sentencepiece_tokenizer):
+    """'▁a ▁a' decodes to 'a a' (the decoder strips the completion's first space): the first
+    token starts at 2 and the second at its space, 3 (it read 4: every offset after the first
+    one high); a word-initial token is named with its space (' a', as its bytes say), so the
+    alternatives '▁a' and 'a' are two top_logprobs keys (they collided on 'a': one was lost)."""
+    tokenizer = sentencepiece_tokenizer
+    a, word_a = tokenizer.convert_tokens_to_ids(["a", "▁a"])
+    ids = [word_a, word_a]
+    tops = [[(word_a, -0.5), (a, -1.0)] for _ in ids]
+    rows = {}
+    for api in ("text", "chat"):
+        rows[api] = Row(id="a", prompt="xy", prompt_text="xy", token_ids=ids, api=api)
+        rows[api].finish_reason = "length"
+        rows[api].token_logprobs = TokenLogprobs.from_pairs([-0.5] * 2, tops, 2)
+        Detokenize(tokenizer)([rows[api]])
+    assert rows["text"].text == "a a"
+    completion = choice(rows["text"], tokenizer)["logprobs"]
+    assert completion["text_offset"] == [2, 3]
+    assert all(len(top) == 2 for top in completion["top_logprobs"])
+    assert list(completion["top_logprobs"][1]) == [" a", "a"]
+    content = choice(rows["chat"], tokenizer)["logprobs"]["content"]
+    for entry in content:
+        assert entry["token"].encode() == bytes(entry["bytes"]) == b" a"
+        assert [t["token"] for t in entry["top_logprobs"]] == [" a", "a"]

@@ -154,6 +154,10 @@ def _logprobs(row: Row, chat: bool, token_bytes: TokenBytes) -> dict:
         bytes(raw) if in_text is None or in_text(i) else b""
         for i, raw in zip(row.token_ids, spelled, strict=True)
     ]
+    # A decoder that strips the completion's first space (SentencePiece's Strip) leaves it out
+    # of text, but the first token's own bytes hold it: it is no character of prompt + text.
+    if shown and shown[0][:1] == b" " and not (row.text or "").startswith(" "):
+        shown[0] = shown[0][1:]
     offsets = token_offsets(shown, len(row.prompt_text or ""))
     names = list(map(_completion_token, tokens, spelled))
     top_logprobs = []
@@ -180,11 +184,20 @@ def _completion_token(text: str, raw: list[int]) -> str:
     pieces are told apart (as top_logprobs keys they collided, and one was lost)."""
     if "\ufffd" in text and bytes(raw) != text.encode():
         return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
-    return text
+    return _spelled(text, raw)
 
 
 def _token(token: str, logprob: float, raw: list[int]) -> dict:
-    return {"token": token, "logprob": logprob, "bytes": raw}
+    return {"token": _spelled(token, raw), "logprob": logprob, "bytes": raw}
+
+
+def _spelled(text: str, raw: list[int]) -> str:
+    """A token's name from its own bytes when they are whole UTF-8 characters (a SentencePiece
+    '\u2581a' is ' a', which its text decoded alone loses), else its text."""
+    try:
+        return bytes(raw).decode("utf-8")
+    except UnicodeDecodeError:
+        return text
 
 
 def _text_bytes(token_id: int, text: str) -> list[int]:
