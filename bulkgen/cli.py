@@ -55,6 +55,20 @@ def run(**options) -> None:
 
 # The structured-output flags, in flag_fields' order.
 _CONSTRAINT_FLAGS = ("json_schema", "json_object", "regex", "choice")
+_UNSET = {"json_schema": None, "json_object": False, "regex": None, "choice": ()}
+
+
+def _constraint_values(generation: dict) -> list:
+    """The four constraint flags' values (popped from generation). A recipe's constraint gives
+    way to one given on the command line, of whatever kind: flags override a recipe's fields."""
+    ctx = click.get_current_context()
+    values = {k: generation.pop(k) for k in _CONSTRAINT_FLAGS}
+    sources = {k: ctx.get_parameter_source(k) for k in _CONSTRAINT_FLAGS}
+    if any(s is click.core.ParameterSource.COMMANDLINE for s in sources.values()):
+        for k, source in sources.items():
+            if source is click.core.ParameterSource.DEFAULT_MAP:
+                values[k] = _UNSET[k]
+    return [values[k] for k in _CONSTRAINT_FLAGS]
 
 
 def _run(inputs, model, out, prompt_column, prompt_template, id_column, keep_columns, fmt,
@@ -98,7 +112,7 @@ def _run(inputs, model, out, prompt_column, prompt_template, id_column, keep_col
                 repetition_penalty=generation.pop("repetition_penalty"),
                 presence_penalty=generation.pop("presence_penalty"),
                 frequency_penalty=generation.pop("frequency_penalty"),
-                **flag_fields(*(generation.pop(k) for k in _CONSTRAINT_FLAGS)),
+                **flag_fields(*_constraint_values(generation)),
             ),
             chat_template=chat_template,
             dtype=dtype,

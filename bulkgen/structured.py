@@ -127,15 +127,16 @@ def response_format_fields(value: object) -> dict:
                 raise ValueError(f"json_schema.schema is not valid JSON: {e}") from None
         if not isinstance(schema, dict):
             raise ValueError('type json_schema needs {"json_schema": {"schema": {...}}}')
-        fields["json_schema"] = _without_nulls(schema)
+        fields["json_schema"] = schema
     return fields
 
 
-def _without_nulls(value: object) -> object:
-    """The schema without null-valued keys: a Parquet struct column gives every row all keys of
-    all rows, the missing ones null. (So `"const": null` must be written `"type": "null"`.)"""
+def without_nulls(value: object) -> object:
+    """value without null-valued keys, at any depth: what a row's response_format meant where a
+    Parquet struct column gave it every key of every row, the missing ones null (io/tabular.py;
+    so there `"const": null` must be written `"type": "null"`)."""
     if isinstance(value, dict):
-        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+        return {k: without_nulls(v) for k, v in value.items() if v is not None}
     if isinstance(value, list):
-        return [_without_nulls(v) for v in value]
+        return [without_nulls(v) for v in value]
     return value

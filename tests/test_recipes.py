@@ -224,3 +224,31 @@ def test_options_added_to_run_are_fields_too(tmp_path):
     assert options["n"] == 3 and options["stop"] == ["###"] and options["system"] == "Be brief."
     path = write_recipe(tmp_path, {"stop": ["###", "\n\n"]})
     assert load_recipe(path, run_command).options["stop"] == ["###", "\n\n"]
+
+
+@pytest.mark.parametrize(
+    "flags, field",
+    [
+        (["--json"], "json_schema"),
+        (["--regex", "[a-z]+"], "regex"),
+        (["--choice", "yes"], "choice"),
+    ],
+)
+def test_a_constraint_flag_replaces_the_recipes_constraint(
+    recipe_dir, tmp_path, tiny_model_dir, fake_engine, flags, field
+):
+    """A recipe's json_schema and a --json / --regex / --choice on the command line: the flag
+    overrides the field, as every flag does (it was "--json-schema and --json cannot be
+    combined", exit 2); two constraint flags on the command line are still refused."""
+    path = write_recipe(recipe_dir, {
+        "inputs": "data/topics.jsonl", "model": str(tiny_model_dir), "max_tokens": 2,
+        "prompt_template": "Ask about {{ topic }}.", "format": "jsonl",
+        "json_schema": {"type": "object", "properties": {"a": {"type": "integer"}}},
+    })  # fmt: skip
+    out = tmp_path / "out"
+    result = bulkgen("run", "--recipe", path, "-o", out, "-q", *flags)
+    assert result.exit_code == 0, result.output
+    sampling = json.loads((out / "job.json").read_text())["settings"]["sampling"]
+    assert sampling[field] and "integer" not in (sampling.get("json_schema") or "")
+    both = bulkgen("run", "--recipe", path, "-o", tmp_path / "o2", "--json", "--regex", "a")
+    assert both.exit_code == 2 and "cannot be combined" in both.output

@@ -49,6 +49,19 @@ def test_response_format_rows_override_the_job_constraint(tmp_path, tiny_model_d
     assert all(r["error"] is None for r in output(tmp_path / "out"))
 
 
+def test_a_json_rows_const_null_is_kept(tmp_path, tiny_model_dir):
+    """`"const": null` in a JSONL row's (or a Batch body's) schema is the schema's: it was
+    dropped as if it were a Parquet struct's padding, and the field took any value."""
+    schema = {"type": "object", "properties": {"x": {"const": None}}, "required": ["x"]}
+    spec = {"type": "json_schema", "json_schema": {"name": "c", "schema": schema}}
+    path = write_jsonl(
+        tmp_path / "in.jsonl", [{"id": "a", "prompt": "Hi", "response_format": spec}]
+    )
+    run(make_config(tmp_path, tiny_model_dir, [path]), factory())
+    (params,) = [p for _, p in RecordingEngine.instances[0].added.values()]
+    assert json.loads(params.json_schema)["properties"]["x"] == {"const": None}
+
+
 def test_a_bad_response_format_is_that_rows_error_and_the_run_goes_on(tmp_path, tiny_model_dir):
     bad = {
         "kind": {"type": "xml"},

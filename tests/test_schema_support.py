@@ -32,6 +32,21 @@ IGNORED = [
     ({"type": "object", "properties": {"a": {}}, "required": ["b"]}, '{"a": 1}', "naming 'b'"),
     ({"type": "object", "dependentRequired": {"a": ["b"]}}, '{"a": 1}', "'dependentRequired'"),
     ({"type": "object", "unevaluatedProperties": False}, '{"b": 1}', "'unevaluatedProperties'"),
+    # Keywords xgrammar drops beside others (helper-42's audit: each ran to a `stop` row
+    # breaking the schema)
+    ({"type": "string", "pattern": "^[a-z]+$", "maxLength": 3}, '"abcdef"', "beside 'pattern'"),
+    ({"type": "string", "format": "date", "pattern": "^2024"}, '"2023-01-01"', "beside 'format'"),
+    ({"type": "integer", "enum": [1, "a"]}, '"a"', "'enum' holding a value"),
+    ({"type": "integer", "minimum": 5, "anyOf": [{"maximum": 6}]}, "true", "beside 'anyOf'"),
+    ({"minimum": 5}, "1", "'minimum' without a 'type'"),
+    ({"type": "integer", "multipleOf": 2.5}, "3", "of a fraction"),
+    ({"$defs": {"n": {"$anchor": "num", "type": "integer"}}, "$ref": "#num"}, '"s"', "'#num'"),
+    (
+        {"type": "object", "patternProperties": {"^x": {"type": "integer"}}, "required": ["xa"]},
+        "{}",
+        "naming 'xa'",
+    ),
+    ({"oneOf": [{"const": 1}, {"const": 1.0}]}, "1", "'oneOf' whose branches"),
 ]
 
 
@@ -55,6 +70,11 @@ ENFORCED = [
     ({"allOf": [{"type": "integer"}]}, '"s"'),  # one member: the one xgrammar reads
     ({"oneOf": [{"type": "integer"}, {"type": "string"}]}, "null"),  # disjoint branches
     ({"$defs": {"a": {"type": "integer"}}, "$ref": "#/$defs/a"}, '"s"'),
+    # pydantic's forms: annotations beside $ref / anyOf, a Literal's const with enum and type
+    ({"$defs": {"a": {"type": "integer"}}, "$ref": "#/$defs/a", "description": "d"}, '"s"'),
+    ({"anyOf": [{"type": "integer"}, {"type": "null"}], "default": None, "title": "T"}, '"s"'),
+    ({"const": "a", "enum": ["a"], "type": "string"}, '"b"'),
+    ({"enum": ["x", "y"], "type": "string", "title": "E"}, '"z"'),
 ]
 
 
@@ -96,3 +116,12 @@ def test_refusals_are_found_at_any_depth_and_name_where():
 def test_an_invalid_schema_names_the_keyword_and_where():
     with pytest.raises(ValueError, match=r"invalid JSON schema: -1 is less .* \(at /properties/a"):
         check_schema({"type": "object", "properties": {"a": {"type": "string", "minLength": -1}}})
+
+
+def test_a_schema_nested_too_deeply_to_check_is_one_value_error():
+    """About 1,000 nested objects: a RecursionError traceback (2,006 lines from the CLI) before."""
+    schema: dict = {"type": "integer"}
+    for _ in range(1000):
+        schema = {"type": "object", "properties": {"a": schema}, "required": ["a"]}
+    with pytest.raises(ValueError, match="nests too deeply"):
+        check_schema(schema)

@@ -27,6 +27,17 @@ _IGNORED = (
     "not", "if", "then", "else", "contains", "dependentRequired", "dependentSchemas",
     "dependencies", "unevaluatedProperties",
 )  # fmt: skip
+# Keywords that assert nothing: harmless beside any other keyword.
+_ANNOTATIONS = frozenset({
+    "title", "description", "default", "examples", "$comment", "$schema", "$id", "$anchor",
+    "$defs", "definitions", "deprecated", "readOnly", "writeOnly",
+})  # fmt: skip
+# xgrammar reads only the first of these a node holds and drops every other keyword beside it.
+_ALONE = ("$ref", "anyOf", "oneOf", "allOf")
+# Keywords xgrammar drops in a node without a "type" (it reads such a node as any value).
+_TYPED = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "minLength",
+          "maxLength", "pattern", "format", "minItems", "maxItems", "minProperties",
+          "maxProperties")  # fmt: skip
 
 
 def check_schema(schema: dict) -> None:
@@ -36,11 +47,16 @@ def check_schema(schema: dict) -> None:
 
     try:
         validators.validator_for(schema).check_schema(schema)
+    except RecursionError:
+        raise ValueError("invalid JSON schema: it nests too deeply to check") from None
     except exceptions.SchemaError as e:
         where = "/".join(str(p) for p in e.path)
         at = f" (at /{where})" if where else ""
         raise ValueError(f"invalid JSON schema: {e.message}{at}") from None
-    problem = _unsupported(schema, schema, "")
+    try:
+        problem = _unsupported(schema, schema, "")
+    except RecursionError:
+        raise ValueError("invalid JSON schema: it nests too deeply to check") from None
     if problem is not None:
         where, what = problem
         raise ValueError(
@@ -58,20 +74,52 @@ def _unsupported(node, root: dict, path: str) -> tuple[str, str] | None:
             return path, f"'{key}'"
     if node.get("uniqueItems") is True:
         return path, "'uniqueItems'"
-    if "multipleOf" in node and node.get("type") != "integer":
-        return path, "'multipleOf' on a non-integer type"
+    if "multipleOf" in node and (
+        node.get("type") != "integer" or not float(node["multipleOf"]).is_integer()
+    ):
+        return path, "'multipleOf' on a non-integer type, or of a fraction"
     if len(node.get("allOf", ())) > 1:
         return path, "'allOf' of more than one schema"
+    ref = node.get("$ref")
+    if isinstance(ref, str) and not (ref == "#" or ref.startswith("#/")):
+        return path, f"'$ref' {ref!r} (only local JSON pointers such as '#/$defs/x' are followed)"
+    asserting = [k for k in node if k not in _ANNOTATIONS]
+    alone = next((k for k in _ALONE if k in node), None)
+    if alone is not None and len(asserting) > 1:
+        other = next(k for k in asserting if k != alone)
+        return path, f"'{other}' beside '{alone}' (the grammar reads only the '{alone}')"
+    for key in ("const", "enum"):
+        if key in node and len(asserting) > 1 and not _values_obey(node, key, root):
+            what = f"'{key}' holding a value the keywords beside it refuse"
+            return path, f"{what} (the grammar reads only the '{key}')"
+    if "const" not in node and "enum" not in node:
+        if "format" in node:
+            for other in ("pattern", "minLength", "maxLength"):
+                if other in node:
+                    return path, f"'{other}' beside 'format' (the grammar reads only the 'format')"
+        if "pattern" in node:
+            for other in ("minLength", "maxLength"):
+                if other in node:
+                    return (
+                        path,
+                        f"'{other}' beside 'pattern' (the grammar reads only the 'pattern')",
+                    )
+        if "type" not in node and alone is None:
+            for key in _TYPED:
+                if key in node:
+                    return (
+                        path,
+                        f"'{key}' without a 'type' (the grammar reads the node as any value)",
+                    )
     branches = node.get("oneOf", ())
     for i, a in enumerate(branches):
         for b in branches[i + 1 :]:
             if not _disjoint(_resolve(a, root), _resolve(b, root), root):
                 return path, "'oneOf' whose branches can overlap (anyOf, if that is meant)"
     defined = node.get("properties", {})
-    if "patternProperties" not in node:
-        for name in node.get("required", ()):
-            if name not in defined:
-                return path, f"'required' naming {name!r}, which 'properties' does not define"
+    for name in node.get("required", ()):
+        if name not in defined:
+            return path, f"'required' naming {name!r}, which 'properties' does not define"
     for key in _ONE:
         if (found := _unsupported(node.get(key), root, f"{path}/{key}")) is not None:
             return found
@@ -84,6 +132,20 @@ def _unsupported(node, root: dict, path: str) -> tuple[str, str] | None:
             if (found := _unsupported(sub, root, f"{path}/{key}/{name}")) is not None:
                 return found
     return None
+
+
+def _values_obey(node: dict, key: str, root: dict) -> bool:
+    """Every value node[key] (const or enum) allows is valid under the node's other keywords."""
+    from jsonschema import validators
+
+    defs = {k: root[k] for k in ("$defs", "definitions") if k in root}  # for rest's $refs
+    rest = {**defs, **{k: v for k, v in node.items() if k != key}}
+    values = [node["const"]] if key == "const" else node[key]
+    try:
+        check = validators.validator_for(root)(rest)
+        return all(check.is_valid(v) for v in values)
+    except Exception:  # a $ref it cannot follow, say: refuse rather than guess
+        return False
 
 
 def _resolve(node, root: dict):
@@ -104,10 +166,21 @@ def _constants(node) -> set[str] | None:
     if not isinstance(node, dict):
         return None
     if "const" in node:
-        return {json.dumps(node["const"], sort_keys=True)}
+        return {json.dumps(_same_numbers(node["const"]), sort_keys=True)}
     if isinstance(node.get("enum"), list):
-        return {json.dumps(v, sort_keys=True) for v in node["enum"]}
+        return {json.dumps(_same_numbers(v), sort_keys=True) for v in node["enum"]}
     return None
+
+
+def _same_numbers(value):
+    """value with whole floats as ints: JSON Schema's 1 and 1.0 are one value."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, list):
+        return [_same_numbers(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _same_numbers(v) for k, v in value.items()}
+    return value
 
 
 def _types(node) -> set[str] | None:

@@ -19,6 +19,7 @@ from bulkgen.io.fields import faulted, finished, row_from
 from bulkgen.io.inputs import Source
 from bulkgen.io.jsonl import READ_ERRORS, Damaged
 from bulkgen.row import PARAM_COLUMNS, Row
+from bulkgen.structured import without_nulls
 
 if TYPE_CHECKING:
     from bulkgen.io.reader import Reader
@@ -85,6 +86,10 @@ def read_table(reader: Reader, source: Source) -> Iterator[list[Row]]:
         if batch is None:
             return
         values = {name: _pylist(batch.column(name)) for name in columns}
+        format_type = schema.field("response_format").type if "response_format" in values else None
+        if format_type is not None and pa.types.is_struct(format_type):  # every row's keys in
+            # every row, the missing ones null: not the row's (structured.without_nulls)
+            values["response_format"] = list(map(without_nulls, values["response_format"]))
         rows = []
         for i in range(batch.num_rows):
             default_id = prefix + str(index)
