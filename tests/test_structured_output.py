@@ -175,3 +175,18 @@ def test_an_invalid_grammar_fails_its_row_alone(llm):
     assert negative_out.finish_reason == "error" and "minimum of 0" in negative_out.error
     assert unique_out.finish_reason == "error" and "'uniqueItems'" in unique_out.error
     assert good.finish_reason == "length" and len(good.token_ids) == 4
+
+
+@pytest.mark.parametrize(
+    "constraint",
+    [{"json_schema": {"type": "string", "pattern": "^\\t$"}}, {"regex": "[^\\s\\S]"}],
+    ids=["pattern-needs-a-tab", "regex-matches-nothing"],
+)
+def test_a_constraint_that_allows_no_token_says_so(llm, constraint):
+    """A JSON pattern needing a raw tab (JSON text cannot hold one) or a regex no text matches:
+    the mask allows nothing, and the row's error says the constraint allows no token here (it
+    said "the grammar does not allow it here", the words kept for an engine bug)."""
+    (out,) = llm.generate(["Hi"], SamplingParams(max_tokens=8, seed=1, **constraint))
+    assert out.finish_reason == "error" and "allows no token here" in out.error
+    (ok,) = llm.generate(["Hi"], SamplingParams(max_tokens=8, seed=1, regex="[a-z]+"))
+    assert ok.finish_reason != "error"
