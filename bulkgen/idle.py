@@ -50,18 +50,21 @@ def _idle_stats(config: RunConfig, job: JobDir, path: Path, reason: str) -> dict
         stats = json.loads(path.read_text()) if path.is_file() else None
     except ValueError:
         stats = None
+    # The shards are the truth: a run killed after its last shard but before its stats.json left
+    # an older run's stats.json (or none) behind.
+    done = job.scan()
+    counts = {
+        "rows": done.rows,
+        "errors": done.errors,
+        "prompt_tokens": done.prompt_tokens,
+        "completion_tokens": done.completion_tokens,
+        "shards": len(done.shards),
+    }
     if stats is None:
-        done = job.scan()
-        stats = {
-            "rows": done.rows,
-            "errors": done.errors,
-            "prompt_tokens": done.prompt_tokens,
-            "completion_tokens": done.completion_tokens,
-            "shards": len(done.shards),
-            "wall_time_s": 0.0,
-            "generated_tokens_per_s": 0.0,
-            "model": config.model,
-        }
+        stats = {**counts, "wall_time_s": 0.0, "generated_tokens_per_s": 0.0, "model": config.model}
+        write_json_atomic(path, stats)
+    elif any(stats.get(k) != v for k, v in counts.items()):
+        stats = {**stats, **counts}
         write_json_atomic(path, stats)
     zero = {"rows": 0, "errors": 0, "prompt_tokens": 0, "completion_tokens": 0}
     return {**stats, "this_run": {**zero, "resumed_after_rows": stats["rows"]},

@@ -198,11 +198,10 @@ class _Run:
             sys.setswitchinterval(switch_interval)
         if self.failure is not None:
             raise self.failure
-        row_faults = self.reader.faults + sum(g.faults for g in self.guards) + writer.faults
-        stats = run_stats(
-            self.config, self.model_dir, done, progress.counts, len(writer.shards), row_faults,
-            load_time, self.engine_stats,
-        )  # fmt: skip
+        faults = self.reader.faults + sum(g.faults for g in self.guards) + writer.faults
+        now = None if self.worker else self.job.scan()  # the counts as a resume takes them
+        stats = run_stats(self.config, self.model_dir, done, progress.counts, len(writer.shards),
+                          faults, load_time, self.engine_stats, now)  # fmt: skip
         if self.worker is None:
             write_json_atomic(Path(self.config.out) / STATS_FILE, stats)
         if self.reader.damaged:  # the rows before the damage are written; the run still failed

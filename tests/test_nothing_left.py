@@ -50,6 +50,29 @@ def test_a_finished_job_rerun_says_so_and_keeps_its_stats(tmp_path, tiny_model_d
     assert (tmp_path / "out" / "stats.json").read_text() == stats
 
 
+def test_a_rerun_with_nothing_left_mends_a_stale_stats_file(tmp_path, tiny_model_dir, monkeypatch):
+    """A run killed after its last shard and before its stats.json left the earlier run's
+    stats.json: the rerun found nothing to generate and kept it as it was (10 rows where the
+    shards hold 20), and so did every rerun after it."""
+    monkeypatch.setenv(FAKE_ENGINE_ENV, json.dumps({"steps": 1}))
+    for name in "ab":
+        (tmp_path / f"{name}.jsonl").write_text(
+            "".join(json.dumps({"id": f"{name}{i}", "prompt": f"Q{i}?"}) + "\n" for i in range(5))
+        )
+    out = tmp_path / "out"
+    first = ("run", tmp_path / "a.jsonl", "-m", tiny_model_dir, "-o", out)
+    assert bulkgen(*first).exit_code == 0
+    stale = (out / "stats.json").read_text()
+    both = ("run", tmp_path / "a.jsonl", tmp_path / "b.jsonl", "-m", tiny_model_dir, "-o", out)
+    assert bulkgen(*both).exit_code == 0
+    (out / "stats.json").write_text(stale)  # as the kill before its write left it
+    result = bulkgen(*both)
+    assert result.exit_code == 0 and "nothing to generate" in result.stderr
+    stats = json.loads((out / "stats.json").read_text())
+    assert (stats["rows"], stats["shards"]) == (10, 2)
+    assert json.loads(stale)["model"] == stats["model"]  # the rest of it kept
+
+
 def test_a_job_with_rows_left_loads_the_model(tmp_path, tiny_model_dir, monkeypatch):
     monkeypatch.setenv(FAKE_ENGINE_ENV, json.dumps({"steps": 1}))
     inp = tmp_path / "in.jsonl"

@@ -243,3 +243,22 @@ def test_logprobs_of_a_completion_and_a_chat_choice_are_the_apis_shapes(tiny_tok
             {**token(9, -0.5), "top_logprobs": [token(9, -0.5), token(10, -2.0)]},
         ]
     }
+
+
+def test_stats_count_the_lines_the_shards_hold_with_n(tmp_path, tiny_model_dir):
+    """--format openai --n 3, a row failing: its one error line is one row and one error, and
+    a line's prompt tokens count once, as a resume and a data-parallel run count them (the run
+    counted each sample: 12 rows and 3 errors where the shards hold 10 and 1)."""
+    from bulkgen.io.job import JobDir
+
+    records = [{"id": f"r{i}", "prompt": None if i == 1 else f"hello {i}"} for i in range(4)]
+    path = write_jsonl(tmp_path / "in.jsonl", records)
+    sampling = SamplingParams(max_tokens=4, temperature=0.8, seed=1)
+    config = make_config(tmp_path, tiny_model_dir, [path], format="openai", n=3, sampling=sampling)
+    stats = run(config, factory())
+    done = JobDir(tmp_path / "out").scan()
+    assert (stats["rows"], stats["errors"]) == (done.rows, done.errors) == (10, 1)
+    assert stats["prompt_tokens"] == done.prompt_tokens
+    assert stats["this_run"]["rows"] == 10 and stats["this_run"]["errors"] == 1
+    on_disk = json.loads((tmp_path / "out" / "stats.json").read_text())
+    assert (on_disk["rows"], on_disk["errors"]) == (10, 1)
