@@ -145,8 +145,11 @@ def test_more_logprobs_than_the_vocabulary_is_one_line_before_any_work(tmp_path,
 def test_a_job_recorded_by_another_run_after_the_check_is_refused_under_the_lock(tmp_path):
     # Run B checks an empty folder, then loads its model; run A records a job there meanwhile.
     # B must refuse A's settings once it holds the lock, not resume A's rows with its own.
+    from test_writer import done_rows
+
     from bulkgen.errors import UserError
     from bulkgen.io.job import JobDir
+    from bulkgen.io.writer import ShardWriter
 
     out = tmp_path / "out"
     settings_a, settings_b = {"sampling": {"max_tokens": 1}}, {"sampling": {"max_tokens": 12}}
@@ -156,6 +159,7 @@ def test_a_job_recorded_by_another_run_after_the_check_is_refused_under_the_lock
     run_a = JobDir(out)
     run_a.lock()
     run_a.prepare({"settings": settings_a, "input_files": inputs}, overwrite=False)
+    ShardWriter(out, "parquet", 1).add(done_rows(1))  # A wrote a row
     run_a.unlock()
     run_b.lock()
     with pytest.raises(UserError, match=r"other settings \(sampling.max_tokens was 1, now 12\)"):

@@ -108,6 +108,7 @@ def test_a_rerun_with_other_settings_is_refused_naming_what_differs(tmp_path):
     job.check(config(tmp_path).job_settings(), overwrite=False)
     job.lock()
     job.prepare({"settings": config(tmp_path).job_settings()}, overwrite=False)
+    ShardWriter(job.path, "parquet", 1).add(done_rows(1))  # a job with rows written
     job.unlock()
     job.check(config(tmp_path, shard_size=7).job_settings(), overwrite=False)  # harmless change
     changed = config(tmp_path, prompt_column="question", format="jsonl")
@@ -136,6 +137,7 @@ def test_a_rerun_with_other_weights_dtype_or_context_is_refused_both_ways(tmp_pa
     job = JobDir(tmp_path / "out")
     job.lock()
     job.prepare({"settings": config(tmp_path, **setting).job_settings()}, overwrite=False)
+    ShardWriter(job.path, "parquet", 1).add(done_rows(1))
     job.unlock()
     job.check(config(tmp_path, **setting).job_settings(), overwrite=False)
     with pytest.raises(UserError) as e:
@@ -144,10 +146,33 @@ def test_a_rerun_with_other_weights_dtype_or_context_is_refused_both_ways(tmp_pa
     other = JobDir(tmp_path / "other")
     other.lock()
     other.prepare({"settings": config(tmp_path).job_settings()}, overwrite=False)
+    ShardWriter(other.path, "parquet", 1).add(done_rows(1))
     other.unlock()
     with pytest.raises(UserError) as e:
         other.check(config(tmp_path, **setting).job_settings(), overwrite=False)
     assert f"{key} was the default, now {setting[key]!r}" in str(e.value)
+
+
+def test_a_job_that_wrote_nothing_takes_a_rerun_with_other_settings(tmp_path):
+    """A run that died before its first shard (a wrong --model, Ctrl-C during the load) left
+    job.json: a rerun with corrected settings was refused as a changed job (only a Ray run
+    forgot the record). With no row written there is nothing to mix with: the rerun records
+    its own settings and runs; once a shard exists, other settings are refused again."""
+    job = JobDir(tmp_path / "out")
+    job.lock()
+    job.prepare({"settings": config(tmp_path).job_settings()}, overwrite=False)
+    job.unlock()  # and the process died
+    fixed = config(tmp_path, prompt_column="question").job_settings()
+    job.check(fixed, overwrite=False)
+    assert job.check_inputs({"/a.jsonl": {"source": "a"}}, False, False) == []
+    job.lock()
+    job.prepare({"settings": fixed}, overwrite=False)
+    recorded = json.loads((job.path / "job.json").read_text())["settings"]
+    assert recorded["prompt_column"] == "question"
+    ShardWriter(job.path, "parquet", 1).add(done_rows(1))
+    job.unlock()
+    with pytest.raises(UserError, match="other settings"):
+        job.check(config(tmp_path).job_settings(), overwrite=False)
 
 
 def test_overwrite_clears_the_old_job(tmp_path):

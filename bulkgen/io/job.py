@@ -104,7 +104,8 @@ class JobDir:
                     "them"
                 )
             return
-        self._refuse_other_settings(recorded, settings)
+        if self._shards():  # a job that wrote nothing (killed before its first shard) holds
+            self._refuse_other_settings(recorded, settings)  # nothing to mix other rows with
 
     def _refuse_other_settings(self, recorded: dict, settings: dict) -> None:
         diffs = settings_differences(recorded.get("settings", {}), settings)
@@ -121,8 +122,8 @@ class JobDir:
         """Refuse to resume a job whose input files changed (fingerprints: io/fingerprint.py),
         or whose files' rows would get other default ids (even with allow_changed: ids are what
         a resume matches rows by). The recorded files in their order (Reader.recorded_first)."""
-        recorded = None if overwrite else self._recorded()
-        if recorded is None:
+        recorded = None if overwrite or not self._shards() else self._recorded()
+        if recorded is None:  # (nothing written yet: no row to match, no order to keep)
             return []
         check_same_names(recorded.get("input_files"), current, self.path)
         if not allow_changed:
@@ -162,7 +163,7 @@ class JobDir:
         except OSError as e:
             raise output_error(self.path, "remove old files", e) from None
         recorded = self._recorded()
-        if recorded is None:
+        if recorded is None or not self._shards():  # a new job, or one that wrote nothing
             write_json_atomic(self.path / SETTINGS_FILE, record)
             self._recorded_here = True
         else:  # checked before the model loaded; another run may have recorded it since
