@@ -37,7 +37,8 @@ import torch
 
 from bulkgen.config import EngineConfig
 from bulkgen.engine.inputs import PackedStep
-from bulkgen.engine.tp_membership import ENV, join_group, leave_group, rank_device
+from bulkgen.engine.tp_membership import ENV, join_group, leave_group, rank_device, timeout_s
+from bulkgen.engine.tp_steps import interrupts_deferred, is_collective_error
 from bulkgen.errors import UserError
 from bulkgen.model.config import ModelConfig
 from bulkgen.model.parallel_layers import TensorParallel, check_shape
@@ -81,6 +82,12 @@ def join(
     if size == 1:
         return TensorParallel(), None, device
     check_shape(mcfg, size)
+    timeout_s()  # a bad BULKGEN_TP_TIMEOUT_S: one line before any rank starts
+    if rank is None and torch.distributed.is_initialized():
+        raise UserError(
+            "a tensor-parallel engine is already open in this process (one process group per "
+            "process): close it (LLM.close()) before making another"
+        )
     device = rank_device(device, rank.rank if rank else 0, size)
     if rank is not None:
         return join_group(rank.rank, rank.size, rank.store, device), None, device
@@ -108,6 +115,7 @@ class RankGroup:
         self.acknowledged = threading.Event()  # rank 0 has raised the failure
         self.grace_s = _GRACE_S if device.type == "cuda" else _GRACE_S_CPU
         self.closing = threading.Event()
+        self.joined = False  # this group's process group is the default one (close leaves it)
         store = str(self.folder / "rendezvous")
         try:
             for rank in range(1, size):
@@ -116,6 +124,7 @@ class RankGroup:
             threading.Thread(target=self._watch, name="bulkgen-tp-watch", daemon=True).start()
             self.busy = True  # until the engine has loaded, warmed up and captured its graphs
             self.tp = join_group(0, size, store, device)
+            self.joined = True
         except BaseException:
             self.close()
             raise
@@ -161,13 +170,38 @@ class RankGroup:
         """Around one engine step: RankFailed, not a collective's error, when a rank died."""
         self.raise_failure()
         self.busy = True
+        interrupted: list[bool] = []
         try:
-            yield
-        except Exception:
+            with interrupts_deferred(interrupted):
+                yield
+        except Exception as e:
             self.raise_failure(wait_s=2.0)  # the collective failed because a rank died
+            if is_collective_error(e):  # every rank alive: one is stuck
+                self._out_of_step(
+                    f"a tensor-parallel collective did not complete within {timeout_s():.0f} s "
+                    "(BULKGEN_TP_TIMEOUT_S): a rank is stuck"
+                )
+                self.raise_failure()
+            self._out_of_step(f"the tensor-parallel group stopped mid-step ({type(e).__name__})")
+            raise
+        except BaseException as e:  # a second Ctrl-C, say (tp_steps.interrupts_deferred)
+            self._out_of_step(f"the tensor-parallel group stopped mid-step ({type(e).__name__})")
             raise
         finally:
             self.busy = False
+        if interrupted:  # Ctrl-C came during the step, which has ended: raise it now
+            raise KeyboardInterrupt
+
+    def _out_of_step(self, why: str) -> None:
+        """The other ranks may be inside this step's collectives, which rank 0 left
+        (tp_steps.py): stop them; later steps raise RankFailed saying why."""
+        if self.failure is None:
+            self.failure = (
+                f"{why}; the other ranks were stopped. Rerun the same command to resume (from "
+                "Python: make a new LLM)"
+            )
+        self.closing.set()  # the watcher must not report the kills below as a rank's death
+        self._end_ranks()
 
     def raise_failure(self, wait_s: float = 0.0) -> None:
         """Raise RankFailed if a rank has died (waiting up to wait_s for the watcher to see it:
@@ -209,6 +243,7 @@ class RankGroup:
         if self.acknowledged.wait(self.grace_s) or self.closing.is_set() or not self.busy:
             return
         print(f"error: {self.failure}", file=sys.stderr, flush=True)
+        shutil.rmtree(self.folder, ignore_errors=True)  # close() will not run
         os._exit(1)
 
     def _end_ranks(self) -> None:
@@ -229,7 +264,8 @@ class RankGroup:
             except (BrokenPipeError, ValueError, OSError):
                 pass
         try:
-            leave_group()  # while the other ranks leave it too, on the stop frame
+            if self.joined:  # never another group's: a failed second engine left the first's
+                leave_group()  # while the other ranks leave it too, on the stop frame
         except Exception:  # noqa: BLE001 - after a rank's death the group may be aborted already
             if self.failure is None:
                 raise

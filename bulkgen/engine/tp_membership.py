@@ -21,7 +21,16 @@ ENV = {"NCCL_NVLS_ENABLE": "0"}  # NVLink multicast stays off on the machines we
 def timeout_s() -> float:
     """Of a collective, after which it is an error (BULKGEN_TP_TIMEOUT_S, default 10 min: long
     enough for a 70B shard to load while another rank waits in its first collective)."""
-    return float(os.environ.get("BULKGEN_TP_TIMEOUT_S", "600"))
+    raw = os.environ.get("BULKGEN_TP_TIMEOUT_S", "600")
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        from bulkgen.errors import UserError
+
+        raise UserError(f"BULKGEN_TP_TIMEOUT_S must be a positive number of seconds, got {raw!r}")
+    return value
 
 
 def join_group(rank: int, size: int, store: str, device: torch.device) -> TensorParallel:

@@ -91,6 +91,14 @@ def main(spec_path: str, parent: int) -> int:
     except BaseException as e:  # noqa: BLE001 - reported to rank 0 as the log's last line
         traceback.print_exc()
         print(f"error: {type(e).__name__}: {e}".replace("\n", " "), file=sys.stderr, flush=True)
+        # A collective fails when rank 0 dies (a data-parallel worker ended by SIGTERM, say):
+        # then nobody else removes the group's folder. Rank 0 alive reads the log and removes it.
+        for _ in range(20):
+            if os.getppid() != parent:
+                if Path(spec_path).parent.name.startswith("bulkgen-tp-"):
+                    shutil.rmtree(Path(spec_path).parent, ignore_errors=True)
+                break
+            time.sleep(0.1)
         return 1
     return 0
 
