@@ -241,3 +241,16 @@ def test_an_empty_text_prompt_is_refused_where_the_tokenizer_adds_a_bos(tiny_mod
         llm.generate(["hi", ""], SamplingParams(max_tokens=2))
     assert not llm.engine.has_unfinished()
     llm.close()
+
+
+def test_a_max_model_len_past_the_models_positions_says_it_is_cut(tiny_model_dir, caplog):
+    """It was cut to the model's positions without a word."""
+    import json
+    import logging
+
+    limit = json.loads((tiny_model_dir / "config.json").read_text())["max_position_embeddings"]
+    with caplog.at_level(logging.WARNING, logger="bulkgen.engine.model_files"):
+        llm = LLM(str(tiny_model_dir), dtype="float32", device="cpu", max_model_len=100_000)
+    assert llm.engine.max_model_len == limit
+    assert f"max_model_len 100000 is more than the model's {limit} positions" in caplog.text
+    llm.close()

@@ -33,7 +33,7 @@ from bulkgen.engine.grammar import GrammarCompiler, load_tokenizer
 from bulkgen.engine.host_times import HostTimes
 from bulkgen.engine.kv_sizing import size_kv_cache
 from bulkgen.engine.mixed_graphs import resolve_mixed_graphs
-from bulkgen.engine.model_files import model_dir, read_eos_ids, resolve_device
+from bulkgen.engine.model_files import model_context, model_dir, read_eos_ids, resolve_device
 from bulkgen.engine.monitor import GpuMonitor
 from bulkgen.engine.request import Request, RequestOutput
 from bulkgen.engine.runner import ModelRunner, kv_bytes_per_block
@@ -100,8 +100,7 @@ class Engine:
         self.dtype = resolve_dtype(cfg.dtype, self.device, mcfg)
         self.kv_dtype = resolve_kv_dtype(cfg.kv_cache_dtype, self.dtype)
         self.eos_token_ids = read_eos_ids(self.model_dir, model_config)
-        limit = mcfg.max_position_embeddings
-        self.max_model_len = min(cfg.max_model_len or limit, limit)
+        self.max_model_len = model_context(cfg.max_model_len, mcfg.max_position_embeddings)
         backend = get_backend(cfg.attention, self.device, cfg.batch_invariant)
         if cfg.block_size is None:  # every rank resolves it alike: the same table
             slots_inner = values_slots_inner(self.kv_dtype, backend.fp8_v_slots_inner)

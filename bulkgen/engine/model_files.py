@@ -4,10 +4,13 @@ alias), and the end-of-sequence ids its files declare."""
 from __future__ import annotations
 
 import json
+import logging
 import re
 from pathlib import Path
 
 import torch
+
+log = logging.getLogger(__name__)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -42,3 +45,15 @@ def read_eos_ids(model_dir: Path | None, mcfg_dict: dict) -> list[int]:
         if eos is not None:
             return [eos] if isinstance(eos, int) else list(eos)
     return []
+
+
+def model_context(asked: int | None, limit: int) -> int:
+    """The context a sequence gets: max_model_len where given, the model's positions
+    (max_position_embeddings) at most; asked past them, a warning says so (it was cut silently,
+    and a user who asked for 100,000 on a 512-position model never heard)."""
+    if asked is not None and asked > limit:
+        log.warning(
+            "max_model_len %d is more than the model's %d positions: sequences end at %d",
+            asked, limit, limit,
+        )  # fmt: skip
+    return min(asked or limit, limit)
