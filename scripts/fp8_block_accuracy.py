@@ -31,7 +31,7 @@ from safetensors.torch import load_file, save_file
 from bulkgen.model.attention import get_backend
 from bulkgen.model.config import ModelConfig
 from bulkgen.model.fp8 import FP8, FP8_MAX, quantize_weight
-from bulkgen.model.fp8_checkpoint import dequantize_blocks, requantize_blocks
+from bulkgen.model.fp8_scales import dequantize_blocks, requantize_blocks
 from bulkgen.model.loader import load_model
 
 CPU = torch.device("cpu")

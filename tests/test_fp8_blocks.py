@@ -24,7 +24,8 @@ from fp8_checkpoints import (
 from safetensors.torch import load_file, save_file
 
 from bulkgen.model.fp8 import FP8, Fp8Linear, quantize_weight
-from bulkgen.model.fp8_checkpoint import checkpoint_quantization, requantize_blocks
+from bulkgen.model.fp8_checkpoint import checkpoint_quantization
+from bulkgen.model.fp8_scales import requantize_blocks
 
 BLOCK = (16, 24)
 

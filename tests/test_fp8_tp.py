@@ -17,7 +17,8 @@ from safetensors.torch import load_file
 from bulkgen.model.attention import get_backend
 from bulkgen.model.config import ModelConfig
 from bulkgen.model.fp8 import Fp8Linear, quantize_weight
-from bulkgen.model.fp8_checkpoint import requantize_blocks, scale_shard
+from bulkgen.model.fp8_checkpoint import scale_shard
+from bulkgen.model.fp8_scales import requantize_blocks
 from bulkgen.model.loader import load_model
 from bulkgen.model.parallel_layers import TensorParallel
 

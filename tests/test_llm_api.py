@@ -231,7 +231,7 @@ def test_a_closed_llm_lets_its_engine_go_and_refuses_calls(tiny_model_dir):
 
 
 def test_an_empty_text_prompt_is_refused_where_the_tokenizer_adds_a_bos(tiny_model_dir):
-    """"" encodes to [BOS] with Llama-3's or Mistral's tokenizer: it ran from BOS alone where
+    """ "" encodes to [BOS] with Llama-3's or Mistral's tokenizer: it ran from BOS alone where
     README (and bulkgen run's error record) call an empty prompt an error."""
     llm = LLM(str(tiny_model_dir), dtype="float32", device="cpu")
     tokenizer = llm.tokenizer

@@ -26,7 +26,8 @@ from pathlib import Path
 
 import torch
 
-from bulkgen.model.fp8 import FP8, FP8_TARGETS, quantize_weight
+from bulkgen.model.fp8 import FP8, FP8_TARGETS
+from bulkgen.model.fp8_scales import check_scale, requantize_blocks
 
 _SCALE_NAMES = {  # checkpoint tensor suffix -> our parameter name
     "weight_scale": "weight_scale",
@@ -152,31 +153,6 @@ def _block_shape(value, where: str) -> tuple[int, int]:
     return int(value[0]), int(value[1])
 
 
-def dequantize_blocks(
-    weight: torch.Tensor, scales: torch.Tensor, block: tuple[int, int], module: str
-) -> torch.Tensor:
-    """An FP8 weight [N, K] with a scale per block [ceil(N / rows), ceil(K / cols)] (the last
-    blocks may be partial) as float32."""
-    rows, cols = block
-    n, k = weight.shape
-    grid = (-(-n // rows), -(-k // cols))
-    if tuple(scales.shape) != grid:
-        raise ValueError(
-            f"{module}: block scales of shape {list(scales.shape)} for a [{n}, {k}] weight in "
-            f"{rows}x{cols} blocks (expected {list(grid)})"
-        )
-    full = scales.float().repeat_interleave(rows, 0)[:n].repeat_interleave(cols, 1)[:, :k]
-    return weight.float() * full
-
-
-def requantize_blocks(
-    weight: torch.Tensor, scales: torch.Tensor, block: tuple[int, int], module: str
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """A block-wise FP8 weight -> (fp8 [N, K], float32 scales [N]), quantized per output row from
-    its dequantized values (dequantize_blocks)."""
-    return quantize_weight(dequantize_blocks(weight, scales, block, module))
-
-
 class BlockRequantizer:
     """A block-wise checkpoint's FP8 weights and their block scales, paired as they are read and
     passed on re-quantized per output row (requantize_blocks); every other tensor as it is."""
@@ -222,9 +198,16 @@ def fp8_modules(files: list[Path], fused: dict[str, tuple[str, int]]) -> list[st
             for name in f.keys():
                 module, _, leaf = name.rpartition(".")
                 kind = module.rsplit(".", 1)[-1]
-                if leaf != "weight" or (kind not in fused and kind not in FP8_TARGETS):
+                if leaf != "weight":
                     continue
-                is_fp8 = f.get_slice(name).get_dtype() in _FP8_DTYPE_TAGS
+                dtype = f.get_slice(name).get_dtype()
+                if dtype.startswith("F8") and dtype not in _FP8_DTYPE_TAGS:
+                    raise _unsupported(f"{name} stored as {dtype} (only F8_E4M3 loads)")
+                if kind not in fused and kind not in FP8_TARGETS:
+                    if dtype in _FP8_DTYPE_TAGS:  # embeddings, lm_head: kept unquantized
+                        raise _unsupported(f"{name} stored in FP8 (only the decoder's projections)")
+                    continue
+                is_fp8 = dtype in _FP8_DTYPE_TAGS
                 if kind in fused:
                     module = module[: -len(kind)] + fused[kind][0]
                 parts.setdefault(module, set()).add(is_fp8)
@@ -284,8 +267,11 @@ def copy_part(
     largest over the fused parts (first: this parameter has no part written yet), any other
     tensor as it is."""
     if name.endswith(".weight_scale"):
+        shapes = ((), (1,), (1, 1), (size,), (size, 1), (1, size))  # per tensor, per row
+        check_scale(tensor, name, shapes, "per-tensor or per-row", zero_ok=True)
         param.narrow(0, start, size).copy_(tensor.float().reshape(-1).expand(size))
     elif name.endswith(".input_scale"):
+        check_scale(tensor, name, ((), (1,), (1, 1)), "static per-tensor", zero_ok=False)
         value = tensor.float().reshape(())
         param.copy_(value if first else torch.maximum(param, value))
     else:  # copy_ would broadcast a tensor of another shape, or fail in a traceback

@@ -151,6 +151,11 @@ def load_kv_scale(model: torch.nn.Module, name: str, tensor: torch.Tensor) -> bo
     if target is None:
         return False
     layer, which = target
+    if layer >= len(model.model.layers):
+        raise ValueError(
+            f"KV-cache scale {name} is for layer {layer}; the model has "
+            f"{len(model.model.layers)} layers"
+        )
     value = float(tensor.float().max())
     if not value > 0.0 or value == float("inf"):
         raise ValueError(f"KV-cache scale {name} must be a positive finite number, got {value}")
