@@ -39,6 +39,11 @@ def checked_reader(config: RunConfig) -> Reader:
         limit=config.limit,
     )
     reader.check()
+    if template is not None and reader.has_batch_files():
+        raise UserError(
+            "--prompt-template with an OpenAI Batch input: its requests carry their own "
+            "messages or prompt; leave the template out"
+        )
     if config.format == "parquet" and config.keep_columns:
         unwritable = parquet_unwritable(reader.keep_schema())
         if unwritable:

@@ -142,7 +142,9 @@ def is_batch_file(source: Source) -> bool:
 
 def _batch_row(reader: Reader, record: dict, default_id: str, where: str, lineno: int) -> Row:
     if not is_batch_record(record):
-        row = Row(default_id, None)
+        # Keep a usable custom_id, so the error line can be matched to its request.
+        row_id, bad_id = checked_id(record.get("custom_id"), default_id)
+        row = Row(default_id if bad_id else row_id, None)
         row.fail(f"{where}: not an OpenAI batch request (it needs custom_id and body)")
         return row
     row_id, bad_id = checked_id(record["custom_id"], default_id)

@@ -52,13 +52,22 @@ def batch_row(record: dict, lineno: int) -> Row:
             row.fail(f"line {lineno}: a chat request needs body.messages")
     else:
         prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        # A one-element array of prompts (a string or a token array) is that prompt.
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
             prompt = prompt[0]
         row.prompt = prompt
         if prompt is None:
             row.fail(f"line {lineno}: a completions request needs body.prompt")
     overrides = {name: body[name] for name in _SAME if body.get(name) is not None}
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    seed = overrides.get("seed")
+    if isinstance(seed, int) and not isinstance(seed, bool) and -(2**63) <= seed < 0:
+        overrides["seed"] = seed % 2**63  # OpenAI's seed is an int64; bulkgen's is in [0, 2**63)
+    if overrides.get("top_p") == 0:  # OpenAI's range is [0, 1]: 0 keeps the likeliest token
+        del overrides["top_p"]
+        overrides["top_k"] = 1
+    max_tokens = body.get("max_completion_tokens")
+    if max_tokens is None:  # absent or an explicit null: max_tokens (the older name) decides
+        max_tokens = body.get("max_tokens")
     if max_tokens is not None:
         overrides["max_tokens"] = max_tokens
     logprobs = body.get("logprobs")

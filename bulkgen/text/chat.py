@@ -27,7 +27,9 @@ def checked_messages(value: object) -> list[dict]:
             content = "".join(texts)
         if not isinstance(content, str):
             raise ValueError(f"message {i} has no string content")
-        out.append({"role": message["role"], "content": content})
+        role = message["role"]
+        # OpenAI's "developer" role stands where "system" did; chat templates know only the latter.
+        out.append({"role": "system" if role == "developer" else role, "content": content})
     return out
 
 
