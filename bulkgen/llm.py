@@ -39,10 +39,10 @@ class LLM:
         soon as nothing else holds them, at the latest when the next engine loads); with
         tensor_parallel > 1, stop its other ranks' processes (they also end by themselves when
         this process does). Calls after it raise; closing again does nothing."""
-        engine, self.engine = self.engine, None
+        with self._lock:  # a generate() running in another thread ends first
+            engine, self.engine = self.engine, None
         if engine is not None:
-            with self._lock:  # not under a generate() running in another thread
-                engine.close()
+            engine.close()
 
     def __enter__(self) -> LLM:
         return self

@@ -254,3 +254,29 @@ def test_a_max_model_len_past_the_models_positions_says_it_is_cut(tiny_model_dir
     assert llm.engine.max_model_len == limit
     assert f"max_model_len 100000 is more than the model's {limit} positions" in caplog.text
     llm.close()
+
+
+def test_close_from_another_thread_waits_for_the_call_running(tiny_model_dir):
+    """close() took the engine away and only then waited: the generate() running in another
+    thread met None mid-call (an AttributeError from its clean-up)."""
+    import threading
+
+    llm = LLM(str(tiny_model_dir), dtype="float32", device="cpu")
+    outs, errors = [], []
+
+    def call():
+        try:
+            outs.extend(
+                llm.generate([[1, 2, 3]] * 4, SamplingParams(max_tokens=64, ignore_eos=True))
+            )
+        except Exception as e:  # noqa: BLE001 - the failure under test
+            errors.append(e)
+
+    worker = threading.Thread(target=call)
+    worker.start()
+    while llm.engine is not None and not llm.engine.has_unfinished() and worker.is_alive():
+        pass  # until the call has added its requests
+    llm.close()
+    worker.join()
+    assert errors == [] and len(outs) == 4 and all(len(o.token_ids) == 64 for o in outs)
+    assert llm.engine is None

@@ -75,6 +75,27 @@ ENFORCED = [
     ({"anyOf": [{"type": "integer"}, {"type": "null"}], "default": None, "title": "T"}, '"s"'),
     ({"const": "a", "enum": ["a"], "type": "string"}, '"b"'),
     ({"enum": ["x", "y"], "type": "string", "title": "E"}, '"z"'),
+    # pydantic v2's discriminated union: OpenAPI's "discriminator" (and "x-" keys) beside oneOf
+    (
+        {
+            "$defs": {
+                "Cat": {
+                    "type": "object",
+                    "properties": {"k": {"const": "cat", "type": "string"}},
+                    "required": ["k"],
+                },
+                "Dog": {
+                    "type": "object",
+                    "properties": {"k": {"const": "dog", "type": "string"}},
+                    "required": ["k"],
+                },
+            },
+            "oneOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}],
+            "discriminator": {"propertyName": "k"},
+            "x-origin": "pydantic",
+        },
+        '{"k": "cow"}',
+    ),
 ]
 
 

@@ -175,7 +175,8 @@ class GpuMonitor:
             if self._before_busy is not None:  # NVML trails the GPU by its own sample period:
                 # read from its first busy sample to its last
                 (n0, sum0), (n1, sum1) = self._before_busy, self._through_busy
-                out["gpu_busy_run_pct"] = round((sum1 - sum0) / (n1 - n0), 1)
+                if n1 > n0:  # (read while the sampler runs: its first busy sample half added)
+                    out["gpu_busy_run_pct"] = round((sum1 - sum0) / (n1 - n0), 1)
             out.update(self._clock_stats())
         if self.decode_s > 0:
             achieved = self.decode_bytes / self.decode_s
@@ -186,12 +187,12 @@ class GpuMonitor:
     def _clock_stats(self) -> dict:
         """Clock, power and limits over the samples NVML saw busy."""
         out = {}
-        if self._clock_mhz.count:  # (read while the sampler runs: copies of the kept values)
-            out["gpu_sm_clock_mhz_median"] = round(statistics.median(list(self._clock_mhz)))
+        if clocks := list(self._clock_mhz):  # (read while the sampler runs: a copy)
+            out["gpu_sm_clock_mhz_median"] = round(statistics.median(clocks))
             if self._max_clock:
                 out["gpu_sm_clock_mhz_max"] = self._max_clock
-        if self._power_w.count:
-            out["gpu_power_w_median"] = round(statistics.median(list(self._power_w)), 1)
+        if powers := list(self._power_w):
+            out["gpu_power_w_median"] = round(statistics.median(powers), 1)
         if reasons := self._reason_samples:
             out["gpu_power_capped_pct"] = round(100 * self._capped / reasons, 1)
             out["gpu_thermal_pct"] = round(100 * self._thermal / reasons, 1)

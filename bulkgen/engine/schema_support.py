@@ -31,6 +31,8 @@ _IGNORED = (
 _ANNOTATIONS = frozenset({
     "title", "description", "default", "examples", "$comment", "$schema", "$id", "$anchor",
     "$defs", "definitions", "deprecated", "readOnly", "writeOnly",
+    # OpenAPI's, which JSON Schema (and the grammar) ignores: pydantic's discriminated unions
+    "discriminator", "nullable",
 })  # fmt: skip
 # xgrammar reads only the first of these a node holds and drops every other keyword beside it.
 _ALONE = ("$ref", "anyOf", "oneOf", "allOf")
@@ -83,7 +85,7 @@ def _unsupported(node, root: dict, path: str) -> tuple[str, str] | None:
     ref = node.get("$ref")
     if isinstance(ref, str) and not (ref == "#" or ref.startswith("#/")):
         return path, f"'$ref' {ref!r} (only local JSON pointers such as '#/$defs/x' are followed)"
-    asserting = [k for k in node if k not in _ANNOTATIONS]
+    asserting = [k for k in node if k not in _ANNOTATIONS and not k.startswith("x-")]
     alone = next((k for k in _ALONE if k in node), None)
     if alone is not None and len(asserting) > 1:
         other = next(k for k in asserting if k != alone)

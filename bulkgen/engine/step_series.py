@@ -31,19 +31,21 @@ class Series:
         self._rng = random.Random(0)
 
     def append(self, value: float) -> None:
+        """(The value is kept before it is counted: a reader on another thread, the GPU
+        monitor's, never sees a count whose values are not there yet.)"""
         index = self.count
-        self.count += 1
+        if len(self.values) < self.keep:
+            self.values.append(value)
+        else:  # Algorithm R: the new value replaces a kept one with probability keep / count
+            slot = self._rng.randrange(index + 1)
+            if slot < self.keep:
+                self.values[slot] = value
         self.total += value
         if self.max is None or value > self.max:
             self.max, self.max_index = value, index
         if self.over is not None and value > self.over:
             self.num_over += 1
-        if len(self.values) < self.keep:
-            self.values.append(value)
-        else:  # Algorithm R: the new value replaces a kept one with probability keep / count
-            slot = self._rng.randrange(self.count)
-            if slot < self.keep:
-                self.values[slot] = value
+        self.count = index + 1
 
     def __len__(self) -> int:
         return self.count

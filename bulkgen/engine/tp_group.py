@@ -198,7 +198,7 @@ class RankGroup:
         if self.failure is None:
             self.failure = (
                 f"{why}; the other ranks were stopped. Rerun the same command to resume (from "
-                "Python: make a new LLM)"
+                "Python: close this LLM, then make a new one)"
             )
         self.closing.set()  # the watcher must not report the kills below as a rank's death
         self._end_ranks()
