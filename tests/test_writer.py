@@ -236,3 +236,16 @@ def test_jsonl_lines_are_strict_json_with_non_finite_numbers_as_null(tmp_path):
 
     assert [(r["score"], r["ok"]) for r in map(strict, lines)] == [(None, 1.5), (None, [None, 2.0])]
     assert json_line({"a": "é", "b": 1.0}) == '{"a": "é", "b": 1.0}'  # the fast path as before
+
+
+def test_a_data_parallel_attempt_claim_keeps_the_recorded_settings(tmp_path):
+    """A folder with no shard but a worker's attempt claim (io/fence.py): a worker of the
+    killed run (a Ray actor) may still land a shard of its settings, so other settings are
+    refused as before."""
+    job = JobDir(tmp_path / "out")
+    job.lock()
+    job.prepare({"settings": config(tmp_path).job_settings()}, overwrite=False)
+    (job.path / ".attempt-w00-00").touch()
+    job.unlock()
+    with pytest.raises(UserError, match="other settings"):
+        job.check(config(tmp_path, prompt_column="question").job_settings(), overwrite=False)

@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from bulkgen.errors import UserError
+from bulkgen.io.fence import ATTEMPT_PREFIX
 from bulkgen.io.fingerprint import check_same_names, check_unchanged
 from bulkgen.io.shard_summary import read_summary
 from bulkgen.run_config import settings_differences
@@ -104,8 +105,8 @@ class JobDir:
                     "them"
                 )
             return
-        if self._shards():  # a job that wrote nothing (killed before its first shard) holds
-            self._refuse_other_settings(recorded, settings)  # nothing to mix other rows with
+        if not self._nothing_written():  # (a job killed before its first shard has no rows
+            self._refuse_other_settings(recorded, settings)  # to mix other settings' with)
 
     def _refuse_other_settings(self, recorded: dict, settings: dict) -> None:
         diffs = settings_differences(recorded.get("settings", {}), settings)
@@ -122,7 +123,7 @@ class JobDir:
         """Refuse to resume a job whose input files changed (fingerprints: io/fingerprint.py),
         or whose files' rows would get other default ids (even with allow_changed: ids are what
         a resume matches rows by). The recorded files in their order (Reader.recorded_first)."""
-        recorded = None if overwrite or not self._shards() else self._recorded()
+        recorded = None if overwrite or self._nothing_written() else self._recorded()
         if recorded is None:  # (nothing written yet: no row to match, no order to keep)
             return []
         check_same_names(recorded.get("input_files"), current, self.path)
@@ -163,7 +164,7 @@ class JobDir:
         except OSError as e:
             raise output_error(self.path, "remove old files", e) from None
         recorded = self._recorded()
-        if recorded is None or not self._shards():  # a new job, or one that wrote nothing
+        if recorded is None or self._nothing_written():  # a new job, or one that wrote nothing
             write_json_atomic(self.path / SETTINGS_FILE, record)
             self._recorded_here = True
         else:  # checked before the model loaded; another run may have recorded it since
@@ -197,6 +198,11 @@ class JobDir:
             return drop_duplicates(self._shards())
         except OSError as e:
             raise output_error(self.path, "rewrite a shard holding repeated rows", e) from None
+
+    def _nothing_written(self) -> bool:
+        """No shard, and no data-parallel worker's attempt claim (io/fence.py): a worker of a
+        killed run may still be alive (a Ray actor) and land a shard of the old settings."""
+        return not self._shards() and not any(self.path.glob(ATTEMPT_PREFIX + "*"))
 
     def forget_if_empty(self) -> None:
         """Undo the record prepare() wrote, if the job failed before writing any shard, so that
