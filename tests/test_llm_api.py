@@ -169,7 +169,8 @@ def test_values_of_the_wrong_type_are_a_value_error_before_any_request(tiny_mode
     assert not llm.engine.has_unfinished()
     bad = [{"stop": ["END", 5]}, {"stop_token_ids": "12"}, {"stop_token_ids": [2.7]},
            {"ignore_eos": "no"}, {"presence_penalty": True},
-           {"frequency_penalty": False}]  # fmt: skip
+           {"frequency_penalty": False}, {"json_schema": {"enum": {1, 2}}}, {"choice": 123},
+           {"choice": {"a", "b"}}, {"json_schema": {"minimum": float("nan")}}]  # fmt: skip
     for kw in bad:
         with pytest.raises(ValueError):
             SamplingParams(**kw)
