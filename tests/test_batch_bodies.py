@@ -89,3 +89,22 @@ def test_characters_splitlines_takes_for_line_ends_are_escaped():
     line = json_line({"text": text})
     assert len(line.splitlines()) == 1 and json.loads(line)["text"] == text
     assert "\u00e9" in line  # other characters stay as they are
+
+
+@pytest.mark.parametrize(
+    "body, named",
+    [
+        ({"echo": True}, "echo: true"),
+        ({"suffix": " the end."}, "suffix"),
+        ({"tools": [{"type": "function"}], "tool_choice": "required"}, 'tool_choice "required"'),
+        ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice {"),
+    ],
+)
+def test_fields_whose_answer_bulkgen_cannot_give_are_that_requests_error(body, named):
+    """They were ignored: the line answered something other than what was asked (no prompt
+    echoed, no suffix, no tool call)."""
+    row = batch_row(chat(**body), 3)
+    assert row.error is not None and named in row.error and "not supported" in row.error
+    tuned = batch_row(chat(tools=[{"type": "function"}], tool_choice="auto", stream=True), 3)
+    check_row(tuned)
+    assert tuned.error is None  # tools left to the model's choice, stream: ignored as before

@@ -28,6 +28,21 @@ _SAME += ("response_format",)  # structured output, for chat and completions ali
 TokenBytes = Callable[[int, str], list[int]]
 
 
+def _changes_the_output(body: dict) -> str | None:
+    """A body field bulkgen cannot honour whose answer OpenAI's would differ from ours in kind:
+    the prompt echoed before the completion, a suffix to complete up to, a tool call required.
+    (Fields that only tune, `logit_bias` or `stream` say, and tools left to the model's choice
+    are ignored, as README says.)"""
+    if body.get("echo") is True:
+        return "echo: true"
+    if body.get("suffix"):
+        return "suffix"
+    choice = body.get("tool_choice")
+    if choice == "required" or isinstance(choice, dict):
+        return f"tool_choice {json.dumps(choice)}"
+    return None
+
+
 def is_batch_record(record: object) -> bool:
     return isinstance(record, dict) and "custom_id" in record and "body" in record
 
@@ -45,6 +60,9 @@ def batch_row(record: dict, lineno: int) -> Row:
         row.api = _URLS.get(url) if isinstance(url, str) else None
     if row.api is None:
         row.fail(f"line {lineno}: url {url!r} is not supported; use {' or '.join(_URLS)}")
+        return row
+    if unsupported := _changes_the_output(body):
+        row.fail(f"line {lineno}: {unsupported} is not supported (the answer would not be it)")
         return row
     if row.api == "chat":
         row.messages = body.get("messages")
