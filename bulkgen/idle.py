@@ -11,6 +11,7 @@ from pathlib import Path
 
 from bulkgen.io.job import STATS_FILE, JobDir, write_json_atomic
 from bulkgen.io.reader import Reader
+from bulkgen.progress import COUNT_FIELDS
 from bulkgen.run_config import RunConfig
 from bulkgen.samples import Resume
 
@@ -53,19 +54,13 @@ def _idle_stats(config: RunConfig, job: JobDir, path: Path, reason: str) -> dict
     # The shards are the truth: a run killed after its last shard but before its stats.json left
     # an older run's stats.json (or none) behind.
     done = job.scan()
-    counts = {
-        "rows": done.rows,
-        "errors": done.errors,
-        "prompt_tokens": done.prompt_tokens,
-        "completion_tokens": done.completion_tokens,
-        "shards": len(done.shards),
-    }
+    counts = {k: getattr(done, k) for k in COUNT_FIELDS} | {"shards": len(done.shards)}
     if stats is None:
         stats = {**counts, "wall_time_s": 0.0, "generated_tokens_per_s": 0.0, "model": config.model}
         write_json_atomic(path, stats)
     elif any(stats.get(k) != v for k, v in counts.items()):
         stats = {**stats, **counts}
         write_json_atomic(path, stats)
-    zero = {"rows": 0, "errors": 0, "prompt_tokens": 0, "completion_tokens": 0}
+    zero = dict.fromkeys(COUNT_FIELDS, 0)
     return {**stats, "this_run": {**zero, "resumed_after_rows": stats["rows"]},
             "wall_time_s": 0.0, "generated_tokens_per_s": 0.0, "nothing_left": reason}  # fmt: skip

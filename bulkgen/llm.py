@@ -50,10 +50,9 @@ class LLM:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _open_engine(self) -> Engine:
+    def _check_open(self) -> None:
         if self.engine is None:
             raise RuntimeError("this LLM is closed: make a new one")
-        return self.engine
 
     @property
     def tokenizer(self):
@@ -75,7 +74,7 @@ class LLM:
         column, so every completion is reproducible. Calls from several threads run one after
         another (each waits for the one before), each with its own outputs."""
         with self._lock:  # close() takes it too: the engine stays while a call runs
-            self._open_engine()
+            self._check_open()
             return self._generate(prompts, sampling_params, n)
 
     def _generate(self, prompts, sampling_params, n: int) -> list[RequestOutput]:

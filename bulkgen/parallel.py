@@ -180,12 +180,7 @@ def job_stats(config, model_dir, job: JobDir, start: Done, wall: float, load_tim
     """stats.json of a data-parallel job, from what complete shards held at its start and hold
     now: exact, though a restarted Ray actor sends the progress bar some rows twice."""
     end = job.scan()
-    run = Counts(
-        end.rows - start.rows,
-        end.errors - start.errors,
-        end.prompt_tokens - start.prompt_tokens,
-        end.completion_tokens - start.completion_tokens,
-    )
+    run = Counts.between(start, end)
     return job_record(config, model_dir, start, run, len(end.shards), wall, load_time)
 
 

@@ -16,12 +16,17 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from tqdm import tqdm
 
 from bulkgen.row import Row
 
+if TYPE_CHECKING:
+    from bulkgen.io.job import Done
+
+# The counts a job's complete shards hold (io/job.Done) as a run's (Counts) do.
+COUNT_FIELDS = ("rows", "errors", "prompt_tokens", "completion_tokens")
 LOG_INTERVAL_S = 30.0
 _BAR_REFRESH_S = 1.0
 
@@ -42,6 +47,13 @@ class Counts:
                 self.errors += 1
             self.prompt_tokens += row.prompt_tokens
             self.completion_tokens += row.completion_tokens
+
+    @classmethod
+    def between(cls, start: Done, end: Done) -> Counts:
+        """What a run wrote, from what complete shards held at its start and hold at its end:
+        the counts a resume takes (with --format openai a failed row is one error line and a
+        line's prompt tokens count once, whatever --n, where the progress counts each sample)."""
+        return cls(*(getattr(end, k) - getattr(start, k) for k in COUNT_FIELDS))
 
     def merge(self, other: Counts) -> None:
         self.rows += other.rows

@@ -3,6 +3,7 @@ figures (GPU busy, host time per step and the like)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from bulkgen.io.job import Done
@@ -58,12 +59,13 @@ def run_stats(
     now: Done | None = None,
 ) -> dict:
     """done: what complete shards held before this run; run: this run's progress counts; now:
-    what they hold after it, which gives the counts where known (counted_from_shards)."""
-    stats = job_record(
-        config, model_dir, done, run, len(done.shards) + new_shards, run.elapsed, load_time
-    )
+    what they hold after it, whose counts replace the progress's where given (Counts.between,
+    as a resume and a data-parallel run count)."""
+    shards, elapsed = len(done.shards) + new_shards, run.elapsed
     if now is not None:
-        counted_from_shards(stats, done, now)
+        run = replace(Counts.between(done, now), started=run.started, inputs=run.inputs)
+        shards = len(now.shards)
+    stats = job_record(config, model_dir, done, run, shards, elapsed, load_time)
     # Rows whose stage raised (a bug to report), written as error records.
     stats["row_faults"] = row_faults
     if config.n > 1:
@@ -74,15 +76,3 @@ def run_stats(
         stats["torch_threads"] = torch.get_num_threads()  # see cpu.py
     # Engine-side figures (GPU busy and the like) join in, without replacing ours.
     return {**{k: v for k, v in engine_stats.items() if k not in stats}, **stats}
-
-
-def counted_from_shards(stats: dict, before: Done, now: Done) -> dict:
-    """stats (in place) with the job's and this run's counts from its complete shards, now and
-    before it started, as a resume or a data-parallel run counts them: with --format openai a
-    failed row is one error line, and a line's prompt tokens count once, whatever --n (the
-    progress counts each sample: 12 rows and 3 errors where the shards hold 10 and 1)."""
-    for key in ("rows", "errors", "prompt_tokens", "completion_tokens"):
-        stats["this_run"][key] = getattr(now, key) - getattr(before, key)
-        stats[key] = getattr(now, key)
-    stats["shards"] = len(now.shards)
-    return stats

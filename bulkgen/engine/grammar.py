@@ -111,7 +111,6 @@ class Matcher:
         self._stop_words = stop_words  # mask words with only the end tokens' bits set
         self.json_words = json_words  # for JSON grammars: tokens without control characters
         self._done_at: tuple[int, bool] | None = None  # (num_consumed, is_done) last computed
-        self.dead_end = False  # the last mask filled allowed no token at all
 
     def fill_mask(self, words: np.ndarray) -> None:
         """Write the allowed next tokens into one contiguous int32 row of mask words."""
@@ -119,7 +118,6 @@ class Matcher:
         self.state.fill_next_token_bitmask(words.reshape(1, -1), 0)
         if self.json_words is not None:
             words &= self.json_words
-        self.dead_end = not words.any()
 
     def advance(self, token_id: int) -> bool:
         """Consume a sampled token; False if the grammar rejects it (see `error`)."""
@@ -147,7 +145,12 @@ class Matcher:
 
     @property
     def error(self) -> str | None:
-        if self.dead_end:  # the constraint's fault, not the engine's: say what it could be
+        """Why the token advance() refused was refused (its state is the one before it): where
+        the mask allowed nothing, the constraint's fault, not the engine's (read here, on this
+        rare path, not at every step's masks)."""
+        words = np.empty_like(self._stop_words)
+        self.fill_mask(words)
+        if not words.any():
             return (
                 "the constraint allows no token here (a pattern that needs a raw control "
                 "character, which JSON text cannot hold, or a regex that no text matches)"
@@ -231,9 +234,6 @@ class GrammarCompiler:
         else:
             for i in json_rows:
                 words[i] &= self._json_words
-        if rows:  # a row whose mask allows nothing samples a token its grammar then rejects
-            for i, allowed in zip(rows, words[rows].any(axis=1), strict=True):
-                sampled[i].request.matcher.dead_end = not allowed
 
 
 def _json_words(info, num_words: int) -> np.ndarray:
@@ -244,7 +244,7 @@ def _json_words(info, num_words: int) -> np.ndarray:
     character but quote, backslash, CR and LF (seen: a form feed inside a "name" made the row
     fail json.loads). ANDed into every JSON row's mask. It dead-ends a row only where the schema
     itself asks for a raw control character (a "pattern" of "\\n"), which JSON text cannot hold:
-    that row's error record says so (Matcher.dead_end).
+    that row's error record says so (Matcher.error).
     """
     bits = np.ones(num_words * 32, dtype=np.uint8)
     for token, piece in enumerate(info.decoded_vocab):

@@ -36,6 +36,11 @@ _ANNOTATIONS = frozenset({
 })  # fmt: skip
 # xgrammar reads only the first of these a node holds and drops every other keyword beside it.
 _ALONE = ("$ref", "anyOf", "oneOf", "allOf")
+# Keywords xgrammar drops beside the first (it reads the string's format, or its pattern, only).
+_READ_ALONE = {
+    "format": ("pattern", "minLength", "maxLength"),
+    "pattern": ("minLength", "maxLength"),
+}
 # Keywords xgrammar drops in a node without a "type" (it reads such a node as any value).
 _TYPED = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "minLength",
           "maxLength", "pattern", "format", "minItems", "maxItems", "minProperties",
@@ -95,24 +100,12 @@ def _unsupported(node, root: dict, path: str) -> tuple[str, str] | None:
             what = f"'{key}' holding a value the keywords beside it refuse"
             return path, f"{what} (the grammar reads only the '{key}')"
     if "const" not in node and "enum" not in node:
-        if "format" in node:
-            for other in ("pattern", "minLength", "maxLength"):
-                if other in node:
-                    return path, f"'{other}' beside 'format' (the grammar reads only the 'format')"
-        if "pattern" in node:
-            for other in ("minLength", "maxLength"):
-                if other in node:
-                    return (
-                        path,
-                        f"'{other}' beside 'pattern' (the grammar reads only the 'pattern')",
-                    )
+        for leader, dropped in _READ_ALONE.items():
+            if leader in node and (other := next((k for k in dropped if k in node), None)):
+                return path, f"'{other}' beside '{leader}' (the grammar reads only the '{leader}')"
         if "type" not in node and alone is None:
-            for key in _TYPED:
-                if key in node:
-                    return (
-                        path,
-                        f"'{key}' without a 'type' (the grammar reads the node as any value)",
-                    )
+            if key := next((k for k in _TYPED if k in node), None):
+                return path, f"'{key}' without a 'type' (the grammar reads the node as any value)"
     branches = node.get("oneOf", ())
     for i, a in enumerate(branches):
         for b in branches[i + 1 :]:

@@ -6,8 +6,9 @@ an LLM object in a user's process (an RL loop calling generate for days) never d
 that memory grew without end (56 bytes a step in host_times alone). A Series counts, sums and
 keeps the largest value and its index exactly, and keeps the values themselves up to KEEP, then
 a uniform sample of KEEP of all of them (reservoir sampling, seeded: the same values give the
-same sample), from which medians and percentiles are read: exact up to KEEP values, an estimate
-past them (the p99 of a 65,536-value sample is within about 0.1 percentile of the true one).
+same sample), from which medians and percentiles are read (monitor.step_time_stats): exact up
+to KEEP values, an estimate past them (the p99 of a 65,536-value sample is within about 0.1
+percentile of the true one).
 """
 
 from __future__ import annotations
@@ -55,11 +56,3 @@ class Series:
 
     def __getitem__(self, index: int) -> float:
         return self.values[index]
-
-    def quantile(self, q: float) -> float | None:
-        """The value at quantile q of the kept values (their index int(q * n) sorted: the
-        median of an even count is the upper middle one), None when there is none."""
-        if not self.values:
-            return None
-        ordered = sorted(self.values)
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]

@@ -10,11 +10,13 @@ import torch
 from bulkgen.model.fp8 import quantize_weight
 
 
-def check_scale(tensor: torch.Tensor, name: str, shapes: tuple, kind: str, zero_ok: bool) -> None:
-    """A checkpoint scale of one of `shapes`, finite and positive (or zero where zero_ok: a
-    weight scale of zero dequantizes to zeros), else a ValueError naming it (a host read, once
-    at load, as for the KV-cache scales)."""
-    if tuple(tensor.shape) not in shapes:
+def check_scale(
+    tensor: torch.Tensor, name: str, shapes: tuple | None, kind: str, zero_ok: bool
+) -> None:
+    """A checkpoint scale of one of `shapes` (None: its shape checked already), finite and
+    positive (or zero where zero_ok: a weight scale of zero dequantizes to zeros), else a
+    ValueError naming it (a host read, once at load, as for the KV-cache scales)."""
+    if shapes is not None and tuple(tensor.shape) not in shapes:
         raise ValueError(
             f"scale {name!r} is {list(tensor.shape)} in the checkpoint; a {kind} scale is one of "
             f"{[list(s) for s in shapes]}"
@@ -41,7 +43,7 @@ def dequantize_blocks(
             f"{module}: block scales of shape {list(scales.shape)} for a [{n}, {k}] weight in "
             f"{rows}x{cols} blocks (expected {list(grid)})"
         )
-    check_scale(scales, f"{module} block scales", (tuple(scales.shape),), "block", zero_ok=True)
+    check_scale(scales, f"{module} block scales", None, "block", zero_ok=True)
     full = scales.float().repeat_interleave(rows, 0)[:n].repeat_interleave(cols, 1)[:, :k]
     return weight.float() * full
 
