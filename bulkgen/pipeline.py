@@ -86,8 +86,8 @@ class _Run:
         self.reader: Reader = reader
         self.model_dir: Path = model_dir
         self.tokenize: Tokenize = tokenize
-        self.detokenize = Detokenize(tokenizer)
-        self.token_bytes = TokenBytes(tokenizer)  # --format openai logprobs' bytes
+        self.token_bytes = TokenBytes(tokenizer)  # logprobs' token names, --format openai's bytes
+        self.detokenize = Detokenize(tokenizer, self.token_bytes.name)
         self.vocab_size = vocab_size(model_dir, tokenizer)  # rows' logprobs may ask this many
         self.guards = [RowGuard("the tokenizer stage"), RowGuard("the detokenizer")]
         self.stop = threading.Event()

@@ -135,3 +135,54 @@ def test_sentencepiece_offsets_and_names_keep_the_spaces_text_keeps(sentencepiec
     for entry in content:
         assert entry["token"].encode() == bytes(entry["bytes"]) == b" a"
         assert [t["token"] for t in entry["top_logprobs"]] == [" a", "a"]
+
+
+def test_sentencepiece_names_in_parquet_and_jsonl_keep_the_space(sentencepiece_tokenizer):
+    """The logprobs a Parquet or JSONL row stores name each top entry as the run's detokenizer
+    does (pipeline.py: TokenBytes.name): the word-initial '▁a' is ' a', apart from 'a' (both
+    were 'a', as vLLM's names in context are not); a byte piece keeps its U+FFFD text."""
+    tokenizer = sentencepiece_tokenizer
+    a, word_a = tokenizer.convert_tokens_to_ids(["a", "▁a"])
+    byte = tokenizer.convert_tokens_to_ids("<0xE2>")
+    row = Row(id="a", prompt="xy", prompt_text="xy", token_ids=[word_a, a])
+    row.finish_reason = "length"
+    tops = [[(word_a, -0.5), (a, -1.0)], [(a, -0.2), (byte, -3.0)]]
+    row.token_logprobs = TokenLogprobs.from_pairs([-0.5, -0.2], tops, 2)
+    Detokenize(tokenizer, TokenBytes(tokenizer).name)([row])
+    names = [[entry["token"] for entry in position] for position in row.top_dicts()]
+    assert names == [[" a", "a"], ["a", "\ufffd"]]
+    assert row.token_texts == [" a", "a"]
+    unnamed = Row(id="b", prompt="xy", prompt_text="xy", token_ids=[word_a, a])
+    unnamed.token_logprobs = TokenLogprobs.from_pairs([-0.5, -0.2], tops, 2)
+    Detokenize(tokenizer)([unnamed])  # without a name function: each text alone
+    assert unnamed.top_dicts()[0][0]["token"] == "a"
+
+
+def test_a_parquet_run_names_top_entries_with_their_bytes(
+    tmp_path, tiny_model_dir, sentencepiece_tokenizer
+):
+    """End to end through a run and the Parquet writer, the tiny model speaking through the
+    SentencePiece tokenizer (its vocabulary is inside the model's) and held to 'a a': the
+    word-initial token is stored as ' a', with its space."""
+    import json
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (model / name).unlink(missing_ok=True)
+    sentencepiece_tokenizer.save_pretrained(model)
+    path = write_jsonl(tmp_path / "in.jsonl", [{"id": "r", "prompt": "b"}])
+    vocab = json.loads((model / "config.json").read_text())["vocab_size"]
+    sampling = SamplingParams(max_tokens=4, regex="a a", logprobs=vocab)  # every token a position
+    config = make_config(tmp_path, model, [path], sampling=sampling, chat_template=False)
+    run(config)
+    [shard] = sorted((tmp_path / "out").glob("*.parquet"))
+    [row] = pq.read_table(shard).to_pylist()
+    assert row["text"] == "a a"
+    word_a = sentencepiece_tokenizer.convert_tokens_to_ids("▁a")
+    for position in row["top_logprobs"]:
+        names = {entry["token_id"]: entry["token"] for entry in position}
+        assert names[word_a] == " a" and names[word_a + 1] == "é"  # (it was 'a')

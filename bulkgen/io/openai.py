@@ -17,6 +17,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from bulkgen.row import Row
+from bulkgen.text.token_bytes import spelled
 from bulkgen.text.utf8_offsets import token_offsets
 
 _URLS = {"/v1/chat/completions": "chat", "/v1/completions": "text"}
@@ -160,12 +161,12 @@ def _choice(row: Row, chat: bool, token_bytes: TokenBytes) -> dict:
 def _logprobs(row: Row, chat: bool, token_bytes: TokenBytes) -> dict:
     logprobs = row.token_logprobs.chosen.tolist()
     tokens = row.token_texts or [""] * len(logprobs)
-    spelled = list(map(token_bytes, row.token_ids, tokens))
+    raws = list(map(token_bytes, row.token_ids, tokens))
     named = row.top_texts is not None
     tops = row.top_dicts() if named else [[] for _ in logprobs]
     if chat:
         content = []
-        for token, raw, logprob, top in zip(tokens, spelled, logprobs, tops, strict=True):
+        for token, raw, logprob, top in zip(tokens, raws, logprobs, tops, strict=True):
             alternatives = [
                 _token(t["token"], t["logprob"], token_bytes(t["token_id"], t["token"]))
                 for t in top
@@ -179,14 +180,14 @@ def _logprobs(row: Row, chat: bool, token_bytes: TokenBytes) -> dict:
     in_text = getattr(token_bytes, "in_text", None)
     shown = [
         bytes(raw) if in_text is None or in_text(i) else b""
-        for i, raw in zip(row.token_ids, spelled, strict=True)
+        for i, raw in zip(row.token_ids, raws, strict=True)
     ]
     # A decoder that strips the completion's first space (SentencePiece's Strip) leaves it out
     # of text, but the first token's own bytes hold it: it is no character of prompt + text.
     if shown and shown[0][:1] == b" " and not (row.text or "").startswith(" "):
         shown[0] = shown[0][1:]
     offsets = token_offsets(shown, len(row.prompt_text or ""))
-    names = list(map(_completion_token, tokens, spelled))
+    names = list(map(_completion_token, tokens, raws))
     top_logprobs = []
     for name, logprob, top in zip(names, logprobs, tops, strict=True):
         named_top: dict[str, float] = {}
@@ -211,20 +212,11 @@ def _completion_token(text: str, raw: list[int]) -> str:
     pieces are told apart (as top_logprobs keys they collided, and one was lost)."""
     if "\ufffd" in text and bytes(raw) != text.encode():
         return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
-    return _spelled(text, raw)
+    return spelled(text, raw)
 
 
 def _token(token: str, logprob: float, raw: list[int]) -> dict:
-    return {"token": _spelled(token, raw), "logprob": logprob, "bytes": raw}
-
-
-def _spelled(text: str, raw: list[int]) -> str:
-    """A token's name from its own bytes when they are whole UTF-8 characters (a SentencePiece
-    '\u2581a' is ' a', which its text decoded alone loses), else its text."""
-    try:
-        return bytes(raw).decode("utf-8")
-    except UnicodeDecodeError:
-        return text
+    return {"token": spelled(token, raw), "logprob": logprob, "bytes": raw}
 
 
 def _text_bytes(token_id: int, text: str) -> list[int]:

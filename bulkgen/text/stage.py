@@ -6,6 +6,8 @@ they run beside the other stages instead of taking turns with them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from bulkgen.row import Row
 from bulkgen.text.chat import Conversations, checked_messages
 from bulkgen.text.encoder import PromptEncoder
@@ -143,8 +145,11 @@ def _problem(prompt: object) -> str:
 class Detokenize:
     """Fills each generated row's text (and the prompt text of pre-tokenized rows)."""
 
-    def __init__(self, tokenizer) -> None:
+    def __init__(self, tokenizer, name: Callable[[int, str], str] | None = None) -> None:
+        """name(token_id, text alone) -> the token's name in logprobs (TokenBytes.name: a
+        SentencePiece '\u2581a' keeps its space); without it, its text alone."""
         self._tokenizer = tokenizer
+        self._name = name
         self._backend, self._clean_up = _fast_decoder(tokenizer) or (None, None)
         self._texts: list[str | None] = []  # at [id]: the token's text alone, once decoded
 
@@ -192,7 +197,7 @@ class Detokenize:
         if new:
             order = sorted(new)
             for i, text in zip(order, self.decode([[i] for i in order], False), strict=True):
-                texts[i] = text
+                texts[i] = text if self._name is None else self._name(i, text)
             named = [list(map(texts.__getitem__, ids)) for ids in id_lists]
         m = len(rows)  # named: the rows' sampled tokens, then their top entries
         for row, token_texts, top_texts in zip(rows, named[:m], named[m:], strict=True):

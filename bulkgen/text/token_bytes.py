@@ -45,6 +45,12 @@ class TokenBytes:
             known = self._known[token_id] = self._bytes(token_id, text)
         return known
 
+    def name(self, token_id: int, text: str) -> str:
+        """The token's name in logprobs: its own bytes as text where they are whole UTF-8
+        characters (a SentencePiece word-initial piece is ' a', with the space its text decoded
+        alone loses), else its text (a piece of a character: U+FFFD)."""
+        return spelled(text, self(token_id, text))
+
     def in_text(self, token_id: int) -> bool:
         """Whether the token shows in a completion's text, which is decoded without special
         tokens (a special token the model generates, <s> say, is named in logprobs but adds no
@@ -72,6 +78,14 @@ class TokenBytes:
             if table is None and _SPACE in piece:  # SentencePiece: its own text, spaces kept
                 return list(piece.replace(_SPACE, " ").encode())  # (alone, decode drops one)
         return list(text.encode())
+
+
+def spelled(text: str, raw: list[int]) -> str:
+    """A token's name from its own bytes when they are whole UTF-8 characters, else its text."""
+    try:
+        return bytes(raw).decode("utf-8")
+    except UnicodeDecodeError:
+        return text
 
 
 def _is_byte_level(tokenizer) -> bool:
