@@ -132,7 +132,7 @@ def test_kv_heads_shared_by_ranks_are_the_ones_their_query_heads_read():
 
 
 def run_cli(args: list, **kwargs) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": str(REPO), **kwargs.pop("env", {})}
     cmd = [sys.executable, "-m", "bulkgen.cli", "run", *map(str, args)]
     return subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True, **kwargs)
 

@@ -27,7 +27,6 @@ import signal
 import struct
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ import torch
 
 from bulkgen.config import EngineConfig
 from bulkgen.engine.inputs import PackedStep
+from bulkgen.engine.tp_folder import group_folder
 from bulkgen.engine.tp_membership import ENV, join_group, leave_group, rank_device, timeout_s
 from bulkgen.engine.tp_steps import interrupts_deferred, is_collective_error
 from bulkgen.errors import UserError
@@ -107,7 +107,7 @@ class RankGroup:
     def __init__(self, config: EngineConfig, model_config: dict | None, device: torch.device):
         size = config.tensor_parallel
         self.size = size
-        self.folder = Path(tempfile.mkdtemp(prefix="bulkgen-tp-"))
+        self.folder = group_folder()  # (first removing those dead groups left)
         self.procs: list[subprocess.Popen] = []
         self.logs: list[Path] = []
         self.failure: str | None = None
