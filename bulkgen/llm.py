@@ -8,6 +8,7 @@ from dataclasses import fields, replace
 
 from bulkgen.config import EngineConfig, SamplingParams, _is_int
 from bulkgen.engine.engine import Engine
+from bulkgen.engine.model_files import generation_defaults
 from bulkgen.engine.request import RequestOutput
 from bulkgen.samples import sample_seed
 from bulkgen.text.chat import checked_messages
@@ -62,6 +63,13 @@ class LLM:
             self._tokenizer = AutoTokenizer.from_pretrained(self._model_dir)
         return self._tokenizer
 
+    def default_sampling_params(self) -> SamplingParams:
+        """What generate() and chat() sample with when given no SamplingParams: the fields the
+        model's generation_config.json sets (temperature, top_p, top_k, min_p,
+        repetition_penalty, max_new_tokens as max_tokens), as vLLM's
+        LLM.get_default_sampling_params() does; SamplingParams() for the rest."""
+        return SamplingParams(**generation_defaults(self._model_dir))
+
     def generate(
         self,
         prompts: Sequence[str] | Sequence[Sequence[int]] | str,
@@ -83,7 +91,7 @@ class LLM:
         if isinstance(prompts, str):
             prompts = [prompts]
         if sampling_params is None:
-            sampling_params = SamplingParams()
+            sampling_params = self.default_sampling_params()
         if isinstance(sampling_params, SamplingParams):
             sampling_params = [sampling_params] * len(prompts)
         if len(sampling_params) != len(prompts):

@@ -90,6 +90,19 @@ def test_unknown_hub_id_without_hub_names_model_and_fix():
     assert "\n" not in message
 
 
+def test_a_hub_id_cached_at_another_revision_only_names_its_snapshot(tmp_path):
+    """What from_pretrained(id, revision="v1.0") leaves: refs/v1.0, no refs/main."""
+    repo = tmp_path / "hub" / "models--org--tiny"
+    snapshot = fake_model_folder(repo / "snapshots" / "abc1234")
+    (repo / "refs" / "v1.0").parent.mkdir()
+    (repo / "refs" / "v1.0").write_text("abc1234")
+    with pytest.raises(ModelNotFoundError) as err:
+        resolve_model("org/tiny", cache_dir=str(tmp_path / "hub"))
+    message = str(err.value)
+    assert "another revision" in message and str(snapshot.resolve()) in message
+    assert "\n" not in message
+
+
 def test_unknown_name_points_to_aliases():
     with pytest.raises(ModelNotFoundError, match="bulkgen models"):
         resolve_model("no-such-alias")

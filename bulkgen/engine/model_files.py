@@ -1,5 +1,6 @@
 """Where an engine's model comes from: the device, the model folder (a path, a Hub id or an
-alias), and the end-of-sequence ids its files declare."""
+alias), the end-of-sequence ids its files declare, and the sampling its generation config
+recommends."""
 
 from __future__ import annotations
 
@@ -45,6 +46,30 @@ def read_eos_ids(model_dir: Path | None, mcfg_dict: dict) -> list[int]:
         if eos is not None:
             return [eos] if isinstance(eos, int) else list(eos)
     return []
+
+
+# generation_config.json's sampling fields that vLLM (generation_config="auto") takes as its
+# default SamplingParams, under bulkgen's names: max_new_tokens is max_tokens.
+_GENERATION_DEFAULTS = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "repetition_penalty": "repetition_penalty",
+    "max_new_tokens": "max_tokens",
+}
+
+
+def generation_defaults(model_dir: Path | None) -> dict:
+    """The SamplingParams fields the model's generation_config.json sets (those not null), as
+    vLLM reads them for a call without sampling parameters; {} without that file."""
+    path = None if model_dir is None else Path(model_dir) / "generation_config.json"
+    if path is None or not path.is_file():
+        return {}
+    config = json.loads(path.read_text())
+    return {
+        ours: config[hf] for hf, ours in _GENERATION_DEFAULTS.items() if config.get(hf) is not None
+    }
 
 
 def model_context(asked: int | None, limit: int) -> int:

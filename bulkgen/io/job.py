@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 from bulkgen.errors import UserError
 from bulkgen.io.fence import ATTEMPT_PREFIX
 from bulkgen.io.fingerprint import check_same_names, check_unchanged
+from bulkgen.io.model_revision import check_same_revision
 from bulkgen.io.shard_summary import read_summary
 from bulkgen.run_config import settings_differences
 
@@ -169,6 +170,7 @@ class JobDir:
             self._recorded_here = True
         else:  # checked before the model loaded; another run may have recorded it since
             self._refuse_other_settings(recorded, record["settings"])
+            check_same_revision(recorded.get("model_path"), record.get("model_path"), self.path)
             check_same_names(recorded.get("input_files"), record.get("input_files", {}), self.path)
             self.update(record.get("input_files"), record.get("job_seed"))
         self.drop_duplicates()

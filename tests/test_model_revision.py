@@ -1,0 +1,53 @@
+"""A job on a Hub id is not resumed on another revision of the model (the cache's refs/main
+moved since it started): its rows would be of two models."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import huggingface_hub.constants
+import pytest
+from click.testing import CliRunner
+
+from bulkgen.cli import main
+from bulkgen.engine.fake import FAKE_ENGINE_ENV
+from bulkgen.io.model_revision import snapshot
+
+
+@pytest.fixture(autouse=True)
+def fake_engine(monkeypatch):
+    monkeypatch.setenv(FAKE_ENGINE_ENV, json.dumps({"steps": 2}))
+
+
+def bulkgen(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def test_a_snapshot_path_names_its_repository_and_revision():
+    path = "/c/hub/models--org--tiny/snapshots/abc123"
+    assert snapshot(path) == ("models--org--tiny", "abc123")
+    assert snapshot("/models/tiny") is None and snapshot(None) is None
+
+
+def test_a_rerun_on_another_revision_is_refused(tmp_path, tiny_model_dir, monkeypatch):
+    repo = tmp_path / "hub" / "models--org--tiny"
+    for revision in ("1111111", "2222222"):
+        shutil.copytree(tiny_model_dir, repo / "snapshots" / revision)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("1111111")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    data, out = tmp_path / "data", tmp_path / "out"
+    data.mkdir()
+    (data / "a.jsonl").write_text(json.dumps({"prompt": "question"}) + "\n")
+    args = [data, "-m", "org/tiny", "-o", out, "-q"]
+    assert bulkgen("run", *args).exit_code == 0
+    (repo / "refs" / "main").write_text("2222222")  # the repository was updated
+    (data / "b.jsonl").write_text(json.dumps({"prompt": "question"}) + "\n")  # new rows
+    result = bulkgen("run", *args)
+    assert result.exit_code == 1
+    line = result.stderr.strip()
+    assert "\n" not in line and "revision 1111111" in line and "revision 2222222" in line
+    assert not (out / "part-00001.parquet").exists()
+    (repo / "refs" / "main").write_text("1111111")  # back: the job finishes on its revision
+    assert bulkgen("run", *args).exit_code == 0
