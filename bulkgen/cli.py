@@ -82,7 +82,7 @@ def _run(inputs, model, out, prompt_column, prompt_template, id_column, keep_col
     from bulkgen.pipeline import run as run_pipeline
     from bulkgen.run_config import RunConfig
     from bulkgen.structured import flag_fields
-    from bulkgen.text.prompt_template import template_source
+    from bulkgen.text.prompt_template import chat_template_text, template_source
 
     ray_address = generation.pop("ray_address")  # scaling out (issue 6)
     try:
@@ -95,6 +95,7 @@ def _run(inputs, model, out, prompt_column, prompt_template, id_column, keep_col
             model=model,
             prompt_column=prompt_column,
             prompt_template=None if prompt_template is None else template_source(prompt_template),
+            chat_template_text=chat_template_text(generation.pop("chat_template_file")),
             id_column=id_column,
             keep_columns=tuple(c.strip() for c in keep_columns.split(",") if c.strip()),
             format=fmt,

@@ -20,6 +20,7 @@ from bulkgen.io.schema import parquet_unwritable
 from bulkgen.io.tabular import table_schema
 from bulkgen.run_config import RunConfig
 from bulkgen.structured import check_job_constraint
+from bulkgen.text.chat import use_chat_template
 from bulkgen.text.prompt_template import PromptTemplate, RenderPrompts
 from bulkgen.text.stage import Tokenize
 
@@ -62,6 +63,8 @@ def checked_parts(config: RunConfig, reader: Reader | None = None) -> tuple:
     model_dir = model_folder(config.model, weights=config.load_format != "dummy")
     check_fp8(config, model_dir, model_config_of(config, model_dir))
     tokenizer = tokenizer_of(model_dir)
+    if config.chat_template_text is not None:
+        use_chat_template(tokenizer, config.chat_template_text)
     vocab = vocab_size(model_dir, tokenizer)
     if (config.sampling.logprobs or 0) > vocab:
         raise UserError(

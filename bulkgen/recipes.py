@@ -122,6 +122,8 @@ def _value(path: Path, name: str, param: click.Parameter, value, command: click.
         value = [_near(path, v) for v in value] if many else _near(path, value)
     elif name == "prompt_template" and isinstance(value, str) and value.startswith("@"):
         value = "@" + _near(path, value[1:])
+    elif name == "chat_template_file" and isinstance(value, str):
+        value = _near(path, value)
     elif name == "model" and isinstance(value, str) and (path.parent / value).exists():
         value = _near(path, value)  # a model folder beside the recipe; else an alias or Hub id
     try:

@@ -37,6 +37,7 @@ class RunConfig:
     # bulkgen run is greedy unless told otherwise: reproducible outputs are the safe default.
     sampling: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=0.0))
     chat_template: bool | None = None  # None: use the tokenizer's template when it has one
+    chat_template_text: str | None = None  # --chat-template-file's Jinja, instead of the model's
     prompt_template: str | None = None  # Jinja text rendering each row's prompt from its columns
     dtype: str = "auto"
     device: str = "auto"
@@ -80,6 +81,9 @@ class RunConfig:
         # Text options from a shell whose bytes are not UTF-8 arrive as lone surrogates, which
         # the tokenizer and the writers refuse far from here.
         texts = [("--system", self.system), ("--prompt-template", self.prompt_template)]
+        texts += [("--chat-template-file", self.chat_template_text)]
+        if self.chat_template is False and self.chat_template_text is not None:
+            raise ValueError("--chat-template-file with --no-chat-template: leave one out")
         texts += [("--stop", s) for s in self.sampling.stop]
         for name, text in texts:
             try:
@@ -153,6 +157,7 @@ class RunConfig:
             # trial or a bf16 run must not be resumed as the real or float32 job.
             **self._non_default(
                 "n",
+                "chat_template_text",
                 "messages_column",
                 "output_token_ids",
                 "limit",

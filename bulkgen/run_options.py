@@ -121,6 +121,12 @@ _OPTIONS = [
         "a user message with the model's chat template. Default: when the model has one. "
         "A messages column is always rendered with the template.",
     ),
+    click.option(
+        "--chat-template-file",
+        metavar="FILE",
+        default=None,
+        help="Render chats with the Jinja chat template in FILE instead of the model's own.",
+    ),
     # ---- chat, samples, stop strings, logprobs, prefix cache (issue 5) ----
     click.option(
         "--messages-column",

@@ -47,7 +47,7 @@ def test_run_help_explains_every_flag():
                  "--format", "--shard-size", "--max-tokens", "--temperature", "--top-p",
                  "--top-k", "--min-p", "--seed", "--dtype", "--device", "--max-num-seqs",
                  "--max-batch-tokens", "--kv-memory", "--sync", "--quiet", "--overwrite",
-                 "--chat-template"]:  # fmt: skip
+                 "--chat-template", "--chat-template-file"]:  # fmt: skip
         assert flag in result.output
     assert "greedy" in result.output and "256" in result.output
 

@@ -57,3 +57,24 @@ class Conversations:
             )
         except Exception as e:  # a template may raise anything (e.g. on role order)
             raise ValueError(f"the chat template fails on these messages: {e}") from e
+
+
+def use_chat_template(tokenizer, text: str) -> None:
+    """Make `text` (a --chat-template-file's Jinja) the tokenizer's chat template, as vLLM's
+    --chat-template does; a UserError, before any row, if it does not parse or cannot render a
+    user message (a template may still refuse some conversations: those rows' errors)."""
+    from jinja2 import TemplateSyntaxError
+
+    from bulkgen.errors import UserError
+
+    tokenizer.chat_template = text
+    try:
+        rendered = tokenizer.apply_chat_template(
+            [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+        )
+    except TemplateSyntaxError as e:
+        raise UserError(f"--chat-template-file line {e.lineno}: {e.message}") from e
+    except Exception as e:  # noqa: BLE001 - a template may raise anything
+        raise UserError(f"--chat-template-file fails on a one-message chat: {e}") from e
+    if not isinstance(rendered, str) or "hi" not in rendered:
+        raise UserError("--chat-template-file renders a user message without its content")

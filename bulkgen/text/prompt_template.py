@@ -30,6 +30,18 @@ def template_source(value: str) -> str:
         raise UserError(f"cannot read the --prompt-template file {path}: {e.strerror}") from e
 
 
+def chat_template_text(path: str | None) -> str | None:
+    """The Jinja text of a --chat-template-file (None without one)."""
+    if path is None:
+        return None
+    file = Path(path).expanduser()
+    try:
+        return file.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        why = getattr(e, "strerror", None) or "not UTF-8 text"
+        raise UserError(f"cannot read the --chat-template-file {file}: {why}") from e
+
+
 class PromptTemplate:
     def __init__(self, source: str) -> None:
         # Sandboxed: a template from a shared recipe should not reach Python internals.
