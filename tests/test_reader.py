@@ -131,6 +131,7 @@ def test_saved_dataset_reads_without_the_datasets_library(tmp_path):
         "dd/train:2",
         "dd/test:0",
     ]
+    assert [r.prompt for r in read_all(tmp_path / "dd" / "test")] == ["c"]  # one split alone
 
 
 @pytest.mark.parametrize("kind", ["jsonl", "parquet"])
