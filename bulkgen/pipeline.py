@@ -199,9 +199,11 @@ class _Run:
         if self.failure is not None:
             raise self.failure
         faults = self.reader.faults + sum(g.faults for g in self.guards) + writer.faults
-        now = None if self.worker else self.job.scan()  # the counts as a resume takes them
+        # The counts as a resume takes them, from the shards this run wrote (holding the lock,
+        # no other run wrote any).
+        added = None if self.worker else self.job.counted(writer.shards)
         stats = run_stats(self.config, self.model_dir, done, progress.counts, len(writer.shards),
-                          faults, load_time, self.engine_stats, now)  # fmt: skip
+                          faults, load_time, self.engine_stats, added)  # fmt: skip
         if self.worker is None:
             write_json_atomic(Path(self.config.out) / STATS_FILE, stats)
         if self.reader.damaged:  # the rows before the damage are written; the run still failed

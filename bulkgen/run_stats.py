@@ -56,15 +56,15 @@ def run_stats(
     row_faults: int,
     load_time: float,
     engine_stats: dict,
-    now: Done | None = None,
+    added: Done | None = None,
 ) -> dict:
-    """done: what complete shards held before this run; run: this run's progress counts; now:
-    what they hold after it, whose counts replace the progress's where given (Counts.between,
-    as a resume and a data-parallel run count)."""
+    """done: what complete shards held before this run; run: this run's progress counts; added:
+    what the shards this run wrote hold (JobDir.counted), whose counts replace the progress's
+    where given (as a resume and a data-parallel run count)."""
     shards, elapsed = len(done.shards) + new_shards, run.elapsed
-    if now is not None:
-        run = replace(Counts.between(done, now), started=run.started, inputs=run.inputs)
-        shards = len(now.shards)
+    if added is not None:
+        run = replace(Counts.between(Done(), added), started=run.started, inputs=run.inputs)
+        shards = len(done.shards) + len(added.shards)
     stats = job_record(config, model_dir, done, run, shards, elapsed, load_time)
     # Rows whose stage raised (a bug to report), written as error records.
     stats["row_faults"] = row_faults
