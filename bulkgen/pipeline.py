@@ -199,8 +199,7 @@ class _Run:
         if self.failure is not None:
             raise self.failure
         faults = self.reader.faults + sum(g.faults for g in self.guards) + writer.faults
-        # The counts as a resume takes them, from the shards this run wrote (holding the lock,
-        # no other run wrote any).
+        # The counts as a resume takes them, of this run's own shards (it holds the lock).
         added = None if self.worker else self.job.counted(writer.shards)
         stats = run_stats(self.config, self.model_dir, done, progress.counts, len(writer.shards),
                           faults, load_time, self.engine_stats, added)  # fmt: skip

@@ -64,7 +64,7 @@ def checked_parts(config: RunConfig, reader: Reader | None = None) -> tuple:
     check_fp8(config, model_dir, model_config_of(config, model_dir))
     tokenizer = tokenizer_of(model_dir)
     if config.chat_template_text is not None:
-        use_chat_template(tokenizer, config.chat_template_text)
+        use_chat_template(tokenizer, config.chat_template_text, config.system)
     vocab = vocab_size(model_dir, tokenizer)
     if (config.sampling.logprobs or 0) > vocab:
         raise UserError(

@@ -90,3 +90,32 @@ def test_mistakes_are_one_line_before_any_row(tmp_path, tiny_model_dir, monkeypa
         assert not (tmp_path / "out").exists() or not list((tmp_path / "out").glob("part-*"))
     both = bulkgen(*args, "--chat-template-file", write(tmp_path, TEMPLATE), "--no-chat-template")
     assert both.exit_code == 2 and "leave one out" in both.output
+
+
+def test_a_template_that_drops_the_content_is_refused_whatever_its_own_text(
+    tmp_path, tiny_model_dir, monkeypatch
+):
+    """A typo'd field renders as nothing in Jinja; the check looked for "hi", which
+    "<think>" holds."""
+    monkeypatch.setenv(FAKE_ENGINE_ENV, "{}")
+    inputs = write_jsonl(tmp_path / "in.jsonl", [{"prompt": "Hello"}])
+    drops = write(tmp_path, "{% for m in messages %}{{ m['contents'] }}{% endfor %}<think>\n")
+    args = ["run", inputs, "-m", tiny_model_dir, "-o", tmp_path / "out", "-q"]
+    result = bulkgen(*args, "--chat-template-file", drops)
+    assert result.exit_code == 1 and "without its content" in result.stderr, result.output
+
+
+def test_a_template_that_needs_a_system_message_runs_with_system(
+    tmp_path, tiny_model_dir, monkeypatch
+):
+    monkeypatch.setenv(FAKE_ENGINE_ENV, "{}")
+    inputs = write_jsonl(tmp_path / "in.jsonl", [{"prompt": "Hello"}])
+    first = "{% if messages[0]['role'] != 'system' %}{{ raise_exception('system first') }}"
+    needs_system = write(tmp_path, first + "{% endif %}" + TEMPLATE)
+    args = ["run", inputs, "-m", tiny_model_dir, "-o", tmp_path / "out", "-q"]
+    result = bulkgen(*args, "--chat-template-file", needs_system, "--system", "Be brief.")
+    assert result.exit_code == 0, result.output
+    [row] = output(tmp_path / "out")
+    assert row["finish_reason"] != "error"
+    alone = bulkgen(*args, "--overwrite", "--chat-template-file", needs_system)
+    assert alone.exit_code == 1 and "system first" in alone.stderr, alone.output

@@ -52,3 +52,12 @@ def test_params_given_are_used_as_they_are(tmp_path, tiny_model_dir):
 def test_a_generation_config_without_sampling_fields_leaves_the_defaults(tiny_model_dir):
     llm = LLM(str(tiny_model_dir), device="cpu")  # its generation_config names eos and pad only
     assert llm.default_sampling_params() == SamplingParams()
+
+
+def test_transformers_defaults_in_the_file_are_no_choice(tmp_path, tiny_model_dir):
+    """As vLLM (to_diff_dict): a file's values equal to transformers' GenerationConfig defaults
+    (top_k 50, temperature 1.0, top_p 1.0, repetition_penalty 1.0) are left out."""
+    fields = {"temperature": 1.0, "top_p": 1.0, "top_k": 50, "repetition_penalty": 1.0,
+              "min_p": 0.05}  # fmt: skip
+    folder = model_with_generation_config(tmp_path, tiny_model_dir, fields)
+    assert LLM(str(folder), device="cpu").default_sampling_params() == SamplingParams(min_p=0.05)

@@ -12,7 +12,7 @@ import time
 from test_tensor_parallel import alive, rank_pids, rows_done, wait_until, write_prompts
 
 from bulkgen.engine import tp_folder
-from bulkgen.engine.tp_folder import OWNER, PREFIX, group_folder, remove_stale
+from bulkgen.engine.tp_folder import OWNER, PREFIX, group_folder, owner_pid, remove_stale
 
 
 def dead_pid() -> int:
@@ -44,8 +44,18 @@ def test_a_new_group_removes_the_folders_of_dead_owners_only(tmp_path):
     new = group_folder(str(tmp_path))
     assert not dead.exists() and not old.exists()
     assert mine.exists() and young.exists() and garbled.exists() and other.exists()
-    assert new.name.startswith(PREFIX) and (new / OWNER).read_text() == str(os.getpid())
+    assert new.name.startswith(PREFIX) and owner_pid(new) == os.getpid()
     assert remove_stale(str(tmp_path)) == []  # nothing left to remove, the new folder kept
+
+
+def test_a_folder_owned_in_another_pid_namespace_or_host_is_left(tmp_path, monkeypatch):
+    """Two containers sharing /tmp: the other's owner pid does not exist here, yet it is alive.
+    Only an owner of this host and PID namespace is looked up."""
+    gone = dead_pid()
+    here = tp_folder._place()
+    elsewhere = folder(tmp_path, "elsewhere", f"{gone}\nother-host pid:[1]")
+    local = folder(tmp_path, "local", f"{gone}\n{here}")
+    assert remove_stale(str(tmp_path)) == [local] and elsewhere.exists()
 
 
 def test_another_users_folder_is_left(tmp_path, monkeypatch):
@@ -75,7 +85,7 @@ def test_a_group_killed_at_once_leaves_a_folder_the_next_group_removes(tmp_path,
     job.wait()
     wait_until(lambda: not alive(ranks[0]), timeout=5)
     [left] = temp.glob(PREFIX + "*")
-    assert (left / OWNER).read_text() == str(job.pid)
+    assert owner_pid(left) == job.pid
     small = write_prompts(tmp_path / "small.jsonl", 2)
     later = run_cli([small, "-m", tiny_model_dir, "--device", "cpu", "-o", tmp_path / "out2",
                      "--tp", "2", "-q", "--max-tokens", "4"], env=env)  # fmt: skip

@@ -81,26 +81,31 @@ def tokenizer_eos_id(model_dir: Path | None) -> int | None:
 
 
 # generation_config.json's sampling fields that vLLM (generation_config="auto") takes as its
-# default SamplingParams, under bulkgen's names: max_new_tokens is max_tokens.
+# default SamplingParams, under bulkgen's names (max_new_tokens is max_tokens), with transformers'
+# GenerationConfig defaults, which vLLM leaves out (its to_diff_dict): a file's "top_k": 50 is
+# no choice of the model's.
 _GENERATION_DEFAULTS = {
-    "temperature": "temperature",
-    "top_p": "top_p",
-    "top_k": "top_k",
-    "min_p": "min_p",
-    "repetition_penalty": "repetition_penalty",
-    "max_new_tokens": "max_tokens",
+    "temperature": ("temperature", 1.0),
+    "top_p": ("top_p", 1.0),
+    "top_k": ("top_k", 50),
+    "min_p": ("min_p", None),
+    "repetition_penalty": ("repetition_penalty", 1.0),
+    "max_new_tokens": ("max_tokens", None),
 }
 
 
 def generation_defaults(model_dir: Path | None) -> dict:
-    """The SamplingParams fields the model's generation_config.json sets (those not null), as
-    vLLM reads them for a call without sampling parameters; {} without that file."""
+    """The SamplingParams fields the model's generation_config.json sets to other values than
+    transformers' defaults, as vLLM reads them for a call without sampling parameters; {}
+    without that file."""
     path = None if model_dir is None else Path(model_dir) / "generation_config.json"
     if path is None or not path.is_file():
         return {}
     config = json.loads(path.read_text())
     return {
-        ours: config[hf] for hf, ours in _GENERATION_DEFAULTS.items() if config.get(hf) is not None
+        ours: config[hf]
+        for hf, (ours, default) in _GENERATION_DEFAULTS.items()
+        if config.get(hf) is not None and config[hf] != default
     }
 
 

@@ -6,12 +6,15 @@ it before it ends. A signal that ends every process of the group at once (SIGTER
 process group: a data-parallel worker's group stopped by its parent, a scheduler's timeout) leaves
 nobody to do so, and /tmp filled with one folder a stopped job. So each folder names its owner
 (rank 0's pid, in `owner`), and every new group first removes the folders whose owner is gone.
+The owner file also names where that pid means something (host name and PID namespace): a group
+in another container sharing /tmp cannot see its owner, and leaves its folder alone.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import socket
 import tempfile
 import time
 from pathlib import Path
@@ -28,7 +31,7 @@ def group_folder(parent: str | None = None) -> Path:
     (the system's temporary folder by default)."""
     remove_stale(parent)
     folder = Path(tempfile.mkdtemp(prefix=PREFIX, dir=parent))
-    (folder / OWNER).write_text(str(os.getpid()))
+    (folder / OWNER).write_text(f"{os.getpid()}\n{_place()}")
     return folder
 
 
@@ -55,10 +58,27 @@ def _stale(folder: Path) -> bool:
         owner = folder / OWNER
         if not owner.exists():
             return time.time() - folder.stat().st_mtime > _UNOWNED_GRACE_S
-        pid = int(owner.read_text().strip())
+        pid, *place = owner.read_text().split("\n", 1)
+        pid = int(pid)
     except (OSError, ValueError):
         return False
+    if place and place[0] != _place():
+        return False  # its pid is another host's or PID namespace's: alive for all we know
     return not _alive(pid)
+
+
+def owner_pid(folder: Path) -> int:
+    """The pid a group folder's owner file names."""
+    return int((folder / OWNER).read_text().split("\n", 1)[0])
+
+
+def _place() -> str:
+    """Where this process's pids mean something: the host and the PID namespace."""
+    try:
+        namespace = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        namespace = ""
+    return f"{socket.gethostname()} {namespace}"
 
 
 def _alive(pid: int) -> bool:

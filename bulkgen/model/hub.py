@@ -55,7 +55,7 @@ DEMO_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110
 
 # What a snapshot needs besides its weights: configs and every tokenizer format transformers
 # can read. The weights come second: the shards the index names, where it names them.
-_ALLOW = ["*.json", "tokenizer*", "*.model", "*.tiktoken", "merges.txt", "*.jinja"]
+SNAPSHOT_FILES = ["*.json", "tokenizer*", "*.model", "*.tiktoken", "merges.txt", "*.jinja"]
 _WEIGHTS = "*.safetensors"
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 _HUB_PROBE_TIMEOUT_S = 3.0
@@ -146,8 +146,8 @@ def _snapshot(repo_id: str, cache_dir: str | None, local_only: bool = False) -> 
         # A repository may hold its weights twice (Mistral's consolidated.safetensors beside the
         # shards its index names: 14.5 GB more for Mistral-7B-Instruct-v0.3), and the loader
         # reads the index's shards only: fetch those, as transformers does.
-        folder = download(_ALLOW)
-        folder = download(_indexed_shards(folder) or [_WEIGHTS])
+        folder = download(SNAPSHOT_FILES)
+        folder = download(indexed_shards(folder) or [_WEIGHTS])
     except GatedRepoError as err:
         raise ModelNotFoundError(
             f"model {repo_id!r} is gated on the Hugging Face Hub: accept its licence on the "
@@ -174,7 +174,7 @@ def _snapshot(repo_id: str, cache_dir: str | None, local_only: bool = False) -> 
     return _checked(folder, repo_id)
 
 
-def _indexed_shards(folder: Path) -> list[str]:
+def indexed_shards(folder: Path) -> list[str]:
     """The weight files model.safetensors.index.json names; [] without an index."""
     index = folder / "model.safetensors.index.json"
     if not index.is_file():

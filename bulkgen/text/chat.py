@@ -59,22 +59,28 @@ class Conversations:
             raise ValueError(f"the chat template fails on these messages: {e}") from e
 
 
-def use_chat_template(tokenizer, text: str) -> None:
+def use_chat_template(tokenizer, text: str, system: str | None = None) -> None:
     """Make `text` (a --chat-template-file's Jinja) the tokenizer's chat template, as vLLM's
     --chat-template does; a UserError, before any row, if it does not parse or cannot render a
-    user message (a template may still refuse some conversations: those rows' errors)."""
+    user message (after `system`, the job's --system, as every row has it) with its content (a
+    template may still refuse some conversations: those rows' errors)."""
     from jinja2 import TemplateSyntaxError
 
     from bulkgen.errors import UserError
 
     tokenizer.chat_template = text
+    # Not a word a template's own text may hold ("hi" is in "<think>"): only the content has it.
+    probe = "bulkgen-probe-7f3a"
+    messages = [] if system is None else [{"role": "system", "content": system}]
+    messages.append({"role": "user", "content": probe})
     try:
         rendered = tokenizer.apply_chat_template(
-            [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+            messages, tokenize=False, add_generation_prompt=True
         )
     except TemplateSyntaxError as e:
         raise UserError(f"--chat-template-file line {e.lineno}: {e.message}") from e
     except Exception as e:  # noqa: BLE001 - a template may raise anything
-        raise UserError(f"--chat-template-file fails on a one-message chat: {e}") from e
-    if not isinstance(rendered, str) or "hi" not in rendered:
+        what = "a one-message chat" if system is None else "a --system and a user message"
+        raise UserError(f"--chat-template-file fails on {what}: {e}") from e
+    if not isinstance(rendered, str) or probe not in rendered:
         raise UserError("--chat-template-file renders a user message without its content")

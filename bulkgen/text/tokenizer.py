@@ -1,4 +1,4 @@
-"""Loading a model folder's tokenizer, and the token ids that end a generation."""
+"""Loading a model folder's tokenizer (the ids that end a generation: engine/model_files.py)."""
 
 from __future__ import annotations
 
