@@ -86,8 +86,7 @@ def run_local(config: RunConfig, workers: int | str | None) -> dict:
                 proc.start()
         parent.wait_for("ready")  # every engine loaded: a bad model fails before any write
         load_time = time.perf_counter() - started
-        job.lock()
-        start = job.prepare(preflight.job_record(config, model_dir, reader), config.overwrite)
+        start = preflight.take_folder(job, config, model_dir, reader)
         sharing = dispatcher(config, job, reader, start, count, parent.hand, total)
         parent.sharing = sharing
         progress = Progress(

@@ -109,8 +109,7 @@ def run_ray(config: RunConfig, workers: int | str | None, address: str | None) -
             slots = gpus or int(resources.get("CPU", 0))
             if count > slots:  # an autoscaling cluster may add nodes; a fixed one never does
                 print(f"bulkgen: {count} workers, the Ray cluster has {slots} now", flush=True)
-        job.lock()
-        start = job.prepare(preflight.job_record(config, model_dir, reader), config.overwrite)
+        start = preflight.take_folder(job, config, model_dir, reader)
         messages = Queue(actor_options={"num_cpus": 0})
         feeds = [Queue(actor_options={"num_cpus": 0}) for _ in range(count)]
         queues = [messages, *feeds]

@@ -29,7 +29,7 @@ from bulkgen.io.fingerprint import fingerprints
 from bulkgen.io.job import STATS_FILE, JobDir, write_json_atomic
 from bulkgen.io.reader import Reader
 from bulkgen.io.writer import ShardWriter
-from bulkgen.preflight import checked_parts, checked_reader, job_record, vocab_size
+from bulkgen.preflight import checked_parts, checked_reader, take_folder, vocab_size
 from bulkgen.progress import Progress
 from bulkgen.run_config import RunConfig
 from bulkgen.run_stats import run_stats
@@ -123,8 +123,7 @@ class _Run:
             self._wait_for_engine()
             load_time = time.perf_counter() - load_start
             if self.worker is None:
-                self.job.lock()
-                done = self.job.prepare(self._record(), self.config.overwrite)
+                done = take_folder(self.job, self.config, self.model_dir, self.reader)
             else:  # the parent has prepared the folder; the worker scans it for its share
                 done = self.worker.start(self.job)
             report = None if self.worker is None else self.worker.report
@@ -271,11 +270,6 @@ class _Run:
             # (a daemon thread freeing tensors at interpreter exit aborts: see exits.py).
             self.engine = None
             del engine
-
-    # Records.
-
-    def _record(self) -> dict:
-        return job_record(self.config, self.model_dir, self.reader)
 
 
 def _default_engine_factory() -> EngineFactory:

@@ -15,6 +15,7 @@ import pyarrow as pa
 from bulkgen.errors import UserError
 from bulkgen.io.fingerprint import fingerprints
 from bulkgen.io.inputs import find_sources
+from bulkgen.io.job import Done, JobDir
 from bulkgen.io.reader import Reader
 from bulkgen.io.schema import parquet_unwritable
 from bulkgen.io.tabular import table_schema
@@ -93,6 +94,18 @@ def job_record(config: RunConfig, model_dir: Path, reader: Reader | None = None)
         # Seeds sampled rows without --seed: a rerun into this folder samples the same.
         record["job_seed"] = random.getrandbits(62)
     return record
+
+
+def take_folder(job: JobDir, config: RunConfig, model_dir: Path, reader: Reader) -> Done:
+    """Lock the job's folder and prepare it (JobDir.prepare). The inputs are checked again first,
+    holding the lock: the check before the model loaded found nothing written, but another run
+    into the same folder may have written its first shards since (its inputs then are the job's,
+    and a file changed since must be refused, not resumed with another content's rows)."""
+    job.lock()
+    record = job_record(config, model_dir, reader)
+    allowed, overwrite = config.allow_changed_input, config.overwrite
+    reader.recorded_first(job.check_inputs(record["input_files"], allowed, overwrite))
+    return job.prepare(record, overwrite)
 
 
 def uses_job_seed(config: RunConfig, reader: Reader | None) -> bool:

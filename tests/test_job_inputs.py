@@ -178,3 +178,33 @@ def test_kept_columns_with_the_openai_format_are_refused_in_one_line(tmp_path, t
                      "--format", "openai", "--keep-columns", "prompt2")  # fmt: skip
     assert result.exit_code == 2 and "--keep-columns with --format openai" in result.output
     assert not (tmp_path / "out").exists()
+
+
+def test_an_input_changed_before_another_run_wrote_its_first_shard_is_refused_under_the_lock(
+    tmp_path, tiny_model_dir
+):
+    # Run A starts on in.jsonl; the file is replaced and run B starts into the same folder while
+    # A has written nothing, so B's check before its model loads passes. A ends while B loads.
+    # Holding the lock, B must refuse the changed file, not resume A's rows with the new ones.
+    import dataclasses
+
+    from bulkgen.engine.fake import FakeEngine
+    from bulkgen.errors import UserError
+    from bulkgen.pipeline import run
+    from bulkgen.run_config import RunConfig
+
+    path, out = tmp_path / "in.jsonl", tmp_path / "out"
+    write_prompts(path, 4)
+    config = RunConfig(inputs=(str(path),), out=str(out), model=str(tiny_model_dir), quiet=True)
+
+    def load_while_a_runs(engine_config):
+        run(config, lambda c: FakeEngine(c, steps=1))  # A: the 4 rows of the first file
+        path.write_text("".join(json.dumps({"prompt": f"other {i}"}) + "\n" for i in range(6)))
+        return FakeEngine(engine_config, steps=1)
+
+    with pytest.raises(UserError, match=f"input {path.resolve()} changed since the job"):
+        run(config, load_while_a_runs)  # B
+    assert sorted(r["prompt"] for r in output(out)) == [f"question {i}" for i in range(4)]
+    allowed = dataclasses.replace(config, allow_changed_input=True)
+    run(allowed, lambda c: FakeEngine(c, steps=1))  # allowed: resumed by id, as documented
+    assert sorted(r["id"] for r in output(out)) == [f"in:{i}" for i in range(6)]
