@@ -64,7 +64,6 @@ def run_stats(
     shards, elapsed = len(done.shards) + new_shards, run.elapsed
     if added is not None:
         run = replace(Counts.between(Done(), added), started=run.started, inputs=run.inputs)
-        shards = len(done.shards) + len(added.shards)
     stats = job_record(config, model_dir, done, run, shards, elapsed, load_time)
     # Rows whose stage raised (a bug to report), written as error records.
     stats["row_faults"] = row_faults

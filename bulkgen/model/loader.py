@@ -33,6 +33,7 @@ from bulkgen.model.fp8_checkpoint import (
     scale_shard,
     scale_target,
 )
+from bulkgen.model.hub import indexed_shards
 from bulkgen.model.invariant import make_batch_invariant
 from bulkgen.model.llama import LlamaForCausalLM
 from bulkgen.model.ops import get_ops
@@ -126,9 +127,8 @@ def _fill_dummy(model: LlamaForCausalLM) -> None:
 
 
 def _checkpoint_files(model_dir: Path) -> list[Path]:
-    index = model_dir / "model.safetensors.index.json"
-    if index.is_file():
-        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    """The shards the index names (what hub.py downloads), else every *.safetensors."""
+    if names := indexed_shards(model_dir):
         return [model_dir / n for n in names]
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
